@@ -1,0 +1,269 @@
+"""YAML in, typed dataclasses out, validated once.
+
+Every other module receives a `Config`, never a dict. Each field states its type, and
+optionally its allowed choices or range, in its metadata; `load_config` checks all of it
+and reports the first problem as one `NmtError` line naming the file and the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from nmt.errors import NmtError
+
+
+def _opt(default: Any, *, choices: tuple | None = None, min: float | None = None,
+         max: float | None = None, min_exclusive: bool = False, doc: str = "") -> Any:
+    """A dataclass field whose metadata carries its validation rule and its documentation."""
+    meta = {"choices": choices, "min": min, "max": max, "min_exclusive": min_exclusive, "doc": doc}
+    return field(default=default, metadata=meta)
+
+
+@dataclass
+class DataConfig:
+    train_src: str = _opt("", doc="training source file, one sentence per line")
+    train_tgt: str = _opt("", doc="training target file, line-aligned with train_src")
+    valid_src: str = _opt("", doc="validation source file")
+    valid_tgt: str = _opt("", doc="validation target file")
+    tokenizer: str = _opt("word", choices=("word", "sentencepiece"),
+                          doc="word: whitespace tokens (seq2seq-attn); sentencepiece: subwords")
+    src_vocab_size: int = _opt(50000, min=5, doc="source vocabulary size (specials included)")
+    tgt_vocab_size: int = _opt(50000, min=5, doc="target vocabulary size (specials included)")
+    joint_vocab: bool = _opt(False, doc="sentencepiece only: one model for both languages")
+    max_src_len: int = _opt(50, min=1, doc="drop pairs whose source has more tokens")
+    max_tgt_len: int = _opt(50, min=1, doc="drop pairs whose target has more tokens")
+
+
+@dataclass
+class ModelConfig:
+    num_layers: int = _opt(2, min=1, doc="LSTM layers in encoder and decoder")
+    rnn_size: int = _opt(500, min=1, doc="LSTM hidden size")
+    word_vec_size: int = _opt(500, min=1, doc="word embedding size")
+    dropout: float = _opt(0.3, min=0.0, max=0.99, doc="dropout between layers and on the output")
+    input_feed: bool = _opt(True, doc="feed the previous attentional output to the decoder")
+    bidirectional: bool = _opt(False, doc="add a backward encoder LSTM (states summed)")
+    param_init: float = _opt(0.1, min=0.0, doc="uniform initialisation range +-param_init")
+
+
+@dataclass
+class TrainConfig:
+    batch_size: int = _opt(64, min=1, doc="sentence pairs per batch")
+    epochs: int = _opt(13, min=1, doc="passes over the training data")
+    max_steps: int = _opt(0, min=0, doc="stop after this many updates (0: no limit)")
+    optimizer: str = _opt("sgd", choices=("sgd", "adam"), doc="sgd (seq2seq-attn) or adam")
+    learning_rate: float = _opt(1.0, min=0.0, min_exclusive=True, doc="initial learning rate")
+    lr_decay: float = _opt(0.5, min=0.0, max=1.0, doc="learning-rate factor when decaying")
+    start_decay_at: int = _opt(9, min=1, doc="decay every epoch from this epoch on")
+    decay_on_plateau: bool = _opt(True, doc="also decay once validation perplexity rises")
+    max_grad_norm: float = _opt(5.0, min=0.0, doc="global gradient-norm clipping (0: off)")
+    seed: int = _opt(3435, min=0, doc="seed of initialisation, dropout and batch order")
+    valid_every: int = _opt(0, min=0, doc="also validate every N steps (0: once per epoch)")
+    log_every: int = _opt(50, min=1, doc="print a progress line every N steps")
+    executor: str = _opt("clones", choices=("clones", "autograd"),
+                         doc="clones: seq2seq-attn's cloned graphs; autograd: plain PyTorch")
+    preallocate: bool = _opt(True, doc="clones share intermediate buffers (seq2seq-attn -prealloc)")
+    prealloc_scope: str = _opt("all", choices=("attention", "all"),
+                               doc="attention: the two attention products (PR #45); all: planner")
+    device: str = _opt("auto", doc="auto (CUDA if available), cpu, cuda or cuda:N")
+    dtype: str = _opt("float32", choices=("float32", "float64"), doc="parameter and buffer dtype")
+
+
+@dataclass
+class Config:
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        """A plain nested dict: what checkpoints store and what `from_dict` reads back."""
+        return dataclasses.asdict(self)
+
+    def dump(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False).rstrip()
+
+
+SECTIONS: dict[str, type] = {"data": DataConfig, "model": ModelConfig, "train": TrainConfig}
+DATA_FILE_KEYS = ("train_src", "train_tgt", "valid_src", "valid_tgt")
+
+
+def all_keys() -> list[str]:
+    """Every valid dotted key, e.g. `train.batch_size`."""
+    return [f"{s}.{f.name}" for s, cls in SECTIONS.items() for f in dataclasses.fields(cls)]
+
+
+def _suggest(key: str, candidates: list[str]) -> str:
+    close = difflib.get_close_matches(key, candidates, n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def _field_type(cls: type, name: str) -> type:
+    hints = typing.get_type_hints(cls)
+    return hints[name]
+
+
+def _coerce(value: Any, typ: type, where: str) -> Any:
+    """Check `value` against a field type; ints are accepted where floats are expected."""
+    origin = typing.get_origin(typ)
+    if origin in (typing.Union, types.UnionType):
+        raise TypeError("union fields are not used in Config")
+    if typ is bool:
+        if isinstance(value, bool):
+            return value
+        raise NmtError(f"{where}: expected true or false, got {value!r}")
+    if typ is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise NmtError(f"{where}: expected an integer, got {value!r}")
+    if typ is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise NmtError(f"{where}: expected a number, got {value!r}")
+    if typ is str:
+        if isinstance(value, str):
+            return value
+        raise NmtError(f"{where}: expected a string, got {value!r}")
+    raise TypeError(f"unsupported config type {typ}")
+
+
+def _check_rules(value: Any, meta: typing.Mapping[str, Any], where: str) -> None:
+    choices = meta.get("choices")
+    if choices is not None and value not in choices:
+        raise NmtError(f"{where}: must be one of {', '.join(map(str, choices))}, got {value!r}")
+    lo, hi = meta.get("min"), meta.get("max")
+    if lo is not None and (value < lo or (meta.get("min_exclusive") and value == lo)):
+        bound = f"> {lo}" if meta.get("min_exclusive") else f">= {lo}"
+        raise NmtError(f"{where}: must be {bound}, got {value!r}")
+    if hi is not None and value > hi:
+        raise NmtError(f"{where}: must be <= {hi}, got {value!r}")
+
+
+def _build_section(cls: type, values: Any, source: str, section: str) -> Any:
+    if values is None:
+        values = {}
+    if not isinstance(values, dict):
+        raise NmtError(f"{source}: '{section}' must be a mapping of keys to values")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, value in values.items():
+        dotted = f"{section}.{key}"
+        if key not in fields:
+            raise NmtError(f"{source}: unknown key '{dotted}'{_suggest(dotted, all_keys())}")
+        where = f"{source}: key '{dotted}'"
+        value = _coerce(value, _field_type(cls, key), where)
+        _check_rules(value, fields[key].metadata, where)
+        kwargs[key] = value
+    obj = cls(**kwargs)
+    for f in dataclasses.fields(cls):  # defaults obey the rules too, but check once anyway
+        if f.name not in kwargs:
+            _check_rules(getattr(obj, f.name), f.metadata, f"{source}: key '{section}.{f.name}'")
+    return obj
+
+
+def from_dict(raw: Any, source: str = "config") -> Config:
+    """Build and validate a Config from a nested dict (YAML or a checkpoint's copy)."""
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise NmtError(f"{source}: the top level must be a mapping with sections data, model, train")
+    for section in raw:
+        if section not in SECTIONS:
+            hint = _suggest(str(section), list(SECTIONS))
+            raise NmtError(f"{source}: unknown section '{section}'{hint}")
+    parts = {name: _build_section(cls, raw.get(name), source, name) for name, cls in SECTIONS.items()}
+    return Config(**parts)
+
+
+def parse_override(text: str) -> tuple[str, str, Any]:
+    """`section.key=value` -> (section, key, value); the value is parsed as YAML."""
+    if "=" not in text:
+        raise NmtError(f"--set {text!r}: expected section.key=value")
+    dotted, raw_value = text.split("=", 1)
+    dotted = dotted.strip()
+    if dotted not in all_keys():
+        raise NmtError(f"--set: unknown key '{dotted}'{_suggest(dotted, all_keys())}")
+    try:
+        value = yaml.safe_load(raw_value) if raw_value.strip() else ""
+    except yaml.YAMLError:
+        raise NmtError(f"--set {dotted}: cannot parse value {raw_value!r}") from None
+    section, key = dotted.split(".", 1)
+    return section, key, value
+
+
+def apply_overrides(raw: dict, overrides: list[str]) -> dict:
+    """Apply `--set section.key=value` overrides to a raw nested dict (validated later)."""
+    raw = {k: dict(v) if isinstance(v, dict) else v for k, v in (raw or {}).items()}
+    for text in overrides:
+        section, key, value = parse_override(text)
+        current = raw.get(section)
+        if not isinstance(current, dict):
+            current = {}
+        if typing.get_type_hints(SECTIONS[section])[key] is str and not isinstance(value, str):
+            value = str(value)  # `--set train.device=0` means the string "0"
+        current[key] = value
+        raw[section] = current
+    return raw
+
+
+def read_yaml(path: str | Path) -> dict:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise NmtError(f"{path}: config file not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise NmtError(f"{path}: cannot read config file ({exc.__class__.__name__})") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or "invalid YAML"
+        raise NmtError(f"{path}:{line}: YAML syntax error: {problem}") from None
+    return raw
+
+
+def check_data_files(cfg: Config, source: str) -> None:
+    for key in DATA_FILE_KEYS:
+        value = getattr(cfg.data, key)
+        if not value:
+            raise NmtError(f"{source}: key 'data.{key}' is required")
+        p = Path(value)
+        if not p.is_file():
+            raise NmtError(f"{source}: key 'data.{key}': file not found: {value}")
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None,
+                require_data: bool = True) -> Config:
+    """Read a YAML config, apply overrides, validate types, ranges and data files."""
+    raw = read_yaml(path)
+    if raw is not None and not isinstance(raw, dict):
+        raise NmtError(f"{path}: the top level must be a mapping with sections data, model, train")
+    raw = apply_overrides(raw or {}, overrides or [])
+    cfg = from_dict(raw, str(path))
+    if require_data:
+        check_data_files(cfg, str(path))
+    return cfg
+
+
+def reference_markdown() -> str:
+    """The configuration reference of the README, generated from the dataclasses."""
+    lines = []
+    for section, cls in SECTIONS.items():
+        lines += [f"### `{section}`", "", "| key | default | meaning |", "|---|---|---|"]
+        for f in dataclasses.fields(cls):
+            meta = f.metadata
+            doc = meta.get("doc", "")
+            if meta.get("choices"):
+                doc += f" ({' / '.join(meta['choices'])})"
+            default = "required" if section == "data" and f.name in DATA_FILE_KEYS else f.default
+            lines.append(f"| `{f.name}` | `{default}` | {doc} |")
+        lines.append("")
+    return "\n".join(lines)

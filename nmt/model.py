@@ -1,0 +1,191 @@
+"""The seq2seq-attn network: the parameters (single source of truth) and the autograd forward.
+
+Both training executors use these parameter tensors: the autograd executor runs `forward`
+below; the clone executor (`nmt.engine`) re-implements the same arithmetic node by node and
+writes its gradients into the same `.grad` fields. Dropout masks come from `dropout_mask`,
+drawn in the same order by both executors, so that they agree to rounding.
+
+Shapes: B batch, S source length, T target length, H rnn_size, E word_vec_size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from nmt.config import ModelConfig
+from nmt.data.vocab import PAD
+
+LayerState = tuple[Tensor, Tensor]  # (h, c), each B x H
+
+
+def dropout_mask(shape: tuple[int, ...], p: float, like: Tensor) -> Tensor:
+    """An inverted-dropout mask (0 or 1/(1-p)) drawn from the global RNG of `like`'s device."""
+    mask = torch.empty(shape, dtype=like.dtype, device=like.device)
+    return mask.bernoulli_(1.0 - p).div_(1.0 - p)
+
+
+class LSTMLayer(nn.Module):
+    """One LSTM layer as seq2seq-attn builds it: i2h (with bias) + h2h (without), gates i f o g."""
+
+    def __init__(self, input_size: int, rnn_size: int):
+        super().__init__()
+        self.i2h = nn.Linear(input_size, 4 * rnn_size)
+        self.h2h = nn.Linear(rnn_size, 4 * rnn_size, bias=False)
+
+    def forward(self, x: Tensor, state: LayerState) -> LayerState:
+        h, c = state
+        gates = self.i2h(x) + self.h2h(h)
+        i, f, o, g = gates.chunk(4, dim=1)
+        next_c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+        next_h = torch.sigmoid(o) * torch.tanh(next_c)
+        return next_h, next_c
+
+
+class LSTMStack(nn.Module):
+    """Stacked LSTM layers with dropout on the input of every layer above the first."""
+
+    def __init__(self, input_size: int, rnn_size: int, num_layers: int, dropout: float):
+        super().__init__()
+        sizes = [input_size] + [rnn_size] * (num_layers - 1)
+        self.layers = nn.ModuleList(LSTMLayer(n, rnn_size) for n in sizes)
+        self.dropout = dropout
+
+    def forward(self, x: Tensor, states: list[LayerState]) -> list[LayerState]:
+        new_states = []
+        for idx, (layer, state) in enumerate(zip(self.layers, states, strict=True)):
+            if idx > 0:
+                x = new_states[-1][0]
+                if self.training and self.dropout > 0:
+                    x = x * dropout_mask(x.shape, self.dropout, x)
+            new_states.append(layer(x, state))
+        return new_states
+
+
+@dataclass
+class DecoderState:
+    """Everything the decoder carries from one target position to the next."""
+
+    layers: list[LayerState]
+    input_feed: Tensor  # B x H, the previous attentional output (zeros at the start)
+
+    def index_select(self, index: Tensor) -> DecoderState:
+        """Reorder/expand the batch dimension (beam search)."""
+        return DecoderState(
+            [(h.index_select(0, index), c.index_select(0, index)) for h, c in self.layers],
+            self.input_feed.index_select(0, index),
+        )
+
+
+class Seq2SeqAttn(nn.Module):
+    """LSTM encoder, LSTM decoder with input feeding and Luong "general" global attention."""
+
+    def __init__(self, cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int):
+        super().__init__()
+        self.cfg = cfg
+        H, E = cfg.rnn_size, cfg.word_vec_size
+        self.src_embedding = nn.Embedding(src_vocab_size, E)
+        self.encoder = LSTMStack(E, H, cfg.num_layers, cfg.dropout)
+        self.encoder_bwd = (
+            LSTMStack(E, H, cfg.num_layers, cfg.dropout) if cfg.bidirectional else None
+        )
+        self.tgt_embedding = nn.Embedding(tgt_vocab_size, E)
+        dec_in = E + H if cfg.input_feed else E
+        self.decoder = LSTMStack(dec_in, H, cfg.num_layers, cfg.dropout)
+        self.attn_in = nn.Linear(H, H, bias=False)  # W_a of score(h_t, h_s) = h_s . W_a h_t
+        self.attn_out = nn.Linear(2 * H, H, bias=False)  # W_c of tanh(W_c [c_t ; h_t])
+        self.generator = nn.Linear(H, tgt_vocab_size)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        for p in self.parameters():
+            nn.init.uniform_(p, -self.cfg.param_init, self.cfg.param_init)
+
+    # ---- encoder -------------------------------------------------------------------------
+
+    def zero_states(self, batch: int, like: Tensor) -> list[LayerState]:
+        H = self.cfg.rnn_size
+        z = like.new_zeros(batch, H, dtype=self.generator.weight.dtype)
+        return [(z, z) for _ in range(self.cfg.num_layers)]
+
+    def _run_encoder(self, stack: LSTMStack, emb: Tensor, order: range,
+                     src_mask: Tensor | None) -> tuple[list[Tensor | None], list[LayerState]]:
+        states = self.zero_states(emb.size(0), emb)
+        tops: list[Tensor | None] = [None] * emb.size(1)
+        for t in order:
+            new = stack(emb[:, t], states)
+            if src_mask is not None:  # padded positions keep the previous state
+                keep = src_mask[:, t].unsqueeze(1)
+                new = [(torch.where(keep, h, ph), torch.where(keep, c, pc))
+                       for (h, c), (ph, pc) in zip(new, states, strict=True)]
+            states = new
+            tops[t] = states[-1][0]
+        return tops, states
+
+    def encode(self, src: Tensor, src_mask: Tensor | None = None
+               ) -> tuple[Tensor, list[LayerState]]:
+        """src: B x S token ids -> context B x S x H and the final state of every layer.
+
+        Training batches have one source length and no mask; translation may pad and pass
+        `src_mask` (True at real tokens), in which case padded steps leave states unchanged.
+        """
+        emb = self.src_embedding(src)
+        tops, final = self._run_encoder(self.encoder, emb, range(src.size(1)), src_mask)
+        context = torch.stack(tops, dim=1)
+        if self.encoder_bwd is not None:
+            tops_b, final_b = self._run_encoder(
+                self.encoder_bwd, emb, range(src.size(1) - 1, -1, -1), src_mask)
+            context = context + torch.stack(tops_b, dim=1)
+            final = [(h + hb, c + cb) for (h, c), (hb, cb) in zip(final, final_b, strict=True)]
+        return context, final
+
+    # ---- decoder -------------------------------------------------------------------------
+
+    def init_decoder_state(self, final: list[LayerState]) -> DecoderState:
+        h = final[0][0]
+        return DecoderState(list(final), h.new_zeros(h.shape))
+
+    def attend(self, h_top: Tensor, context: Tensor, src_mask: Tensor | None
+               ) -> tuple[Tensor, Tensor]:
+        """Global "general" attention: returns (tanh(W_c [c_t ; h_t]), attention B x S)."""
+        target = self.attn_in(h_top)  # B x H
+        scores = torch.bmm(context, target.unsqueeze(2)).squeeze(2)  # B x S
+        if src_mask is not None:
+            scores = scores.masked_fill(~src_mask, float("-inf"))
+        attn = torch.softmax(scores, dim=1)
+        ctx = torch.bmm(attn.unsqueeze(1), context).squeeze(1)  # B x H
+        out = torch.tanh(self.attn_out(torch.cat([ctx, h_top], dim=1)))
+        return out, attn
+
+    def decode_step(self, y: Tensor, state: DecoderState, context: Tensor,
+                    src_mask: Tensor | None = None) -> tuple[Tensor, DecoderState, Tensor]:
+        """One target position: y (B,) -> attentional output B x H, next state, attention."""
+        x = self.tgt_embedding(y)
+        if self.cfg.input_feed:
+            x = torch.cat([x, state.input_feed], dim=1)
+        layers = self.decoder(x, state.layers)
+        out, attn = self.attend(layers[-1][0], context, src_mask)
+        if self.training and self.cfg.dropout > 0:
+            out = out * dropout_mask(out.shape, self.cfg.dropout, out)
+        return out, DecoderState(layers, out), attn
+
+    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+        """Teacher-forced decoder outputs B x T x H (before the generator)."""
+        context, final = self.encode(src)
+        state = self.init_decoder_state(final)
+        outs = []
+        for t in range(tgt_in.size(1)):
+            out, state, _ = self.decode_step(tgt_in[:, t], state, context)
+            outs.append(out)
+        return torch.stack(outs, dim=1)
+
+    def log_probs(self, out: Tensor) -> Tensor:
+        return F.log_softmax(self.generator(out), dim=-1)
+
+    def nll(self, src: Tensor, tgt_in: Tensor, tgt_out: Tensor) -> Tensor:
+        """Summed negative log-likelihood of the non-PAD target tokens."""
+        logp = self.log_probs(self.forward(src, tgt_in))
+        return F.nll_loss(logp.flatten(0, 1), tgt_out.flatten(), ignore_index=PAD, reduction="sum")
