@@ -1,0 +1,276 @@
+"""The clone executor: seq2seq-attn's backpropagation through time over cloned graphs.
+
+One encoder clone per source position (and one per position for the backward encoder), one
+decoder clone per target position, all built from the model's own parameters (so they share
+parameters and parameter gradients) and each with its own buffers, except those the
+preallocation plan shares between clones. A step: encoder clones forward, decoder clones
+forward, then from the last target position to the first: generator forward+backward on
+that position, decoder clone backward, context gradient added to the encoder accumulator;
+finally the encoder clones backward. Everything runs under no_grad with out=/in-place ops.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from nmt.data.batching import Batch
+from nmt.data.vocab import PAD
+from nmt.engine import planner
+from nmt.engine.accounting import BufferRecord, records_for
+from nmt.engine.generator import Generator
+from nmt.engine.graph import Graph, Tracer
+from nmt.engine.node import resized
+from nmt.engine.seq2seq import decoder_graph, encoder_graph
+from nmt.errors import NmtError
+from nmt.model import Seq2SeqAttn
+
+POLICIES = ("none", "attention", "all")
+
+
+class CloneExecutor:
+    """Trains a Seq2SeqAttn with cloned graphs and (optionally) shared clone buffers."""
+
+    def __init__(
+        self,
+        model: Seq2SeqAttn,
+        max_src_len: int,
+        max_tgt_len: int,
+        policy: str = "all",
+        device: torch.device | str | None = None,
+        *,
+        plan: planner.SharingPlan | None = None,
+    ):
+        if policy not in POLICIES:
+            raise NmtError(
+                f"preallocation policy must be one of {', '.join(POLICIES)}, got {policy!r}"
+            )
+        param = model.generator.weight
+        self.device = torch.device(device) if device is not None else param.device
+        if param.device.type != self.device.type:
+            raise NmtError(
+                f"the model is on {param.device} but the executor on {self.device}: "
+                "move the model first"
+            )
+        self.model, self.cfg, self.dtype = model, model.cfg, param.dtype
+        self.n_enc, self.n_dec = max_src_len + 2, max_tgt_len + 1
+        dev, dt = self.device, self.dtype
+        self.clones: dict[str, list[Graph]] = {
+            "enc": [encoder_graph(model, model.encoder, dev, dt) for _ in range(self.n_enc)],
+            "enc_bwd": [encoder_graph(model, model.encoder_bwd, dev, dt) for _ in range(self.n_enc)]
+            if model.encoder_bwd is not None
+            else [],
+            "dec": [decoder_graph(model, dev, dt) for _ in range(self.n_dec)],
+        }
+        self.generator = Generator(model, dev, dt)
+        self.plan = plan if plan is not None else planner.plan(model.cfg, policy)
+        self.policy = self.plan.policy
+        self.shared = self._share(self.plan)
+        L = self.cfg.num_layers
+        self._states = [f"{k}{i}" for i in range(L) for k in ("h", "c")]
+        self._top = 2 * L - 2  # index of the top layer's h in a state list
+        roles = (
+            "context",
+            "encoder_acc",
+            "zeros",
+            "state_grad",
+            "state_grad_bwd",
+            "out_grad",
+            "init_state",
+            "valid",
+            "weight",
+            "loss",
+        )
+        # buffers of the training loop itself, not of any clone: role -> tensor
+        self.loop = {r: torch.empty(0, device=dev, dtype=dt) for r in roles}
+        for r in ("src", "tgt_in", "tgt_out"):
+            self.loop[r] = torch.empty(0, device=dev, dtype=torch.long)
+        self.loop["loss"] = torch.zeros((), device=dev, dtype=torch.float64)
+
+    def _share(self, plan: planner.SharingPlan) -> dict[tuple[str, str], Tensor]:
+        """Point the same node of every clone at one tensor for each shared (node, role)."""
+        shared: dict[tuple[str, str], Tensor] = {}
+        for graphs in self.clones.values():
+            for g in graphs:
+                for node in g.all_nodes():
+                    for role, _ in list(node.buffers()):
+                        key = (node.name, role)
+                        if key in plan.shared:
+                            if key not in shared:
+                                shared[key] = torch.empty(0, device=self.device, dtype=self.dtype)
+                            node.set_buffer(role, shared[key])
+        return shared
+
+    # ---- the training step ---------------------------------------------------------------
+
+    def forward_backward(self, batch: Batch) -> float:
+        """Accumulate d(sum NLL / batch_size)/d(param) into each parameter's .grad (zeros are
+        created where .grad is None) and return the summed NLL of the non-PAD tokens.
+
+        Dropout is used iff model.training, with masks drawn in the order of
+        Seq2SeqAttn.forward (encoder, backward encoder, then decoder positions)."""
+        return float(self._step(batch))
+
+    @torch.no_grad()
+    def _step(self, batch: Batch, tr: Tracer | None = None) -> Tensor:
+        src, tgt_in, tgt_out = batch.src, batch.tgt_in, batch.tgt_out
+        B, S = src.shape
+        T = tgt_in.shape[1]
+        if self.n_enc < S:
+            raise NmtError(
+                f"batch source length {S} exceeds the {self.n_enc} encoder clones "
+                f"(max_src_len + 2): raise data.max_src_len"
+            )
+        if self.n_dec < T:
+            raise NmtError(
+                f"batch target length {T} exceeds the {self.n_dec} decoder clones "
+                f"(max_tgt_len + 1): raise data.max_tgt_len"
+            )
+        for p in self.model.parameters():
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        H, lp = self.cfg.rnn_size, self.loop
+        n_state = len(self._states)
+
+        src_t = resized(lp["src"], (S, B)).copy_(src.t())
+        tin = resized(lp["tgt_in"], (T, B)).copy_(tgt_in.t())
+        tout = resized(lp["tgt_out"], (T, B, 1)).copy_(tgt_out.t().unsqueeze(2))
+        valid = resized(lp["valid"], (T, B, 1)).copy_(tout != PAD)
+        weight = torch.div(valid, B, out=resized(lp["weight"], (T, B, 1)))
+        zeros = resized(lp["zeros"], (B, H)).zero_()
+        context = resized(lp["context"], (B, S, H))
+
+        # ---- encoder(s) forward: the context is a loop buffer, filled position by position
+        final = self._encode(self.clones["enc"], range(S), src_t, zeros, context, tr, "copy_")
+        if self.clones["enc_bwd"]:
+            final_b = self._encode(
+                self.clones["enc_bwd"], range(S - 1, -1, -1), src_t, zeros, context, tr, "add_"
+            )
+            init = resized(lp["init_state"], (n_state, B, H))
+            for k in range(n_state):
+                torch.add(final[k], final_b[k], out=init[k])
+            states = list(init.unbind(0))
+        else:
+            states = final
+
+        # ---- decoder forward
+        dec = self.clones["dec"]
+        feed = [zeros] if self.cfg.input_feed else []
+        for t in range(T):
+            g = dec[t]
+            g.set_inputs([tin[t], *feed, context, *states])
+            if tr is None:
+                g.forward()
+            else:
+                tr.begin(f"dec[{t}]:fwd")
+                g.forward_traced(tr)
+            outs = g.outputs()
+            states = outs[:n_state]
+            if feed:
+                feed = [outs[n_state]]
+
+        # ---- decoder backward, generator per position, context gradient to the encoder
+        grads = list(resized(lp["state_grad"], (n_state, B, H)).zero_().unbind(0))
+        out_grad = resized(lp["out_grad"], (B, H)).zero_()
+        enc_acc = resized(lp["encoder_acc"], (B, S, H)).zero_()
+        loss = lp["loss"].zero_()
+        for t in range(T - 1, -1, -1):
+            g = dec[t]
+            out_t = g.outputs()[n_state]
+            if tr is not None:
+                tr.touch(out_t)  # the generator reads this clone's output now
+            out_grad.add_(self.generator.step(out_t, tout[t], valid[t], weight[t], loss))
+            if tr is None:
+                ig = g.backward([*grads, out_grad])
+            else:
+                tr.begin(f"dec[{t}]:bwd")
+                ig = g.backward_traced(tr, [*grads, out_grad])
+            enc_acc.add_(ig["context"])
+            if self.cfg.input_feed:
+                out_grad.copy_(ig["feed"])
+            else:
+                out_grad.zero_()
+            for k, name in enumerate(self._states):
+                grads[k].copy_(ig[name])
+
+        # ---- encoder(s) backward, last position first; the backward encoder ran S-1..0
+        if self.clones["enc_bwd"]:
+            grads_b = list(
+                resized(lp["state_grad_bwd"], (n_state, B, H)).copy_(lp["state_grad"]).unbind(0)
+            )
+        self._encode_backward(self.clones["enc"], range(S - 1, -1, -1), grads, enc_acc, tr)
+        if self.clones["enc_bwd"]:
+            self._encode_backward(self.clones["enc_bwd"], range(S), grads_b, enc_acc, tr)
+        return loss
+
+    def _encode(
+        self,
+        clones: list[Graph],
+        order: range,
+        src_t: Tensor,
+        zeros: Tensor,
+        context: Tensor,
+        tr: Tracer | None,
+        into: str,
+    ) -> list[Tensor]:
+        states = [zeros] * len(self._states)
+        name = "enc" if clones is self.clones["enc"] else "enc_bwd"
+        for t in order:
+            g = clones[t]
+            g.set_inputs([src_t[t], *states])
+            if tr is None:
+                g.forward()
+            else:
+                tr.begin(f"{name}[{t}]:fwd")
+                g.forward_traced(tr)
+            states = g.outputs()
+            getattr(context[:, t], into)(states[self._top])
+        return states
+
+    def _encode_backward(
+        self,
+        clones: list[Graph],
+        order: range,
+        grads: list[Tensor],
+        enc_acc: Tensor,
+        tr: Tracer | None,
+    ) -> None:
+        name = "enc" if clones is self.clones["enc"] else "enc_bwd"
+        top = grads[self._top]
+        for t in order:
+            g = clones[t]
+            top.add_(enc_acc[:, t])
+            if tr is None:
+                ig = g.backward(grads)
+            else:
+                tr.begin(f"{name}[{t}]:bwd")
+                ig = g.backward_traced(tr, grads)
+            for k, state in enumerate(self._states):
+                grads[k].copy_(ig[state])
+
+    # ---- inventory -----------------------------------------------------------------------
+
+    def clone_graphs(self) -> list[tuple[str, Graph]]:
+        """(clone name, graph) for every clone, e.g. ("enc[3]", graph)."""
+        return [
+            (f"{kind}[{i}]", g)
+            for kind, graphs in self.clones.items()
+            for i, g in enumerate(graphs)
+        ]
+
+    def buffers(self) -> list[BufferRecord]:
+        """Every buffer the engine holds: one record per (clone, node, role); a shared storage
+        appears once per clone that references it, with the same storage_key."""
+        owned = [
+            (name, node.name, role, t)
+            for name, g in self.clone_graphs()
+            for node in g.all_nodes()
+            for role, t in node.buffers()
+        ]
+        owned += [
+            ("generator", node.name, role, t)
+            for node in self.generator.nodes()
+            for role, t in node.buffers()
+        ]
+        owned += [("loop", "loop", role, t) for role, t in self.loop.items()]
+        return records_for(owned)

@@ -1,0 +1,44 @@
+"""The uncloned generator and criterion, run once per target position during backward.
+
+seq2seq-attn never keeps vocabulary-sized activations for all positions at once: at each
+target position (last to first) it runs the generator forward and backward on that position
+only, adds the resulting gradient to the decoder output's gradient, and moves on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+from torch import Tensor
+
+from nmt.engine.node import Node
+from nmt.engine.nodes import Linear, LogSoftMaxNLL
+from nmt.model import Seq2SeqAttn
+
+
+class Generator:
+    """Linear(H, V) + log-softmax + NLL (PAD weight 0), with persistent buffers."""
+
+    def __init__(self, model: Seq2SeqAttn, device: torch.device, dtype: torch.dtype):
+        lin = model.generator
+        self.linear = Linear("generator", lin.weight, lin.bias, device, dtype)
+        self.criterion = LogSoftMaxNLL("criterion", device, dtype)
+
+    def step(
+        self, out: Tensor, target: Tensor, valid: Tensor, weight: Tensor, loss: Tensor
+    ) -> Tensor:
+        """One position: subtract the log-likelihood of the real tokens from `loss`, accumulate
+        the generator's parameter gradients, return d loss / d out (B x H, a persistent buffer).
+
+        target: B x 1 token ids; valid: B x 1, 1 for real tokens, 0 for PAD;
+        weight: B x 1, valid / batch_size (the loss is divided by the batch size).
+        """
+        logp = self.criterion.forward(self.linear.forward(out))
+        loss.sub_(torch.mm(logp.gather(1, target).t(), valid).squeeze())
+        grad_logits = self.criterion.backward((target, weight))
+        return self.linear.backward(out, grad_logits)
+
+    def nodes(self) -> Iterator[Node]:
+        yield self.linear
+        yield self.criterion

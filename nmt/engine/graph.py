@@ -1,0 +1,211 @@
+"""A clone's graph (nngraph style): nodes in topological order and the wiring between them.
+
+Forward runs the nodes in order, each on its producers' outputs. Backward runs them in
+reverse, each on the gradient of its output: the consumer's grad_input when there is one
+consumer, otherwise a GradSum accumulator (nngraph's gradOutput buffer) that adds the
+consumers' grad_inputs and, for a graph output, the gradient the executor hands in.
+
+The wiring is compiled once into small fetch closures: a step does little Python work.
+A traced variant of forward/backward reports every tensor each node touches to a Tracer;
+the planner uses it to decide which buffers may be shared between clones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from nmt.engine.node import Node, flat
+from nmt.engine.nodes import GradSum, Input
+
+Fetch = Callable[[], Any]
+
+
+@dataclass(frozen=True)
+class Value:
+    """One tensor of the graph: a node's output, or element `index` of its tuple output."""
+
+    node: Node
+    index: int | None = None
+
+
+class Tracer:
+    """Records, per storage, the phases ("enc[3]:fwd", "dec[0]:bwd") in which it is touched.
+
+    Storages are identified by their data pointer: use it on a real (not meta) device.
+    """
+
+    def __init__(self) -> None:
+        self.phase = ""
+        self.phases: dict[int, set[str]] = {}
+
+    def begin(self, phase: str) -> None:
+        self.phase = phase
+
+    def touch(self, *values: Any) -> None:
+        for t in flat(values):
+            ptr = t.untyped_storage().data_ptr()
+            if ptr:
+                self.phases.setdefault(ptr, set()).add(self.phase)
+
+
+class GraphBuilder:
+    """Wire nodes into a Graph: `input`, `add` (in topological order), `output`."""
+
+    def __init__(self, device: torch.device, dtype: torch.dtype):
+        self.device, self.dtype = device, dtype
+        self.inputs: dict[str, Input] = {}
+        self.no_grad: set[str] = set()
+        self.nodes: list[tuple[Node, tuple[Value, ...]]] = []
+        self.outputs: list[tuple[str, Value]] = []
+
+    def input(self, name: str, needs_grad: bool = True) -> Value:
+        node = Input(f"in.{name}", self.device, self.dtype)
+        self.inputs[name] = node
+        if not needs_grad:
+            self.no_grad.add(name)
+        return Value(node)
+
+    def add(self, node: Node, *srcs: Value) -> Value:
+        if len(srcs) != node.N_INPUTS:
+            raise ValueError(f"{node} takes {node.N_INPUTS} inputs, got {len(srcs)}")
+        self.nodes.append((node, srcs))
+        return Value(node)
+
+    def output(self, name: str, value: Value) -> None:
+        self.outputs.append((name, value))
+
+    def build(self) -> Graph:
+        return Graph(self)
+
+
+def _value_fetch(v: Value) -> Fetch:
+    node, idx = v.node, v.index
+    if idx is None:
+        return lambda: node.output
+    return lambda: node.output[idx]
+
+
+def _input_fetch(srcs: tuple[Value, ...]) -> Fetch:
+    if len(srcs) == 1:
+        return _value_fetch(srcs[0])
+    f0, f1 = (_value_fetch(s) for s in srcs)
+    return lambda: (f0(), f1())
+
+
+class Graph:
+    """A compiled graph: `forward()`, `backward(grad_outputs)`, then `input_grads`."""
+
+    def __init__(self, b: GraphBuilder):
+        self.input_names = list(b.inputs)
+        self.inputs = [b.inputs[n] for n in self.input_names]
+        self.output_names = [n for n, _ in b.outputs]
+        self.nodes = [n for n, _ in b.nodes]
+        self.device, self.dtype = b.device, b.dtype
+        self.sums: list[GradSum] = []
+        self._ext: list[Tensor] = []
+        self.input_grads: dict[str, Tensor] = {}
+        self._out_fetch = [_value_fetch(v) for _, v in b.outputs]
+
+        # who consumes each value: (consumer, input position) or ("ext", output position)
+        sources: dict[tuple[int, int | None], list[Fetch]] = {}
+        for node, srcs in b.nodes:
+            for pos, v in enumerate(srcs):
+                sources.setdefault((id(v.node), v.index), []).append(self._gi_fetch(node, pos))
+        for k, (_, v) in enumerate(b.outputs):
+            sources.setdefault((id(v.node), v.index), []).append(self._ext_fetch(k))
+
+        self._fwd = [(n, n.forward, _input_fetch(srcs)) for n, srcs in b.nodes]
+        self._bwd = []
+        for node, srcs in reversed(b.nodes):
+            n_out = node.n_outputs
+            if n_out is None:
+                gfetch = self._grad_fetch(node, None, sources.get((id(node), None)))
+            else:
+                parts = [
+                    self._grad_fetch(node, i, sources.get((id(node), i))) for i in range(n_out)
+                ]
+                gfetch = (lambda ps: lambda: tuple(p() for p in ps))(parts)
+            self._bwd.append((node, node.backward, _input_fetch(srcs), gfetch))
+        self._in_bwd = [
+            (name, self._grad_fetch(inp, None, sources.get((id(inp), None))))
+            for name, inp in zip(self.input_names, self.inputs, strict=True)
+            if name not in b.no_grad
+        ]
+
+    # ---- compiling the gradient routing --------------------------------------------------
+
+    @staticmethod
+    def _gi_fetch(consumer: Node, pos: int) -> Fetch:
+        if consumer.N_INPUTS == 1:
+            return lambda: consumer.grad_input
+        return lambda: consumer.grad_input[pos]
+
+    def _ext_fetch(self, k: int) -> Fetch:
+        return lambda: self._ext[k]
+
+    def _grad_fetch(self, node: Node, index: int | None, srcs: list[Fetch] | None) -> Fetch:
+        if not srcs:
+            raise ValueError(f"{node} output {index} is never used: dead node in the graph")
+        if len(srcs) == 1:
+            return srcs[0]
+        name = node.name if index is None else f"{node.name}[{index}]"
+        acc = GradSum(name, self.device, self.dtype)
+        self.sums.append(acc)
+        return lambda: acc.accumulate([f() for f in srcs])
+
+    # ---- running -------------------------------------------------------------------------
+
+    def set_inputs(self, values: list[Tensor]) -> None:
+        """Inputs in `input_names` order (tensors owned by the caller or by other clones)."""
+        for inp, v in zip(self.inputs, values, strict=True):
+            inp.output = v
+
+    def forward(self) -> None:
+        for _, f, fetch in self._fwd:
+            f(fetch())
+
+    def outputs(self) -> list[Tensor]:
+        return [f() for f in self._out_fetch]
+
+    def backward(self, grad_outputs: list[Tensor]) -> dict[str, Tensor]:
+        """Gradients of the graph outputs in, gradients of the inputs out (valid until the
+        next clone runs: the caller must copy or add them away at once)."""
+        self._ext = grad_outputs
+        for _, b, fetch, gfetch in self._bwd:
+            b(fetch(), gfetch())
+        self.input_grads = {name: f() for name, f in self._in_bwd}
+        return self.input_grads
+
+    # ---- tracing (planner only) ----------------------------------------------------------
+
+    def forward_traced(self, tr: Tracer) -> None:
+        for node, f, fetch in self._fwd:
+            inp = fetch()
+            tr.touch(inp)
+            f(inp)
+            tr.touch(node.output, [getattr(node, node.ROLES[r]) for r in node.BWD_READS_ROLES])
+
+    def backward_traced(self, tr: Tracer, grad_outputs: list[Tensor]) -> dict[str, Tensor]:
+        self._ext = grad_outputs
+        tr.touch(grad_outputs)
+        for node, b, fetch, gfetch in self._bwd:
+            inp, g = fetch(), gfetch()  # gfetch may run a GradSum: touch what it owns too
+            tr.touch(g, node.backward_reads(inp))
+            b(inp, g)
+            tr.touch(node.grad_input)
+        self.input_grads = {name: f() for name, f in self._in_bwd}
+        tr.touch(list(self.input_grads.values()))
+        for s in self.sums:  # accumulators were written in this phase
+            tr.touch(s.acc)
+        return self.input_grads
+
+    # ---- inventory -----------------------------------------------------------------------
+
+    def all_nodes(self) -> Iterator[Node]:
+        yield from self.nodes
+        yield from self.sums

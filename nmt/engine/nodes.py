@@ -1,0 +1,301 @@
+"""The node types of the seq2seq-attn graphs, each with its forward, backward and facts.
+
+Shapes: B batch, S source length, H rnn_size. Parameter gradients accumulate into the
+`.grad` of the module's own parameters (the executor creates them before a step).
+Nodes whose backward is the identity on a slice (CAdd, Join, Split's forward) hand out
+aliases/views instead of copies: they own no storage for that role at all.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from torch.nn import Module, Parameter
+
+from nmt.engine.node import Node, resized
+from nmt.model import dropout_mask
+
+_sigmoid_backward = torch.ops.aten.sigmoid_backward.grad_input
+_tanh_backward = torch.ops.aten.tanh_backward.grad_input
+_softmax_backward = torch.ops.aten._softmax_backward_data.out
+
+_OUT = {"output": "output"}
+_OUT_GI = {"output": "output", "grad_input": "grad_input"}
+_OUT_GI2 = {"output": "output", "grad_input[0]": "gi0", "grad_input[1]": "gi1"}
+
+
+class Input(Node):
+    """A graph input: its `output` is set by the executor (another clone's tensor, a loop
+    buffer, a batch column); it owns nothing."""
+
+
+class _Binary(Node):
+    """Two inputs, both read by backward, one owned gradient buffer for each."""
+
+    ROLES = _OUT_GI2
+    N_INPUTS = 2
+    BWD_READS_INPUTS = (0, 1)
+
+    def _bind(self) -> None:
+        super()._bind()
+        self.grad_input = (self.gi0, self.gi1)
+
+
+class Linear(Node):
+    """y = x W^T (+ b). Backward reads x for the weight gradient."""
+
+    ROLES = _OUT_GI
+    BWD_READS_INPUTS = (0,)
+
+    def __init__(
+        self,
+        name: str,
+        weight: Parameter,
+        bias: Parameter | None,
+        device: torch.device,
+        dtype: torch.dtype,
+    ):
+        self.weight, self.bias = weight, bias
+        super().__init__(name, device, dtype)
+
+    def forward(self, x: Tensor) -> Tensor:
+        w = self.weight
+        out = resized(self.output, (x.shape[0], w.shape[0]))
+        if self.bias is None:
+            torch.mm(x, w.t(), out=out)
+        else:
+            torch.addmm(self.bias, x, w.t(), out=out)
+        return out
+
+    def backward(self, x: Tensor, g: Tensor) -> Tensor:
+        w = self.weight
+        gi = resized(self.grad_input, (g.shape[0], w.shape[1]))
+        torch.mm(g, w, out=gi)
+        w.grad.addmm_(g.t(), x)
+        if self.bias is not None:
+            self.bias.grad.add_(g.sum(0))
+        return gi
+
+
+class LookupTable(Node):
+    """Rows of an embedding matrix; backward scatters into its gradient (no grad_input)."""
+
+    ROLES = _OUT
+    BWD_READS_INPUTS = (0,)
+
+    def __init__(self, name: str, weight: Parameter, device: torch.device, dtype: torch.dtype):
+        self.weight = weight
+        super().__init__(name, device, dtype)
+
+    def forward(self, idx: Tensor) -> Tensor:
+        out = resized(self.output, (idx.shape[0], self.weight.shape[1]))
+        return torch.index_select(self.weight, 0, idx, out=out)
+
+    def backward(self, idx: Tensor, g: Tensor) -> None:
+        self.weight.grad.index_add_(0, idx, g)
+        return None
+
+
+class Sigmoid(Node):
+    ROLES = _OUT_GI
+    BWD_READS_OUTPUT = True
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.sigmoid(x, out=resized(self.output, x.shape))
+
+    def backward(self, x: Tensor, g: Tensor) -> Tensor:
+        return _sigmoid_backward(g, self.output, grad_input=resized(self.grad_input, g.shape))
+
+
+class Tanh(Node):
+    ROLES = _OUT_GI
+    BWD_READS_OUTPUT = True
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.tanh(x, out=resized(self.output, x.shape))
+
+    def backward(self, x: Tensor, g: Tensor) -> Tensor:
+        return _tanh_backward(g, self.output, grad_input=resized(self.grad_input, g.shape))
+
+
+class SoftMax(Node):
+    """Softmax over dimension 1 (source positions)."""
+
+    ROLES = _OUT_GI
+    BWD_READS_OUTPUT = True
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.softmax(x, 1, out=resized(self.output, x.shape))
+
+    def backward(self, x: Tensor, g: Tensor) -> Tensor:
+        y = self.output
+        return _softmax_backward(g, y, 1, y.dtype, grad_input=resized(self.grad_input, g.shape))
+
+
+class CAdd(Node):
+    """a + b. Its grad_input is (grad_output, grad_output): aliases, no storage."""
+
+    ROLES = _OUT
+    N_INPUTS = 2
+
+    def forward(self, ab: tuple[Tensor, Tensor]) -> Tensor:
+        a, b = ab
+        return torch.add(a, b, out=resized(self.output, a.shape))
+
+    def backward(self, ab: tuple[Tensor, Tensor], g: Tensor) -> tuple[Tensor, Tensor]:
+        self.grad_input = (g, g)
+        return self.grad_input
+
+
+class CMul(_Binary):
+    """a * b. Backward reads both inputs."""
+
+    def forward(self, ab: tuple[Tensor, Tensor]) -> Tensor:
+        a, b = ab
+        return torch.mul(a, b, out=resized(self.output, a.shape))
+
+    def backward(self, ab: tuple[Tensor, Tensor], g: Tensor) -> tuple[Tensor, Tensor]:
+        a, b = ab
+        torch.mul(g, b, out=resized(self.gi0, g.shape))
+        torch.mul(g, a, out=resized(self.gi1, g.shape))
+        return self.grad_input
+
+
+class Split(Node):
+    """B x nW -> n views B x W (the gates i f o g). Backward joins the n gradients."""
+
+    ROLES = {"grad_input": "grad_input"}
+
+    def __init__(self, name: str, n: int, device: torch.device, dtype: torch.dtype):
+        self.n = self.n_outputs = n
+        super().__init__(name, device, dtype)
+
+    def forward(self, x: Tensor) -> tuple[Tensor, ...]:
+        self.output = x.chunk(self.n, 1)
+        return self.output
+
+    def backward(self, x: Tensor, gs: tuple[Tensor, ...]) -> Tensor:
+        g0 = gs[0]
+        gi = resized(self.grad_input, (g0.shape[0], g0.shape[1] * self.n))
+        return torch.cat(gs, 1, out=gi)
+
+
+class Join(Node):
+    """[a ; b] along dimension 1. Backward hands out the two slices of grad_output as views."""
+
+    ROLES = _OUT
+    N_INPUTS = 2
+
+    def forward(self, ab: tuple[Tensor, Tensor]) -> Tensor:
+        a, b = ab
+        self._widths = (a.shape[1], b.shape[1])
+        out = resized(self.output, (a.shape[0], a.shape[1] + b.shape[1]))
+        return torch.cat(ab, 1, out=out)
+
+    def backward(self, ab: tuple[Tensor, Tensor], g: Tensor) -> tuple[Tensor, ...]:
+        self.grad_input = g.split(self._widths, 1)
+        return self.grad_input
+
+
+class MMScores(_Binary):
+    """Attention MM1: scores[b, s] = context[b, s] . target[b] (context B x S x H, target B x H)."""
+
+    def forward(self, ct: tuple[Tensor, Tensor]) -> Tensor:
+        context, target = ct
+        out = resized(self.output, context.shape[:2])
+        torch.bmm(context, target.unsqueeze(2), out=out.unsqueeze(2))
+        return out
+
+    def backward(self, ct: tuple[Tensor, Tensor], g: Tensor) -> tuple[Tensor, Tensor]:
+        context, target = ct
+        gc = resized(self.gi0, (g.shape[0], g.shape[1], target.shape[1]))
+        torch.mul(g.unsqueeze(2), target.unsqueeze(1), out=gc)
+        gt = resized(self.gi1, target.shape)
+        torch.bmm(g.unsqueeze(1), context, out=gt.unsqueeze(1))
+        return self.grad_input
+
+
+class MMContext(_Binary):
+    """Attention MM2: c[b] = sum_s attn[b, s] context[b, s] (attn B x S, context B x S x H)."""
+
+    def forward(self, ac: tuple[Tensor, Tensor]) -> Tensor:
+        attn, context = ac
+        out = resized(self.output, (context.shape[0], context.shape[2]))
+        torch.bmm(attn.unsqueeze(1), context, out=out.unsqueeze(1))
+        return out
+
+    def backward(self, ac: tuple[Tensor, Tensor], g: Tensor) -> tuple[Tensor, Tensor]:
+        attn, context = ac
+        ga = resized(self.gi0, attn.shape)
+        torch.bmm(context, g.unsqueeze(2), out=ga.unsqueeze(2))
+        gc = resized(self.gi1, (attn.shape[0], attn.shape[1], g.shape[1]))
+        torch.mul(attn.unsqueeze(2), g.unsqueeze(1), out=gc)
+        return self.grad_input
+
+
+MM = (MMScores, MMContext)  # the two attention matrix products (seq2seq-attn PR #45)
+
+
+class Dropout(Node):
+    """x * mask with masks from `nmt.model.dropout_mask`, drawn in forward; identity (a copy)
+    when the module is not training. The mask is kept for backward (role "mask")."""
+
+    ROLES = {"output": "output", "grad_input": "grad_input", "mask": "mask"}
+    BWD_READS_ROLES = ("mask",)
+
+    def __init__(
+        self, name: str, p: float, module: Module, device: torch.device, dtype: torch.dtype
+    ):
+        self.p, self.module = p, module
+        self._active = True
+        super().__init__(name, device, dtype)
+
+    def forward(self, x: Tensor) -> Tensor:
+        out = resized(self.output, x.shape)
+        self._active = self.module.training
+        if not self._active:
+            return out.copy_(x)
+        mask = resized(self.mask, x.shape)
+        mask.copy_(dropout_mask(x.shape, self.p, x))
+        return torch.mul(x, mask, out=out)
+
+    def backward(self, x: Tensor, g: Tensor) -> Tensor:
+        gi = resized(self.grad_input, g.shape)
+        if not self._active:
+            return gi.copy_(g)
+        return torch.mul(g, self.mask, out=gi)
+
+
+class GradSum(Node):
+    """nngraph's gradOutput accumulator of a value with several consumers."""
+
+    ROLES = {"grad_output_acc": "acc"}
+
+    def accumulate(self, grads: list[Tensor]) -> Tensor:
+        acc = resized(self.acc, grads[0].shape)
+        torch.add(grads[0], grads[1], out=acc)
+        for g in grads[2:]:
+            acc.add_(g)
+        return acc
+
+
+class LogSoftMaxNLL(Node):
+    """Generator criterion: log-softmax, then NLL with row weights (1/B, or 0 at PAD).
+
+    The forward keeps log-probabilities in `output`; backward overwrites them in place with
+    d loss / d logits (= w * (softmax - onehot)), which is also its grad_input: one V-sized
+    buffer for the whole criterion.
+    """
+
+    ROLES = _OUT
+    BWD_READS_OUTPUT = True
+
+    def forward(self, logits: Tensor) -> Tensor:
+        return torch.log_softmax(logits, 1, out=resized(self.output, logits.shape))
+
+    def backward(self, target_weight: tuple[Tensor, Tensor], g: None = None) -> Tensor:
+        target, weight = target_weight  # B x 1 int64, B x 1 (1/B for real tokens, 0 for PAD)
+        grad = self.output.exp_().mul_(weight)
+        grad.scatter_add_(1, target, weight.neg())
+        self.grad_input = grad
+        return grad

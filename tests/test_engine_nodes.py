@@ -1,0 +1,114 @@
+"""Each node's stated facts (what its backward reads) are true: the planner relies on them.
+
+Poison (NaN) every tensor a node claims its backward does NOT read, between forward and
+backward: its gradients must not change. Poison what it claims to read: they must.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+from nmt.engine.node import Node, flat
+from nmt.engine.nodes import (
+    CAdd,
+    CMul,
+    Dropout,
+    Join,
+    Linear,
+    MMContext,
+    MMScores,
+    Sigmoid,
+    SoftMax,
+    Split,
+    Tanh,
+)
+
+B, S, H = 3, 4, 5
+KW = {"device": torch.device("cpu"), "dtype": torch.float64}
+
+
+def rand(*shape: int) -> Tensor:
+    return torch.randn(*shape, dtype=torch.float64)
+
+
+def linear(bias: bool) -> tuple[Node, Callable[[], object], list[Tensor]]:
+    lin = nn.Linear(H, 2 * H, bias=bias).double()
+    for p in lin.parameters():
+        p.grad = torch.zeros_like(p)
+    return Linear("lin", lin.weight, lin.bias, **KW), lambda: rand(B, H), list(lin.parameters())
+
+
+class _Training(nn.Module):
+    pass
+
+
+CASES: dict[str, Callable[[], tuple[Node, Callable[[], object], list[Tensor]]]] = {
+    "linear": lambda: linear(True),
+    "linear_nobias": lambda: linear(False),
+    "sigmoid": lambda: (Sigmoid("s", **KW), lambda: rand(B, H), []),
+    "tanh": lambda: (Tanh("t", **KW), lambda: rand(B, H), []),
+    "softmax": lambda: (SoftMax("sm", **KW), lambda: rand(B, S), []),
+    "cadd": lambda: (CAdd("a", **KW), lambda: (rand(B, H), rand(B, H)), []),
+    "cmul": lambda: (CMul("m", **KW), lambda: (rand(B, H), rand(B, H)), []),
+    "split": lambda: (Split("sp", 4, **KW), lambda: rand(B, 4 * H), []),
+    "join": lambda: (Join("j", **KW), lambda: (rand(B, H), rand(B, 2)), []),
+    "mm1": lambda: (MMScores("mm1", **KW), lambda: (rand(B, S, H), rand(B, H)), []),
+    "mm2": lambda: (
+        MMContext("mm2", **KW),
+        lambda: (torch.softmax(rand(B, S), 1), rand(B, S, H)),
+        [],
+    ),
+    "dropout": lambda: (Dropout("d", 0.5, _Training(), **KW), lambda: rand(B, H), []),
+}
+
+
+@torch.no_grad()
+def run(name: str, poison: Callable[[Node, object], list[Tensor]] | None) -> list[Tensor]:
+    """Forward, maybe poison, backward; returns grad_input and parameter gradients."""
+    torch.manual_seed(0)
+    node, make_input, params = CASES[name]()
+    x = make_input()
+    out = node.forward(x)
+    grad = tuple(rand(*o.shape) for o in out) if isinstance(out, tuple) else rand(*out.shape)
+    if poison is not None:
+        for t in poison(node, x):
+            t.fill_(float("nan"))
+    gi = node.backward(x, grad)
+    return [t.clone() for t in flat(gi)] + [p.grad.clone() for p in params]
+
+
+def not_read(node: Node, x: object) -> list[Tensor]:
+    inputs = x if node.N_INPUTS > 1 else (x,)
+    tensors = [t for i, t in enumerate(inputs) if i not in node.BWD_READS_INPUTS]
+    if not node.BWD_READS_OUTPUT:
+        tensors += list(flat(node.output))
+    keep = {id(t) for t in node.backward_reads(x)}
+    return [t for t in tensors if id(t) not in keep]
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_backward_reads_nothing_it_does_not_declare(name: str) -> None:
+    ref = run(name, None)
+    got = run(name, not_read)
+    assert all(torch.isfinite(r).all() for r in ref)
+    assert len(ref) == len(got) and all(torch.equal(a, b) for a, b in zip(ref, got, strict=True))
+
+
+@pytest.mark.parametrize("name", [n for n in CASES if n not in ("cadd", "split", "join")])
+def test_backward_does_read_what_it_declares(name: str) -> None:
+    got = run(name, lambda node, x: node.backward_reads(x))
+    assert any(not torch.isfinite(g).all() for g in got)
+
+
+def test_buffers_only_grow() -> None:
+    node = Sigmoid("s", **KW)
+    node.forward(rand(4, 6))
+    storage = node.output.untyped_storage()
+    node.forward(rand(2, 3))
+    assert node.output.shape == (2, 3)
+    assert node.output.untyped_storage().data_ptr() == storage.data_ptr()
+    assert node.output.untyped_storage().nbytes() == 4 * 6 * 8

@@ -1,0 +1,185 @@
+"""Sharing changes memory, never a number; the plan is found by analysis, not by a list."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from nmt.config import ModelConfig
+from nmt.data.batching import Batch
+from nmt.engine import planner
+from nmt.engine.clones import CloneExecutor
+from nmt.engine.nodes import MM, Split
+from nmt.model import Seq2SeqAttn
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny ops: OpenMP threads only add contention on a shared machine."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def random_corpus(n: int, vocab: int, seed: int) -> list[Batch]:
+    """Batches of different source and target lengths (targets padded)."""
+    g = torch.Generator().manual_seed(seed)
+    batches = []
+    for _ in range(n):
+        b, s, t = (
+            int(torch.randint(lo, hi, (1,), generator=g)) for lo, hi in ((2, 5), (3, 8), (2, 7))
+        )
+        tgt = torch.randint(4, vocab, (b, t), generator=g)
+        lengths = torch.randint(1, t + 1, (b,), generator=g)
+        pad = torch.arange(t) >= lengths.unsqueeze(1)
+        batches.append(
+            Batch(
+                torch.randint(4, vocab, (b, s), generator=g),
+                tgt.masked_fill(pad, 0),
+                tgt.masked_fill(pad, 0),
+            )
+        )
+    return batches
+
+
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_policies_give_bitwise_identical_parameters(bidirectional: bool) -> None:
+    cfg = ModelConfig(
+        num_layers=2, rnn_size=8, word_vec_size=6, dropout=0.3, bidirectional=bidirectional
+    )
+    torch.manual_seed(0)
+    start = Seq2SeqAttn(cfg, 17, 19).train()
+    batches = random_corpus(5, 17, seed=1)
+    results = {}
+    for policy in ("none", "attention", "all"):
+        model = copy.deepcopy(start)
+        executor = CloneExecutor(model, 6, 6, policy)
+        opt = torch.optim.SGD(model.parameters(), lr=0.5)
+        torch.manual_seed(42)
+        losses = []
+        for batch in batches:
+            opt.zero_grad(set_to_none=False)
+            losses.append(executor.forward_backward(batch))
+            opt.step()
+        results[policy] = (losses, [p.detach().clone() for p in model.parameters()])
+    ref_losses, ref_params = results["none"]
+    assert any(not torch.equal(a, b) for a, b in zip(ref_params, start.parameters(), strict=True))
+    for policy in ("attention", "all"):
+        losses, params = results[policy]
+        assert losses == ref_losses
+        assert all(torch.equal(a, b) for a, b in zip(params, ref_params, strict=True))
+
+
+# REFERENCE section 3, the buffers PR #46 shares, mapped to node names here. A `None` role
+# means that buffer does not exist here at all: the node hands out aliases or views instead
+# of a copy (CAdd's grad_input is its grad_output; Join's grad_input are slices of it; Sum(2)
+# is the squeeze inside attn.mm2, whose gradient is a slice of attn.join's grad_output).
+def pr46_slots(layers: int) -> list[tuple[str, str | None]]:
+    slots: list[tuple[str, str | None]] = [("feed_join", None)]  # input-feed JoinTable GI
+    for i in range(layers):
+        p = f"l{i}."
+        if i > 0:
+            slots.append((p + "dropout", "grad_input"))
+        slots += [
+            (p + "i2h", "grad_input"),
+            (p + "i2h", "output"),
+            (p + "h2h", "grad_input"),
+            (p + "h2h", "output"),
+            (p + "gates", "output"),
+            (p + "gates", None),
+            (p + "split", "grad_input"),
+            (p + "next_c", None),
+        ]
+        slots += [
+            (p + n, "grad_input")
+            for n in ("in_gate", "forget_gate", "out_gate", "in_transform", "tanh_c")
+        ]
+        slots += [
+            (p + n, f"grad_input[{k}]") for n in ("forget_c", "in_c", "next_h") for k in (0, 1)
+        ]
+    slots += [
+        ("attn.dropout", "grad_input"),
+        ("attn.mm2", "output"),
+        ("attn.join", None),
+        ("attn.out", "grad_input"),
+        ("attn.tanh", "grad_input"),
+    ]  # Sum(2) O is mm2's
+    slots += [
+        (f"attn.{mm}", r)
+        for mm in ("mm1", "mm2")
+        for r in ("output", "grad_input[0]", "grad_input[1]")
+    ]
+    return slots
+
+
+@pytest.mark.parametrize("layers,bidirectional", [(2, False), (3, True)])
+def test_all_plan_covers_pr46(layers: int, bidirectional: bool) -> None:
+    cfg = ModelConfig(
+        num_layers=layers, rnn_size=4, word_vec_size=3, dropout=0.3, bidirectional=bidirectional
+    )
+    shared = planner.plan(cfg, "all").shared
+    model = Seq2SeqAttn(cfg, 7, 7)
+    executor = CloneExecutor(model, 2, 2, "none")
+    nodes = {n.name: n for _, g in executor.clone_graphs() for n in g.nodes}
+    for name, role in pr46_slots(layers):
+        if role is None:  # nothing to share: no storage of its own for the gradient
+            assert not any(r.startswith("grad_input") for r in nodes[name].ROLES), name
+        else:
+            assert (name, role) in shared, (name, role)
+    # and what any backward reads, or what leaves a clone, is never shared
+    for name in (
+        "l0.in_gate",
+        "l1.tanh_c",
+        "attn.softmax",
+        "lookup",
+        "l1.dropout",
+        "l0.next_h",
+        "l1.next_c",
+        "attn.dropout",
+        "feed_join",
+        "attn.in",
+    ):
+        assert (name, "output") not in shared, name
+    assert ("l1.dropout", "mask") not in shared
+    # beyond PR #46: the context gradient accumulator (the loop adds it away at once)
+    assert ("in.context", "grad_output_acc") in shared
+
+
+def test_attention_plan_is_exactly_the_two_products() -> None:
+    cfg = ModelConfig(num_layers=2, rnn_size=4, word_vec_size=3)
+    p = planner.plan(cfg, "attention")
+    assert p.shared == {
+        (f"attn.{mm}", r)
+        for mm in ("mm1", "mm2")
+        for r in ("output", "grad_input[0]", "grad_input[1]")
+    }
+    assert planner.plan(cfg, "none").shared == frozenset()
+    assert "sharing" in p.summary() and "%" in p.summary()
+
+
+def test_analysis_sees_through_views(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Split's outputs are views of the gate sum. Pretend Split's backward read them: the
+    gate sum's own buffer must then become unshareable (storage identity, not names)."""
+    structure = (1, True, False, True)
+    safe, _, _, _ = planner.analyse(structure)
+    assert ("l0.gates", "output") in safe
+    monkeypatch.setattr(Split, "BWD_READS_OUTPUT", True)
+    safe, unsafe, _, _ = planner.analyse(structure)
+    assert ("l0.gates", "output") not in safe
+    assert unsafe[("l0.gates", "output")] == "written in forward, read in backward"
+
+
+def test_attention_policy_shares_across_decoder_clones_only() -> None:
+    cfg = ModelConfig(num_layers=1, rnn_size=4, word_vec_size=3)
+    executor = CloneExecutor(Seq2SeqAttn(cfg, 7, 7), 3, 3, "attention")
+    mms = [n for _, g in executor.clone_graphs() for n in g.nodes if isinstance(n, MM)]
+    assert len(mms) == 2 * executor.n_dec
+    by_name = {}
+    for n in mms:
+        by_name.setdefault(n.name, set()).add(id(n.grad_input[0]))
+    assert all(len(ids) == 1 for ids in by_name.values())
+    i2h = {id(n.output) for _, g in executor.clone_graphs() for n in g.nodes if n.name == "l0.i2h"}
+    assert len(i2h) == executor.n_enc + executor.n_dec  # not shared under "attention"
