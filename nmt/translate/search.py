@@ -1,0 +1,318 @@
+"""Greedy and beam search, batched over sentences and beams, with seq2seq-attn's semantics.
+
+Both searches run one `decode_step` per target position for the whole batch and drop a
+sentence from the batch as soon as it is finished, so that a sentence costs the same whether it
+is translated alone or among others. The beam keeps `beam_size` live hypotheses per sentence;
+a candidate ending in </s> that ranks within the top `beam_size` of its sentence is finished
+(never one ranked lower, which is what makes beam size 1 identical to greedy search).
+
+Scores are sums of log-probabilities (</s> included). PAD and <s> are never generated.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from nmt.data.vocab import BOS, EOS, PAD
+from nmt.errors import NmtError
+from nmt.model import DecoderState, Seq2SeqAttn
+
+NEG_INF = float("-inf")
+
+
+@dataclass
+class Hypothesis:
+    """One translation: target ids without <s> and without the final </s>.
+
+    `score` is the sum of log-probabilities including </s> (when the hypothesis ended), or that
+    sum divided by the GNMT length penalty when one is used. `attention` has one row per
+    generated token (+1 for </s>) over the sentence's real source positions (<s> .. </s>).
+    """
+
+    tokens: list[int]
+    score: float
+    attention: Tensor
+    finished: bool = True  # False: cut at max_length before </s>
+
+
+def length_penalty_factor(length: int, alpha: float) -> float:
+    """GNMT's ((5 + length) / 6) ** alpha; 1 when alpha is 0 (plain log-probability sums)."""
+    return ((5.0 + length) / 6.0) ** alpha if alpha > 0 else 1.0
+
+
+def check_search_args(
+    beam_size: int, max_length: int, n_best: int, min_length: int, length_penalty: float
+) -> None:
+    """Reject option values a user may pass on the command line."""
+    if beam_size < 1:
+        raise NmtError(f"beam size must be >= 1, got {beam_size}")
+    if max_length < 1:
+        raise NmtError(f"max length must be >= 1, got {max_length}")
+    if not 1 <= n_best <= beam_size:
+        raise NmtError(f"n_best must be between 1 and the beam size ({beam_size}), got {n_best}")
+    if min_length < 0:
+        raise NmtError(f"min length must be >= 0, got {min_length}")
+    if length_penalty < 0:
+        raise NmtError(f"length penalty must be >= 0, got {length_penalty}")
+
+
+def _source_lengths(src: Tensor, src_mask: Tensor | None) -> list[int]:
+    if src_mask is None:
+        return [src.size(1)] * src.size(0)
+    return src_mask.sum(dim=1).tolist()
+
+
+def _next_log_probs(model: Seq2SeqAttn, out: Tensor, forbid_eos: bool) -> Tensor:
+    """Log-probabilities of the next token, with the tokens that may not come set to -inf."""
+    logp = model.log_probs(out)
+    logp[:, PAD] = NEG_INF
+    logp[:, BOS] = NEG_INF
+    if forbid_eos:
+        logp[:, EOS] = NEG_INF
+    return logp
+
+
+def greedy_search(
+    model: Seq2SeqAttn, src: Tensor, src_mask: Tensor | None, max_length: int
+) -> list[Hypothesis]:
+    """The most probable token at every step, for every sentence of the batch at once.
+
+    src: B x S with <s> .. </s> (right-padded with PAD where `src_mask` is False).
+    A sentence leaves the batch when it produces </s>; after `max_length` tokens it is cut.
+    """
+    check_search_args(1, max_length, 1, 0, 0.0)
+    lengths = _source_lengths(src, src_mask)
+    context, final = model.encode(src, src_mask)
+    state = model.init_decoder_state(final)
+    B = src.size(0)
+    alive = torch.arange(B, device=src.device)  # original index of each row
+    y = src.new_full((B,), BOS)
+    scores = context.new_zeros(B)
+    tokens = src.new_empty(B, 0)
+    attns = context.new_empty(B, 0, src.size(1))
+    results: list[Hypothesis | None] = [None] * B
+
+    def emit(rows: Tensor, ended: bool) -> None:
+        for orig, score, toks, attn in zip(
+            alive[rows].tolist(),
+            scores[rows].tolist(),
+            tokens[rows].tolist(),
+            attns[rows].cpu(),
+            strict=True,
+        ):
+            n = len(toks) - 1 if ended else len(toks)  # </s> is not a token of the output
+            results[orig] = Hypothesis(toks[:n], score, attn[:, : lengths[orig]], ended)
+
+    for _t in range(max_length):
+        out, state, attn = model.decode_step(y, state, context, src_mask)
+        total = scores.unsqueeze(1) + _next_log_probs(model, out, forbid_eos=False)
+        scores, y = total.max(dim=1)
+        tokens = torch.cat([tokens, y.unsqueeze(1)], dim=1)
+        attns = torch.cat([attns, attn.unsqueeze(1)], dim=1)
+        ended = y == EOS
+        if bool(ended.any()):
+            emit(ended.nonzero().squeeze(1), ended=True)
+            keep = (~ended).nonzero().squeeze(1)
+            if keep.numel() == 0:
+                break
+            alive, y, scores = alive[keep], y[keep], scores[keep]
+            tokens, attns = tokens[keep], attns[keep]
+            state = state.index_select(keep)
+            context = context.index_select(0, keep)
+            src_mask = None if src_mask is None else src_mask.index_select(0, keep)
+    else:
+        emit(torch.arange(alive.numel(), device=src.device), ended=False)
+    return [h for h in results if h is not None]
+
+
+@dataclass
+class _Beam:
+    """The live part of a batched beam: rows are (active sentence, beam) flattened, K per
+    sentence; history tensors are reordered with the hypotheses at every step."""
+
+    alive: Tensor  # n  original sentence index of each active sentence
+    scores: Tensor  # n x K  accumulated log-probabilities (-inf: no hypothesis)
+    tokens: Tensor  # nK x t
+    attns: Tensor  # nK x t x S
+    state: DecoderState
+    context: Tensor  # nK x S x H
+    src_mask: Tensor | None  # nK x S
+
+    def select(
+        self, rows: Tensor, scores: Tensor, new_tokens: Tensor, new_attn: Tensor, alive: Tensor
+    ) -> _Beam:
+        """Keep `rows` (parent rows, K per kept sentence), extended by their new token."""
+        return _Beam(
+            alive=alive,
+            scores=scores,
+            tokens=torch.cat([self.tokens.index_select(0, rows), new_tokens.unsqueeze(1)], 1),
+            attns=torch.cat(
+                [self.attns.index_select(0, rows), new_attn.index_select(0, rows).unsqueeze(1)], 1
+            ),
+            state=self.state.index_select(rows),
+            context=self.context.index_select(0, rows),
+            src_mask=None if self.src_mask is None else self.src_mask.index_select(0, rows),
+        )
+
+
+def beam_search(
+    model: Seq2SeqAttn,
+    src: Tensor,
+    src_mask: Tensor | None,
+    beam_size: int = 5,
+    max_length: int = 250,
+    n_best: int = 1,
+    min_length: int = 0,
+    length_penalty: float = 0.0,
+) -> list[list[Hypothesis]]:
+    """Beam search for a batch of sentences; per sentence its `n_best` hypotheses, best first.
+
+    A sentence is done once it has `n_best` finished hypotheses and the n-th best of them
+    outscores every live one (log-probabilities only fall, so none could overtake it; with
+    n_best 1 that is seq2seq-attn's "the top of the beam has ended"). With a length penalty
+    (finished hypotheses ranked by score / ((5 + length) / 6) ** alpha, length counting </s>)
+    a sentence is also done once `beam_size` hypotheses have finished, as in fairseq. After
+    `max_length` tokens the live hypotheses are taken as they are. Identical token sequences
+    are kept once, with their best score.
+    """
+    check_search_args(beam_size, max_length, n_best, min_length, length_penalty)
+    K, alpha = beam_size, length_penalty
+    B, S = src.shape
+    device = src.device
+    lengths = _source_lengths(src, src_mask)
+    context, final = model.encode(src, src_mask)
+    rep = torch.arange(B, device=device).repeat_interleave(K)
+    scores = context.new_full((B, K), NEG_INF)
+    scores[:, 0] = 0.0  # one live beam at first, so that the K beams do not start identical
+    beam = _Beam(
+        alive=torch.arange(B, device=device),
+        scores=scores,
+        tokens=src.new_empty(B * K, 0),
+        attns=context.new_empty(B * K, 0, S),
+        state=model.init_decoder_state(final).index_select(rep),
+        context=context.index_select(0, rep),
+        src_mask=None if src_mask is None else src_mask.index_select(0, rep),
+    )
+    found: list[list[Hypothesis]] = [[] for _ in range(B)]
+    y = src.new_full((B * K,), BOS)
+    # Stop tests. Without a length penalty a live score only falls, so it bounds itself and
+    # the search is exact; with one, a longer hypothesis may still rise up to live/max_lp
+    # (seldom reached), so a sentence is also done once it has K finished ones (fairseq).
+    max_lp = length_penalty_factor(max_length + 1, alpha)
+    enough = K if alpha > 0 else math.inf
+
+    for t in range(max_length):
+        n = beam.alive.numel()
+        out, beam.state, attn = model.decode_step(y, beam.state, beam.context, beam.src_mask)
+        logp = _next_log_probs(model, out, forbid_eos=t < min_length)
+        V = logp.size(1)
+        total = (beam.scores.view(-1, 1) + logp).view(n, K * V)
+        cand_scores, cand = total.topk(min(2 * K, K * V), dim=1)  # sorted, best first
+        cand_rows = cand // V + torch.arange(n, device=device).unsqueeze(1) * K
+        cand_tokens = cand % V
+        is_eos = cand_tokens == EOS
+
+        # Finished: </s> among the top K candidates of its sentence.
+        ends = is_eos[:, :K] & torch.isfinite(cand_scores[:, :K])
+        if bool(ends.any()):
+            where, alive = ends.nonzero(), beam.alive.tolist()
+            rows = cand_rows[:, :K][ends]
+            ended_attn = torch.cat(
+                [beam.attns.index_select(0, rows), attn.index_select(0, rows).unsqueeze(1)], 1
+            ).cpu()
+            for (i, _), score, toks, a in zip(
+                where.tolist(),
+                cand_scores[:, :K][ends].tolist(),
+                beam.tokens.index_select(0, rows).tolist(),
+                ended_attn,
+                strict=True,
+            ):
+                orig = alive[i]
+                lp = length_penalty_factor(len(toks) + 1, alpha)
+                found[orig].append(Hypothesis(toks, score / lp, a[:, : lengths[orig]]))
+
+        # Live: the K best candidates that do not end (there are at least K among 2K).
+        order = (is_eos.long() * (2 * K) + torch.arange(cand.size(1), device=device)).argsort(1)
+        order = order[:, :K]
+        live_scores = cand_scores.gather(1, order)
+        live_rows = cand_rows.gather(1, order)
+        live_tokens = cand_tokens.gather(1, order)
+
+        done = _sentences_done(
+            found, beam.alive.tolist(), live_scores[:, 0].tolist(), n_best, max_lp, enough
+        )
+        keep = [i for i, d in enumerate(done) if not d]
+        if not keep:
+            beam = None
+            break
+        keep_t = torch.tensor(keep, device=device)
+        if len(keep) < n:
+            live_scores, live_rows = live_scores[keep_t], live_rows[keep_t]
+            live_tokens = live_tokens[keep_t]
+        rows = live_rows.reshape(-1)
+        beam = beam.select(
+            rows, live_scores, live_tokens.reshape(-1), attn, beam.alive.index_select(0, keep_t)
+        )
+        y = beam.tokens[:, -1]
+
+    if beam is not None:  # max_length reached: the live hypotheses count as they are
+        _take_live(beam, found, lengths, alpha)
+    return [best_distinct(hyps, n_best) for hyps in found]
+
+
+def _sentences_done(
+    found: list[list[Hypothesis]],
+    alive: list[int],
+    best_live: list[float],
+    n_best: int,
+    max_lp: float,
+    enough: float,
+) -> list[bool]:
+    """Per active sentence: can no live hypothesis enter its n-best list any more (a live
+    score divided by `max_lp` bounds what it can still reach), or have `enough` finished?"""
+    done = []
+    for orig, live in zip(alive, best_live, strict=True):
+        hyps = found[orig]
+        if live == NEG_INF:
+            done.append(True)
+        elif len(hyps) < n_best:
+            done.append(False)
+        else:
+            nth = sorted((h.score for h in hyps), reverse=True)[n_best - 1]
+            done.append(nth >= live / max_lp or len(hyps) >= enough)
+    return done
+
+
+def _take_live(
+    beam: _Beam, found: list[list[Hypothesis]], lengths: list[int], alpha: float
+) -> None:
+    """At max_length: every live hypothesis joins its sentence's candidates, unfinished."""
+    K = beam.scores.size(1)
+    attns, alive = beam.attns.cpu(), beam.alive.tolist()
+    for row, (score, toks) in enumerate(
+        zip(beam.scores.view(-1).tolist(), beam.tokens.tolist(), strict=True)
+    ):
+        if score == NEG_INF:
+            continue
+        orig = alive[row // K]
+        lp = length_penalty_factor(len(toks), alpha)
+        found[orig].append(Hypothesis(toks, score / lp, attns[row, :, : lengths[orig]], False))
+
+
+def best_distinct(hyps: list[Hypothesis], n_best: int) -> list[Hypothesis]:
+    """The `n_best` best hypotheses with distinct token sequences, best first (on equal
+    scores the one found first wins)."""
+    seen: set[tuple[int, ...]] = set()
+    best = []
+    for h in sorted(hyps, key=lambda h: h.score, reverse=True):
+        key = tuple(h.tokens)
+        if key not in seen:
+            seen.add(key)
+            best.append(h)
+            if len(best) == n_best:
+                break
+    return best

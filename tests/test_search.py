@@ -1,0 +1,378 @@
+"""Greedy and beam search on tiny models: equivalences, exact scores, options, translation API.
+
+Scores are checked independently by teacher-forcing each hypothesis through `model.nll`, so a
+search that mixed up beam states or histories could not pass. Models are float64 so that
+batched and unbatched runs agree to rounding and ties do not occur.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nmt.config import ModelConfig
+from nmt.data.vocab import BOS, EOS, PAD
+from nmt.errors import NmtError
+from nmt.model import Seq2SeqAttn
+from nmt.translate.search import (
+    Hypothesis,
+    beam_search,
+    best_distinct,
+    greedy_search,
+    length_penalty_factor,
+)
+from nmt.translate.translator import (
+    bleu,
+    bleu_line,
+    pad_sources,
+    translate_ids,
+    translate_lines,
+)
+
+V = 30  # vocabulary of both sides: 4 specials + 26 words
+
+
+def random_sources(lengths: list[int], seed: int = 7) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(4, V, (n,), generator=g).tolist() for n in lengths]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny tensors: extra threads only contend with the other processes on the machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def copy_model(one_thread) -> Seq2SeqAttn:
+    """A 1 x 32 model trained ~1 s to copy its source: peaked, realistic distributions."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(num_layers=1, rnn_size=32, word_vec_size=32, dropout=0.0)
+    model = Seq2SeqAttn(cfg, V, V).double()
+    opt = torch.optim.Adam(model.parameters(), lr=0.02)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(250):
+        n = int(torch.randint(1, 7, (1,), generator=g))
+        x = torch.randint(4, V, (32, n), generator=g)
+        bos, eos = torch.full((32, 1), BOS), torch.full((32, 1), EOS)
+        loss = (
+            model.nll(torch.cat([bos, x, eos], 1), torch.cat([bos, x], 1), torch.cat([x, eos], 1))
+            / 32
+        )
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return model.eval()
+
+
+def random_model(
+    seed: int = 3,
+    *,
+    bidirectional: bool = True,
+    eos_bias: float | None = None,
+    dtype: torch.dtype = torch.float64,
+) -> Seq2SeqAttn:
+    """An untrained 2 x 16 model; `eos_bias` replaces the generator's </s> bias."""
+    torch.manual_seed(seed)
+    cfg = ModelConfig(
+        num_layers=2,
+        rnn_size=16,
+        word_vec_size=16,
+        dropout=0.3,
+        bidirectional=bidirectional,
+        param_init=0.3,
+    )
+    model = Seq2SeqAttn(cfg, V, V).to(dtype).eval()
+    if eos_bias is not None:
+        with torch.no_grad():
+            model.generator.bias[EOS] = eos_bias
+    return model
+
+
+def run(fn, model, sources, *args, **kwargs):
+    src, mask = pad_sources(sources, "cpu")
+    with torch.inference_mode():
+        return fn(model, src, mask, *args, **kwargs)
+
+
+def teacher_forced(model: Seq2SeqAttn, source: list[int], hyp: Hypothesis) -> float:
+    """Sum of log-probabilities of the hypothesis (and its </s> if it ended), by `nll`."""
+    toks = hyp.tokens + ([EOS] if hyp.finished else [])
+    src = torch.tensor([[BOS, *source, EOS]])
+    with torch.inference_mode():
+        nll = model.nll(src, torch.tensor([[BOS, *toks[:-1]]]), torch.tensor([toks]))
+    return -float(nll)
+
+
+def assert_same(a: Hypothesis, b: Hypothesis, tol: float = 1e-9) -> None:
+    assert a.tokens == b.tokens
+    assert a.finished == b.finished
+    assert a.score == pytest.approx(b.score, abs=tol)
+    assert a.attention.shape == b.attention.shape
+    torch.testing.assert_close(a.attention, b.attention, atol=tol, rtol=0)
+
+
+SOURCES = random_sources([5, 1, 8, 3, 0, 6, 2, 7])
+
+
+# ---- equivalences ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("which", ["copy", "random"])
+def test_beam_size_one_is_exactly_greedy(copy_model, which):
+    model = copy_model if which == "copy" else random_model()
+    greedy = run(greedy_search, model, SOURCES, 12)
+    beam = run(beam_search, model, SOURCES, beam_size=1, max_length=12)
+    assert len(greedy) == len(beam) == len(SOURCES)
+    for g, (b,) in zip(greedy, beam, strict=True):
+        assert b.tokens == g.tokens
+        assert b.score == g.score  # bit for bit: the same arithmetic on the same rows
+        assert torch.equal(b.attention, g.attention)
+    if which == "copy":  # the trained model ends its sentences, the random one is cut
+        assert all(g.finished for g in greedy)
+    else:
+        assert not any(g.finished for g in greedy)
+
+
+@pytest.mark.parametrize("which", ["copy", "random"])
+def test_batched_equals_one_sentence_at_a_time(copy_model, which):
+    model = copy_model if which == "copy" else random_model()
+    beams = run(beam_search, model, SOURCES, beam_size=4, max_length=10, n_best=2)
+    greedy = run(greedy_search, model, SOURCES, 10)
+    for source, nbest, g in zip(SOURCES, beams, greedy, strict=True):
+        alone = run(beam_search, model, [source], beam_size=4, max_length=10, n_best=2)[0]
+        assert len(nbest) == len(alone) == 2
+        for a, b in zip(nbest, alone, strict=True):
+            assert_same(a, b)
+        assert_same(g, run(greedy_search, model, [source], 10)[0])
+        assert g.attention.shape[1] == len(source) + 2  # real source positions only
+
+
+def test_padding_without_mask_would_differ(copy_model):
+    """The equivalence above is not vacuous: unmasked padding changes the encoder's output."""
+    src, mask = pad_sources([SOURCES[1], SOURCES[2]], "cpu")
+    with torch.inference_mode():
+        masked = greedy_search(copy_model, src, mask, 10)[0]
+        unmasked = greedy_search(copy_model, src, None, 10)[0]
+    assert masked.score != pytest.approx(unmasked.score, abs=1e-6)
+
+
+# ---- scores -------------------------------------------------------------------------------
+
+
+def test_scores_are_teacher_forced_log_probs_and_beam_beats_greedy(copy_model):
+    sources = random_sources([4, 6, 8, 9, 3, 7, 5, 8], seed=11)
+    greedy = run(greedy_search, copy_model, sources, 15)
+    beams = run(beam_search, copy_model, sources, beam_size=5, max_length=15)
+    for source, g, (b,) in zip(sources, greedy, beams, strict=True):
+        assert g.score == pytest.approx(teacher_forced(copy_model, source, g), abs=1e-9)
+        assert b.score == pytest.approx(teacher_forced(copy_model, source, b), abs=1e-9)
+        assert b.score >= g.score - 1e-12
+        assert b.attention.shape == (len(b.tokens) + 1, len(source) + 2)
+        torch.testing.assert_close(
+            b.attention.sum(1), torch.ones(len(b.tokens) + 1, dtype=torch.float64)
+        )
+
+
+def test_n_best_distinct_sorted_and_exact(copy_model):
+    beams = run(beam_search, copy_model, SOURCES, beam_size=5, max_length=12, n_best=4)
+    for source, nbest in zip(SOURCES, beams, strict=True):
+        assert len(nbest) == 4
+        assert len({tuple(h.tokens) for h in nbest}) == 4
+        scores = [h.score for h in nbest]
+        assert scores == sorted(scores, reverse=True)
+        for h in nbest:
+            assert h.score == pytest.approx(teacher_forced(copy_model, source, h), abs=1e-9)
+    # n_best = 1 is the head of the n-best list
+    top = run(beam_search, copy_model, SOURCES, beam_size=5, max_length=12)
+    assert [b[0].tokens for b in top] == [b[0].tokens for b in beams]
+
+
+def test_best_distinct_keeps_the_best_of_identical_sequences():
+    att = torch.zeros(1, 1)
+    hyps = [
+        Hypothesis([5], -2.0, att),
+        Hypothesis([5], -1.0, att, finished=False),
+        Hypothesis([6], -1.5, att),
+        Hypothesis([7], -3.0, att),
+    ]
+    best = best_distinct(hyps, 3)
+    assert [(h.tokens, h.score) for h in best] == [([5], -1.0), ([6], -1.5), ([7], -3.0)]
+
+
+# ---- options ------------------------------------------------------------------------------
+
+
+def test_never_generates_pad_or_bos():
+    model = random_model(eos_bias=-50.0)
+    with torch.no_grad():  # make PAD and <s> by far the most probable tokens
+        model.generator.bias[PAD] = 50.0
+        model.generator.bias[BOS] = 50.0
+    for nbest in run(beam_search, model, SOURCES[:3], beam_size=3, max_length=5, n_best=3):
+        for h in nbest:
+            assert PAD not in h.tokens and BOS not in h.tokens
+            assert len(h.tokens) == 5
+    for h in run(greedy_search, model, SOURCES[:3], 5):
+        assert PAD not in h.tokens and BOS not in h.tokens
+
+
+def test_min_length_forbids_early_end():
+    model = random_model(eos_bias=12.0)  # </s> is almost certain at every step
+    for (h,) in run(beam_search, model, SOURCES, beam_size=3, max_length=10):
+        assert h.tokens == [] and h.finished
+    for nbest in run(
+        beam_search, model, SOURCES, beam_size=3, max_length=10, min_length=3, n_best=2
+    ):
+        for h in nbest:
+            assert len(h.tokens) == 3 and h.finished  # the earliest </s> allowed, taken
+    for source, (h,) in zip(
+        SOURCES,
+        run(beam_search, model, SOURCES, beam_size=1, max_length=10, min_length=2),
+        strict=True,
+    ):
+        assert len(h.tokens) == 2
+        assert h.score == pytest.approx(teacher_forced(model, source, h), abs=1e-9)
+
+
+@pytest.mark.parametrize("beam_size", [1, 4])
+def test_max_length_cuts_unfinished_hypotheses(beam_size):
+    model = random_model(eos_bias=-50.0)  # </s> practically never comes
+    beams = run(beam_search, model, SOURCES, beam_size=beam_size, max_length=6, n_best=1)
+    greedy = run(greedy_search, model, SOURCES, 6)
+    for source, (h,), g in zip(SOURCES, beams, greedy, strict=True):
+        for hyp in (h, g):
+            assert len(hyp.tokens) == 6 and not hyp.finished
+            assert hyp.attention.shape == (6, len(source) + 2)
+            assert hyp.score == pytest.approx(teacher_forced(model, source, hyp), abs=1e-9)
+
+
+def test_max_length_on_a_model_that_would_go_on(copy_model):
+    long = random_sources([9, 8], seed=5)
+    for nbest in run(beam_search, copy_model, long, beam_size=3, max_length=2, n_best=3):
+        assert all(len(h.tokens) <= 2 for h in nbest)
+        assert any(not h.finished for h in nbest)
+
+
+def test_length_penalty_changes_the_ranking():
+    """P(</s>) ~ 0.6 everywhere: the empty translation wins on log-probability, a longer
+    one once a strong GNMT penalty rewards length; scores are the normalised ones."""
+    model = random_model(eos_bias=3.8)
+    source = SOURCES[0]
+    plain = run(beam_search, model, [source], beam_size=4, max_length=8, n_best=2)[0]
+    assert plain[0].tokens == [] and plain[0].score > -0.7  # log P(</s>) > log 0.5
+    penalised = run(
+        beam_search, model, [source], beam_size=4, max_length=8, n_best=2, length_penalty=20.0
+    )[0]
+    assert penalised[0].tokens != []
+    assert penalised[0].score > penalised[1].score
+    for h in penalised:
+        lp = length_penalty_factor(len(h.tokens) + 1, 20.0)
+        assert h.score == pytest.approx(teacher_forced(model, source, h) / lp, abs=1e-9)
+
+
+@pytest.mark.parametrize("alpha", [0.0, 1.0])
+def test_search_stops_when_every_sentence_is_done(copy_model, monkeypatch, alpha):
+    """Sentences leave the batch when done and the batch stops long before max_length."""
+    rows: list[int] = []
+    step = copy_model.decode_step
+
+    def counting_step(y, *args):
+        rows.append(y.numel())
+        return step(y, *args)
+
+    monkeypatch.setattr(copy_model, "decode_step", counting_step)
+    sources = random_sources([2, 6], seed=4)
+    beams = run(beam_search, copy_model, sources, beam_size=3, max_length=100, length_penalty=alpha)
+    assert all(b[0].finished for b in beams)
+    assert len(rows) <= 6 + 4  # the longest source and a few steps more, not 100
+    assert rows[0] == 2 * 3 and rows[-1] == 3  # the short sentence left the batch
+    rows.clear()
+    greedy = run(greedy_search, copy_model, sources, 100)
+    assert len(rows) == len(greedy[1].tokens) + 1 and rows[-1] == 1
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"beam_size": 0},
+        {"n_best": 6},
+        {"max_length": 0},
+        {"min_length": -1},
+        {"length_penalty": -0.5},
+    ],
+)
+def test_bad_search_options_are_user_errors(copy_model, kwargs):
+    with pytest.raises(NmtError):
+        run(beam_search, copy_model, SOURCES[:1], **{"beam_size": 5, **kwargs})
+
+
+# ---- translator ---------------------------------------------------------------------------
+
+
+def test_pad_sources():
+    src, mask = pad_sources([[5, 6, 7], [], [9]], "cpu")
+    assert src.tolist() == [[BOS, 5, 6, 7, EOS], [BOS, EOS, PAD, PAD, PAD], [BOS, 9, EOS, PAD, PAD]]
+    assert mask.tolist() == (src != PAD).tolist()
+
+
+def test_translate_ids_keeps_order_and_batching_changes_nothing(copy_model):
+    sources = random_sources([3, 9, 1, 6, 0, 4, 7], seed=2)
+    copy_model.train()  # translation must switch dropout off and restore the flag
+    found = translate_ids(copy_model, sources, beam_size=3, max_length=12, batch_size=3, n_best=2)
+    assert copy_model.training
+    copy_model.eval()
+    for source, nbest in zip(sources, found, strict=True):
+        alone = run(beam_search, copy_model, [source], beam_size=3, max_length=12, n_best=2)[0]
+        for a, b in zip(nbest, alone, strict=True):
+            assert_same(a, b)
+    greedy = translate_ids(copy_model, sources, beam_size=1, max_length=12, batch_size=2)
+    assert [g[0].tokens for g in greedy] == [
+        h.tokens for h in run(greedy_search, copy_model, sources, 12)
+    ]
+
+
+def test_translate_ids_float32_with_dropout_model():
+    model = random_model(seed=4, bidirectional=False, dtype=torch.float32).train()
+    sources = random_sources([2, 5, 3], seed=9)
+    first = translate_ids(model, sources, beam_size=2, max_length=4, batch_size=2)
+    second = translate_ids(model, sources, beam_size=2, max_length=4, batch_size=3)
+    assert [f[0].tokens for f in first] == [s[0].tokens for s in second]  # no dropout noise
+    assert all(isinstance(f[0].score, float) for f in first)
+
+
+class WordTokenizer:
+    """A fake tokenizer: the words w4 .. w29 are ids 4 .. 29, anything else is <unk>."""
+
+    def encode(self, line: str) -> list[int]:
+        return [int(w[1:]) if w[1:].isdigit() and 4 <= int(w[1:]) < V else 1 for w in line.split()]
+
+    def decode(self, ids: list[int]) -> str:
+        return " ".join(f"w{i}" for i in ids)
+
+
+def test_translate_lines_copies_with_the_copy_model(copy_model):
+    tok = WordTokenizer()
+    lines = ["w5 w9 w12", "w20", "", "w7 w7 w8 w25"]
+    out = translate_lines(copy_model, tok, tok, lines, beam_size=3, max_length=10, batch_size=2)
+    expected = [
+        tok.decode(h[0].tokens)
+        for h in run(beam_search, copy_model, [tok.encode(x) for x in lines], 3, 10)
+    ]
+    assert out == expected
+    assert sum(o == line for o, line in zip(out, lines, strict=True)) >= 3  # it learnt to copy
+
+
+def test_bleu_and_its_line():
+    refs = ["the cat sat on the mat", "a dog barked loudly"]
+    assert bleu(refs, refs).score == pytest.approx(100.0)
+    hyps = ["the cat sat on a mat", "a dog barked"]
+    score = bleu(hyps, refs)
+    assert 0 < score.score < 100
+    line = bleu_line(hyps, refs)
+    assert line.startswith(f"BLEU = {score.score:.2f} ")
+    assert "BP = " in line and "nrefs:1|" in line and "tok:13a" in line
+    with pytest.raises(NmtError, match="2 hypotheses but 1 references"):
+        bleu(hyps, refs[:1])
