@@ -1,0 +1,118 @@
+"""From the data section of a config to token ids: read, build tokenizers, encode, filter."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from nmt.config import DataConfig
+from nmt.data.batching import Example
+from nmt.data.reading import read_parallel
+from nmt.data.tokenizers import Tokenizer, WordTokenizer, cached_sentencepiece
+from nmt.errors import NmtError
+
+Log = Callable[[str], None]
+
+
+@dataclass
+class Corpus:
+    """Everything training needs from the data: the two tokenizers and the encoded pairs."""
+
+    src_tokenizer: Tokenizer
+    tgt_tokenizer: Tokenizer
+    train: list[Example]
+    valid: list[Example]
+
+
+def build_tokenizers(
+    cfg: DataConfig, pairs: list[tuple[str, str]], run_dir: Path | None, log: Log = print
+) -> tuple[Tokenizer, Tokenizer]:
+    """Tokenizers learnt from the training pairs.
+
+    word: like preprocess.py, only pairs within the length limits are counted (for words
+    the token count is known before the vocabulary is). sentencepiece: all pairs, since
+    lengths are only known after; the models are cached in `run_dir` and reused from there.
+    """
+    if cfg.tokenizer == "word":
+        if cfg.joint_vocab:
+            log("data.joint_vocab applies to sentencepiece only; word vocabularies stay separate")
+        kept = [
+            (s, t)
+            for s, t in pairs
+            if len(s.split()) <= cfg.max_src_len and len(t.split()) <= cfg.max_tgt_len
+        ]
+        return (
+            WordTokenizer.build((s for s, _ in kept), cfg.src_vocab_size),
+            WordTokenizer.build((t for _, t in kept), cfg.tgt_vocab_size),
+        )
+
+    def cache(name: str) -> Path | None:
+        return None if run_dir is None else Path(run_dir) / f"spm.{name}.model"
+
+    src_lines = [s for s, _ in pairs]
+    tgt_lines = [t for _, t in pairs]
+    if cfg.joint_vocab:
+        if cfg.src_vocab_size != cfg.tgt_vocab_size:
+            raise NmtError(
+                f"data.joint_vocab: one model serves both sides, so data.src_vocab_size "
+                f"({cfg.src_vocab_size}) must equal data.tgt_vocab_size "
+                f"({cfg.tgt_vocab_size})"
+            )
+        joint = cached_sentencepiece(cache("joint"), src_lines + tgt_lines, cfg.src_vocab_size, log)
+        return joint, joint
+    return (
+        cached_sentencepiece(cache("src"), src_lines, cfg.src_vocab_size, log),
+        cached_sentencepiece(cache("tgt"), tgt_lines, cfg.tgt_vocab_size, log),
+    )
+
+
+def encode_pairs(
+    pairs: list[tuple[str, str]], src_tok: Tokenizer, tgt_tok: Tokenizer
+) -> list[Example]:
+    return [(src_tok.encode(s), tgt_tok.encode(t)) for s, t in pairs]
+
+
+def length_filter(
+    examples: list[Example], max_src_len: int, max_tgt_len: int, name: str, log: Log = print
+) -> list[Example]:
+    """Drop pairs with more than max_src_len source or max_tgt_len target tokens."""
+    kept = [(s, t) for s, t in examples if len(s) <= max_src_len and len(t) <= max_tgt_len]
+    if len(kept) < len(examples):
+        log(
+            f"dropped {len(examples) - len(kept)} of {len(examples)} pairs from {name} longer "
+            f"than {max_src_len} source / {max_tgt_len} target tokens"
+        )
+    return kept
+
+
+def load_corpus(
+    cfg: DataConfig,
+    run_dir: Path | None,
+    log: Log = print,
+    tokenizers: tuple[Tokenizer, Tokenizer] | None = None,
+) -> Corpus:
+    """Read train/valid, build (or reuse) tokenizers from the training side, encode, filter."""
+    train_pairs = read_parallel(cfg.train_src, cfg.train_tgt, log)
+    valid_pairs = read_parallel(cfg.valid_src, cfg.valid_tgt, log)
+    if tokenizers is None:
+        src_tok, tgt_tok = build_tokenizers(cfg, train_pairs, run_dir, log)
+    else:
+        src_tok, tgt_tok = tokenizers
+    limits = f"max_src_len {cfg.max_src_len}, max_tgt_len {cfg.max_tgt_len}"
+    splits = {}
+    for name, path, pairs in (
+        ("train", cfg.train_src, train_pairs),
+        ("valid", cfg.valid_src, valid_pairs),
+    ):
+        examples = length_filter(
+            encode_pairs(pairs, src_tok, tgt_tok), cfg.max_src_len, cfg.max_tgt_len, path, log
+        )
+        if not examples:
+            raise NmtError(f"{path}: no {name} pair is left after the length filter ({limits})")
+        splits[name] = examples
+    log(
+        f"data: {len(splits['train'])} train / {len(splits['valid'])} valid pairs, "
+        f"{src_tok.kind} vocabularies: source {len(src_tok)}, target {len(tgt_tok)}"
+    )
+    return Corpus(src_tok, tgt_tok, splits["train"], splits["valid"])

@@ -1,0 +1,259 @@
+"""Text <-> token ids: whitespace words (seq2seq-attn) or sentencepiece subwords.
+
+Both kinds share the special ids of `nmt.data.vocab` (PAD, UNK, BOS, EOS = 0..3), so the
+model, batching and beam search never need to know which kind produced the ids. A
+tokenizer's `state_dict()` holds only plain types and tensors, so a checkpoint holding it
+loads with `torch.load(..., weights_only=True)`.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from abc import ABC, abstractmethod
+from collections import Counter
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import sentencepiece as spm
+import torch
+
+from nmt.data.vocab import BOS, EOS, PAD, SPECIALS, UNK
+from nmt.errors import NmtError
+
+_SKIPPED_ON_DECODE = frozenset({PAD, BOS, EOS})
+_SP_SPACE = "\u2581"  # sentencepiece's visible space, the start-of-word mark
+
+
+class Tokenizer(ABC):
+    """What the rest of `nmt` needs from a tokenizer."""
+
+    kind: str
+
+    @abstractmethod
+    def tokens(self, line: str) -> list[str]:
+        """The pieces of a line (unknown pieces keep their surface), for display and replace-unk."""
+
+    @abstractmethod
+    def encode(self, line: str) -> list[int]:
+        """Ids of a line, unknown pieces -> UNK; no BOS/EOS added."""
+
+    @abstractmethod
+    def detokenize(self, pieces: list[str]) -> str:
+        """Pieces -> text (what `decode` does after `id_to_piece`); replace-unk needs it."""
+
+    @abstractmethod
+    def id_to_piece(self, i: int) -> str: ...
+
+    @abstractmethod
+    def piece_to_id(self, s: str) -> int:
+        """The id of a piece, UNK when it is not in the vocabulary."""
+
+    @abstractmethod
+    def __len__(self) -> int:
+        """Vocabulary size, specials included."""
+
+    @abstractmethod
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Detokenized text; PAD, BOS and EOS are skipped wherever they are, UNK shows as <unk>."""
+        return self.detokenize(
+            [self.id_to_piece(int(i)) for i in ids if int(i) not in _SKIPPED_ON_DECODE]
+        )
+
+
+class WordTokenizer(Tokenizer):
+    """Whitespace tokens with a frequency-ranked vocabulary, as seq2seq-attn's preprocess.py."""
+
+    kind = "word"
+
+    def __init__(self, pieces: list[str]):
+        if pieces[: len(SPECIALS)] != SPECIALS:
+            raise NmtError(f"word vocabulary must start with {' '.join(SPECIALS)}")
+        self.pieces = list(pieces)
+        self.index = {p: i for i, p in enumerate(self.pieces)}
+        if len(self.index) != len(self.pieces):
+            raise NmtError("word vocabulary has duplicate entries")
+
+    @classmethod
+    def build(cls, lines: Iterable[str], vocab_size: int) -> WordTokenizer:
+        """Specials at 0..3, then the most frequent words until `vocab_size` entries in all.
+
+        Ties are broken by first occurrence in `lines` (Counter keeps insertion order and the
+        sort is stable), so the vocabulary is a pure function of the text. Words spelled like
+        a special symbol are not counted (preprocess.py deletes them from the text); `encode`
+        maps them to UNK.
+        """
+        counts: Counter[str] = Counter()
+        for line in lines:
+            counts.update(w for w in line.split() if w not in SPECIALS)
+        ranked = sorted(counts.items(), key=lambda kv: -kv[1])
+        keep = max(vocab_size - len(SPECIALS), 0)
+        return cls(SPECIALS + [w for w, _ in ranked[:keep]])
+
+    def tokens(self, line: str) -> list[str]:
+        return line.split()
+
+    def encode(self, line: str) -> list[int]:
+        return [self.piece_to_id(w) for w in line.split()]
+
+    def detokenize(self, pieces: list[str]) -> str:
+        return " ".join(pieces)
+
+    def id_to_piece(self, i: int) -> str:
+        return self.pieces[i]
+
+    def piece_to_id(self, s: str) -> int:
+        if s in SPECIALS:  # literal "<s>" in the text is a word we do not know, not a marker
+            return UNK
+        return self.index.get(s, UNK)
+
+    def __len__(self) -> int:
+        return len(self.pieces)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "pieces": list(self.pieces)}
+
+
+def _train_options(vocab_size: int, hard_limit: bool) -> dict[str, Any]:
+    return dict(
+        vocab_size=vocab_size,
+        hard_vocab_limit=hard_limit,
+        # BPE, not unigram: with the small vocabularies of the toy corpus unigram cuts German
+        # compounds at odd places (drei|ß|i|g) and caps the English side below 100 pieces.
+        model_type="bpe",
+        character_coverage=1.0,  # small corpora: never map a seen letter (ä, ß) to UNK
+        pad_id=PAD,
+        unk_id=UNK,
+        bos_id=BOS,
+        eos_id=EOS,
+        pad_piece=SPECIALS[PAD],
+        unk_piece=SPECIALS[UNK],
+        bos_piece=SPECIALS[BOS],
+        eos_piece=SPECIALS[EOS],
+        unk_surface=SPECIALS[UNK],
+        num_threads=1,  # the trained model depends on the thread count; 1 is reproducible
+        minloglevel=2,  # silence the trainer's INFO/WARNING stream on stderr
+    )
+
+
+class SentencePieceTokenizer(Tokenizer):
+    """A sentencepiece BPE model whose pad/unk/bos/eos are PAD/UNK/BOS/EOS."""
+
+    kind = "sentencepiece"
+
+    def __init__(self, model_proto: bytes):
+        self.proto = bytes(model_proto)
+        self.sp = spm.SentencePieceProcessor()
+        try:
+            self.sp.LoadFromSerializedProto(self.proto)
+        except (RuntimeError, OSError):
+            raise NmtError("not a valid sentencepiece model") from None
+        expected = [SPECIALS[i] for i in (PAD, UNK, BOS, EOS)]
+        if len(self.sp) < len(SPECIALS) or [self.sp.id_to_piece(i) for i in range(4)] != expected:
+            raise NmtError(f"sentencepiece model must have {' '.join(SPECIALS)} at ids 0..3")
+
+    @classmethod
+    def train(
+        cls, lines: list[str], vocab_size: int, log: Callable[[str], None] = print
+    ) -> SentencePieceTokenizer:
+        """Train on `lines`, deterministically (one thread).
+
+        When `vocab_size` is more than the text can fill, sentencepiece refuses; we then
+        retry with a soft limit, accept the smaller vocabulary and say so in the log.
+        """
+        if not lines:
+            raise NmtError("cannot train a sentencepiece model on no text")
+        try:
+            proto = _train_proto(lines, _train_options(vocab_size, hard_limit=True))
+        except RuntimeError as exc:
+            if "Vocabulary size too high" not in str(exc):
+                first = str(exc).splitlines()[0]
+                raise NmtError(f"sentencepiece training failed: {first}") from None
+            proto = _train_proto(lines, _train_options(vocab_size, hard_limit=False))
+            tok = cls(proto)
+            log(
+                f"sentencepiece: vocabulary size {vocab_size} is too large for this text; "
+                f"using {len(tok)}"
+            )
+            return tok
+        return cls(proto)
+
+    @classmethod
+    def load(cls, path: Path) -> SentencePieceTokenizer:
+        try:
+            return cls(Path(path).read_bytes())
+        except NmtError as exc:
+            raise NmtError(f"{path}: {exc}") from None
+
+    def save(self, path: Path) -> None:
+        """Write atomically, so an interrupted run never leaves half a model in the cache."""
+        path = Path(path)
+        tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+        tmp.write_bytes(self.proto)
+        os.replace(tmp, path)
+
+    def tokens(self, line: str) -> list[str]:
+        return list(self.sp.encode(line, out_type=str))
+
+    def encode(self, line: str) -> list[int]:
+        return list(self.sp.encode(line))
+
+    def detokenize(self, pieces: list[str]) -> str:
+        return "".join(pieces).replace(_SP_SPACE, " ").strip()
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self.sp.decode([int(i) for i in ids if int(i) not in _SKIPPED_ON_DECODE])
+
+    def id_to_piece(self, i: int) -> str:
+        if not 0 <= i < len(self):
+            raise IndexError(f"piece id {i} out of range 0..{len(self) - 1}")
+        return self.sp.id_to_piece(i)
+
+    def piece_to_id(self, s: str) -> int:
+        return self.sp.piece_to_id(s)
+
+    def __len__(self) -> int:
+        return len(self.sp)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "model": torch.frombuffer(bytearray(self.proto), dtype=torch.uint8),
+        }
+
+
+def _train_proto(lines: list[str], options: dict[str, Any]) -> bytes:
+    out = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_writer=out, **options)
+    return out.getvalue()
+
+
+def tokenizer_from_state(d: dict[str, Any]) -> Tokenizer:
+    """Rebuild a tokenizer from its `state_dict()` (e.g. out of a checkpoint)."""
+    kind = d.get("kind") if isinstance(d, dict) else None
+    if kind == WordTokenizer.kind:
+        return WordTokenizer(list(d["pieces"]))
+    if kind == SentencePieceTokenizer.kind:
+        model = d["model"]
+        if not (isinstance(model, torch.Tensor) and model.dtype == torch.uint8):
+            raise NmtError("tokenizer state: sentencepiece 'model' must be a uint8 tensor")
+        return SentencePieceTokenizer(model.cpu().numpy().tobytes())
+    raise NmtError(f"tokenizer state: unknown kind {kind!r} (expected word or sentencepiece)")
+
+
+def cached_sentencepiece(
+    path: Path | None, lines: list[str], vocab_size: int, log: Callable[[str], None] = print
+) -> SentencePieceTokenizer:
+    """Reuse the model at `path` when present, else train one and store it there."""
+    if path is not None and Path(path).is_file():
+        tok = SentencePieceTokenizer.load(path)
+        log(f"sentencepiece: reusing {path} ({len(tok)} pieces)")
+        return tok
+    tok = SentencePieceTokenizer.train(lines, vocab_size, log)
+    if path is not None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        tok.save(path)
+    return tok

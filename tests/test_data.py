@@ -1,0 +1,305 @@
+"""Reading, corpus loading, batching, the toy corpus generator and the download script."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+
+from nmt.config import DataConfig
+from nmt.data.batching import epoch_order, make_batches
+from nmt.data.corpus import load_corpus
+from nmt.data.reading import read_parallel
+from nmt.data.vocab import BOS, EOS, PAD
+from nmt.errors import NmtError
+
+ROOT = Path(__file__).resolve().parent.parent
+TOY = ROOT / "data" / "toy"
+
+
+def load_script(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def write(path: Path, text: str | bytes) -> Path:
+    if isinstance(text, str):
+        text = text.encode("utf-8")
+    path.write_bytes(text)
+    return path
+
+
+def pair_files(tmp_path: Path, src: str | bytes, tgt: str | bytes, stem: str = "train"):
+    return write(tmp_path / f"{stem}.src", src), write(tmp_path / f"{stem}.tgt", tgt)
+
+
+# ---- reading -------------------------------------------------------------------------------
+
+
+def test_read_parallel_strips_and_keeps_alignment(tmp_path):
+    # \x0b and U+2028 are line breaks for str.splitlines but not for us (nor seq2seq-attn).
+    src, tgt = pair_files(tmp_path, "\ufeffa b  \r\nc\x0bd\n", "x\ny\u2028z")
+    assert read_parallel(src, tgt, log=lambda _: None) == [("a b", "x"), ("c\x0bd", "y\u2028z")]
+
+
+def test_read_parallel_mismatched_counts_names_both_files_and_counts(tmp_path):
+    src, tgt = pair_files(tmp_path, "a\nb\nc\n", "x\ny\n")
+    with pytest.raises(NmtError) as err:
+        read_parallel(src, tgt)
+    msg = str(err.value)
+    assert f"{src} has 3 lines" in msg and f"{tgt} has 2" in msg and "\n" not in msg
+
+
+@pytest.mark.parametrize("empty_side", ["src", "tgt"])
+def test_read_parallel_empty_file_is_named(tmp_path, empty_side):
+    src, tgt = pair_files(
+        tmp_path, "" if empty_side == "src" else "a\n", " \n\n" if empty_side == "tgt" else "x\n"
+    )
+    with pytest.raises(NmtError, match="is empty") as err:
+        read_parallel(src, tgt)
+    assert str(src if empty_side == "src" else tgt) in str(err.value)
+
+
+def test_read_parallel_no_nonblank_pair(tmp_path):
+    src, tgt = pair_files(tmp_path, "a\n\n", "\nx\n")
+    with pytest.raises(NmtError, match="no line pair where both sides are non-blank"):
+        read_parallel(src, tgt)
+
+
+def test_read_parallel_undecodable_bytes_name_file_and_line(tmp_path):
+    src, tgt = pair_files(tmp_path, b"ok\nfine\nbad \xff byte\nok\n", "a\nb\nc\nd\n")
+    with pytest.raises(NmtError, match=r"line 3 is not valid UTF-8") as err:
+        read_parallel(src, tgt)
+    assert str(src) in str(err.value)
+
+
+def test_read_parallel_missing_file(tmp_path):
+    src, _ = pair_files(tmp_path, "a\n", "x\n")
+    with pytest.raises(NmtError, match="file not found"):
+        read_parallel(src, tmp_path / "nope.tgt")
+
+
+def test_read_parallel_drops_and_counts_blank_pairs(tmp_path):
+    src, tgt = pair_files(tmp_path, "a\n\nb\n  \nc\nd\n", "x\ny\n\n\t\nz\n \n")
+    logs: list[str] = []
+    assert read_parallel(src, tgt, log=logs.append) == [("a", "x"), ("c", "z")]
+    assert logs == [f"dropped 4 blank pairs from {src} / {tgt}"]
+
+
+# ---- corpus --------------------------------------------------------------------------------
+
+
+def word_cfg(src: Path, tgt: Path, **kw) -> DataConfig:
+    return DataConfig(
+        train_src=str(src), train_tgt=str(tgt), valid_src=str(src), valid_tgt=str(tgt), **kw
+    )
+
+
+def test_load_corpus_word_length_filter_and_summary(tmp_path):
+    src, tgt = pair_files(tmp_path, "a b\na b c d\na\nb a\n", "x\nx y\nx y z w\ny\n")
+    logs: list[str] = []
+    corpus = load_corpus(word_cfg(src, tgt, max_src_len=3, max_tgt_len=3), None, logs.append)
+    # pair 2 (4 source words) and pair 3 (4 target words) are dropped, from train and valid;
+    # like preprocess.py, the vocabulary only counts the pairs that pass the filter.
+    assert corpus.src_tokenizer.pieces[4:] == ["a", "b"]
+    assert corpus.tgt_tokenizer.pieces[4:] == ["x", "y"]
+    assert corpus.train == [([4, 5], [4]), ([5, 4], [5])] == corpus.valid
+    assert sum("dropped 2 of 4 pairs" in m for m in logs) == 2
+    assert "2 train / 2 valid pairs" in logs[-1] and "source 6, target 6" in logs[-1]
+
+
+def test_load_corpus_reuses_given_tokenizers(tmp_path):
+    src, tgt = pair_files(tmp_path, "a b\nc\n", "x\ny\n")
+    first = load_corpus(word_cfg(src, tgt), None, lambda _: None)
+    src2, tgt2 = pair_files(tmp_path, "c c c\n", "y y\n", stem="other")
+    again = load_corpus(
+        word_cfg(src2, tgt2),
+        None,
+        lambda _: None,
+        tokenizers=(first.src_tokenizer, first.tgt_tokenizer),
+    )
+    assert again.src_tokenizer is first.src_tokenizer
+    assert again.train == [
+        ([first.src_tokenizer.piece_to_id("c")] * 3, [first.tgt_tokenizer.piece_to_id("y")] * 2)
+    ]
+
+
+def test_load_corpus_empty_after_filter_names_file_and_limits(tmp_path):
+    src, tgt = pair_files(tmp_path, "a b c\n", "x\n")
+    with pytest.raises(NmtError, match="max_src_len 2, max_tgt_len 50") as err:
+        load_corpus(word_cfg(src, tgt, max_src_len=2), None, lambda _: None)
+    assert str(src) in str(err.value) and "no train pair is left" in str(err.value)
+
+
+# ---- batching ------------------------------------------------------------------------------
+
+
+def random_examples(n: int, seed: int = 0) -> list[tuple[list[int], list[int]]]:
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        s_len, t_len = torch.randint(1, 7, (2,), generator=g).tolist()
+        out.append(
+            (
+                torch.randint(4, 50, (s_len,), generator=g).tolist(),
+                torch.randint(4, 50, (t_len,), generator=g).tolist(),
+            )
+        )
+    return out
+
+
+def test_make_batches_invariants():
+    examples = random_examples(300)
+    batches = make_batches(examples, batch_size=16)
+    seen: Counter = Counter()
+    previous_len = 0
+    for b in batches:
+        assert 1 <= b.size <= 16
+        assert b.src.dtype == b.tgt_in.dtype == b.tgt_out.dtype == torch.long
+        assert (b.src[:, 0] == BOS).all() and (b.src[:, -1] == EOS).all()
+        assert not (b.src == PAD).any()  # one source length, no padding
+        assert b.src.size(1) >= previous_len  # sorted by source length
+        previous_len = b.src.size(1)
+        assert b.tgt_in.shape == b.tgt_out.shape
+        assert (b.tgt_in[:, 0] == BOS).all()
+        for row in range(b.size):
+            n = int((b.tgt_out[row] != PAD).sum())
+            tgt = b.tgt_out[row, : n - 1].tolist()
+            assert b.tgt_out[row, n - 1] == EOS
+            assert b.tgt_in[row, 1:n].tolist() == tgt  # tgt_out is tgt_in shifted by one
+            assert (b.tgt_in[row, n:] == PAD).all()
+            seen[(tuple(b.src[row, 1:-1].tolist()), tuple(tgt))] += 1
+        longest = max(int((b.tgt_out[r] != PAD).sum()) for r in range(b.size))
+        assert b.tgt_out.size(1) == longest  # padded to the batch's longest target only
+    assert seen == Counter((tuple(s), tuple(t)) for s, t in examples)
+    assert sum(b.n_tokens for b in batches) == sum(len(t) + 1 for _, t in examples)
+
+
+def test_make_batches_cuts_at_length_change_or_when_full():
+    examples = [([5] * 2, [6])] * 5 + [([5] * 3, [6])] * 2 + [([5], [6, 6])]
+    sizes = [(b.src.size(1), b.size) for b in make_batches(examples, batch_size=3)]
+    assert sizes == [(3, 1), (4, 3), (4, 2), (5, 2)]
+
+
+def test_make_batches_is_deterministic_and_stable():
+    examples = random_examples(100, seed=1)
+    a, b = make_batches(examples, 8), make_batches(list(examples), 8)
+    assert all(
+        torch.equal(x.src, y.src) and torch.equal(x.tgt_out, y.tgt_out)
+        for x, y in zip(a, b, strict=True)
+    )
+    # equal (source, target) lengths keep their input order
+    same = [([7, 7], [8]), ([9, 9], [8]), ([4, 4], [8])]
+    assert make_batches(same, 8)[0].src[:, 1].tolist() == [7, 9, 4]
+
+
+def test_epoch_order_reproducible_seed_and_epoch_dependent():
+    torch.manual_seed(0)
+    first = epoch_order(50, seed=3435, epoch=1)
+    torch.manual_seed(123)  # the global RNG does not matter
+    assert epoch_order(50, seed=3435, epoch=1) == first
+    assert sorted(first) == list(range(50))
+    assert epoch_order(50, seed=3435, epoch=2) != first
+    assert epoch_order(50, seed=3436, epoch=1) != first
+
+
+# ---- toy corpus ----------------------------------------------------------------------------
+
+
+def test_toy_generator_reproduces_committed_files(tmp_path):
+    toy = load_script("make_toy_corpus")
+    toy.main(["--out", str(tmp_path)])
+    for name in ("train", "valid", "test"):
+        for ext in ("src", "tgt"):
+            f = f"{name}.{ext}"
+            assert (tmp_path / f).read_bytes() == (TOY / f).read_bytes(), f
+
+
+def test_toy_corpus_shape():
+    sizes = {}
+    lines = {}
+    for name in ("train", "valid", "test"):
+        src = (TOY / f"{name}.src").read_text(encoding="utf-8").splitlines()
+        tgt = (TOY / f"{name}.tgt").read_text(encoding="utf-8").splitlines()
+        assert len(src) == len(tgt)
+        sizes[name] = len(src)
+        lines[name] = set(src)
+        assert all(3 <= len(s.split()) <= 12 for s in src)
+        assert all(len(t.split()) >= 4 for t in tgt)
+    assert sizes == {"train": 20000, "valid": 500, "test": 500}
+    assert not lines["test"] & lines["train"] and not lines["valid"] & lines["train"]
+    assert (
+        sum(p.stat().st_size for p in TOY.glob("*.src"))
+        + sum(p.stat().st_size for p in TOY.glob("*.tgt"))
+        < 2_000_000
+    )
+
+
+@pytest.mark.parametrize(
+    "n, en, de",
+    [
+        (1, "one", "eins"),
+        (16, "sixteen", "sechzehn"),
+        (17, "seventeen", "siebzehn"),
+        (21, "twenty-one", "einundzwanzig"),
+        (30, "thirty", "dreißig"),
+        (67, "sixty-seven", "siebenundsechzig"),
+        (100, "one hundred", "einhundert"),
+        (101, "one hundred and one", "einhunderteins"),
+        (407, "four hundred and seven", "vierhundertsieben"),
+        (1005, "one thousand and five", "eintausendfünf"),
+        (3212, "three thousand two hundred and twelve", "dreitausendzweihundertzwölf"),
+        (
+            9999,
+            "nine thousand nine hundred and ninety-nine",
+            "neuntausendneunhundertneunundneunzig",
+        ),
+    ],
+)
+def test_toy_number_words(n, en, de):
+    toy = load_script("make_toy_corpus")
+    assert (toy.english(n), toy.german(n)) == (en, de)
+
+
+# ---- download script -----------------------------------------------------------------------
+
+
+def test_download_urls():
+    dl = load_script("download_ende_demo")
+    base = "https://raw.githubusercontent.com/harvardnlp/seq2seq-attn/master/data/"
+    assert dl.urls() == [
+        base + f for f in ("src-train.txt", "targ-train.txt", "src-val.txt", "targ-val.txt")
+    ]
+
+
+def test_download_and_copy_from_local_folder(tmp_path):
+    dl = load_script("download_ende_demo")
+    mirror = tmp_path / "mirror"
+    mirror.mkdir()
+    for i, name in enumerate(dl.FILES):
+        write(mirror / name, f"line {i}\n")
+    fetched = dl.download(tmp_path / "dl", base_url=mirror.as_uri() + "/")  # file:// URLs
+    copied = dl.copy_from(mirror, tmp_path / "cp")
+    for path in fetched + copied:
+        assert path.read_bytes() == (mirror / path.name).read_bytes()
+    assert sorted(p.name for p in (tmp_path / "dl").iterdir()) == sorted(dl.FILES)  # no .part
+    (mirror / "src-val.txt").unlink()
+    assert dl.main(["--from", str(mirror), "--out", str(tmp_path / "cp2")]) == 1
+
+
+def test_download_script_help_runs():
+    res = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "download_ende_demo.py"), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert res.returncode == 0 and "--from" in res.stdout and "--out" in res.stdout

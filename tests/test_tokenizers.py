@@ -1,0 +1,168 @@
+"""Word and sentencepiece tokenizers: vocabulary rules, round trips, cache, state_dict."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from nmt.config import DataConfig
+from nmt.data.corpus import load_corpus
+from nmt.data.tokenizers import (
+    SentencePieceTokenizer,
+    WordTokenizer,
+    cached_sentencepiece,
+    tokenizer_from_state,
+)
+from nmt.data.vocab import BOS, EOS, PAD, SPECIALS, UNK
+from nmt.errors import NmtError
+
+TOY = Path(__file__).resolve().parent.parent / "data" / "toy"
+
+
+def toy_lines(name: str, n: int = 1500) -> list[str]:
+    return (TOY / name).read_text(encoding="utf-8").splitlines()[:n]
+
+
+# ---- word ----------------------------------------------------------------------------------
+
+
+def test_word_vocab_order_specials_and_ties():
+    lines = ["b a c", "c b d", "b e"]  # b:3, c:2, then a, d, e (1 each, by first occurrence)
+    tok = WordTokenizer.build(lines, vocab_size=100)
+    assert [tok.id_to_piece(i) for i in range(4)] == SPECIALS
+    assert tok.pieces[4:] == ["b", "c", "a", "d", "e"]
+    assert len(tok) == 9
+
+
+def test_word_vocab_size_cap_counts_specials_and_unknowns_map_to_unk():
+    tok = WordTokenizer.build(["b a c", "c b d", "b e"], vocab_size=6)
+    assert len(tok) == 6 and tok.pieces[4:] == ["b", "c"]
+    assert tok.encode("b a zzz c") == [4, UNK, UNK, 5]
+    assert tok.tokens("b  a\tzzz") == ["b", "a", "zzz"]
+
+
+def test_word_special_spelling_in_text_is_unknown_not_a_marker():
+    tok = WordTokenizer.build(["<s> x </s> x", "<blank> y"], vocab_size=100)
+    assert tok.pieces[4:] == ["x", "y"]
+    assert tok.encode("<s> x </s> <blank>") == [UNK, tok.piece_to_id("x"), UNK, UNK]
+
+
+def test_word_decode_skips_pad_bos_eos_and_shows_unk():
+    tok = WordTokenizer.build(["hello world"], vocab_size=100)
+    ids = [BOS, *tok.encode("hello world"), UNK, EOS, PAD, PAD]
+    assert tok.decode(ids) == "hello world <unk>"
+    assert tok.decode(tok.encode("world hello")) == "world hello"
+
+
+# ---- sentencepiece -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def sp_tgt() -> SentencePieceTokenizer:
+    return SentencePieceTokenizer.train(toy_lines("train.tgt"), 120, log=lambda _: None)
+
+
+def test_sentencepiece_specials_and_round_trip(sp_tgt):
+    assert len(sp_tgt) == 120
+    assert [sp_tgt.id_to_piece(i) for i in range(4)] == SPECIALS
+    for line in toy_lines("valid.tgt", 50):
+        ids = sp_tgt.encode(line)
+        assert ids and min(ids) > EOS  # no specials inside, no BOS/EOS added
+        assert sp_tgt.decode([BOS, *ids, EOS, PAD]) == line
+        assert sp_tgt.detokenize(sp_tgt.tokens(line)) == line
+    compound = sp_tgt.tokens("dreitausendzweihundertzwölf")
+    assert len(compound) > 1  # German compounds are split into pieces
+
+
+def test_sentencepiece_unknown_characters_become_unk(sp_tgt):
+    ids = sp_tgt.encode("zwei 漢")
+    assert ids[-1] == UNK
+    assert sp_tgt.decode(ids) == "zwei <unk>"
+    assert sp_tgt.piece_to_id("no-such-piece") == UNK
+
+
+def test_sentencepiece_training_is_deterministic(sp_tgt):
+    again = SentencePieceTokenizer.train(toy_lines("train.tgt"), 120, log=lambda _: None)
+    assert again.proto == sp_tgt.proto
+
+
+def test_sentencepiece_training_is_quiet(capfd):
+    SentencePieceTokenizer.train(toy_lines("train.src", 300), 60, log=lambda _: None)
+    out, err = capfd.readouterr()
+    assert out == "" and err == ""
+
+
+def test_sentencepiece_too_large_vocab_falls_back_to_what_the_text_allows():
+    logs: list[str] = []
+    tok = SentencePieceTokenizer.train(["a b c", "abc cab", "hello world"] * 3, 500, logs.append)
+    assert 4 < len(tok) < 500
+    assert any("500 is too large" in m and str(len(tok)) in m for m in logs)
+
+
+def test_sentencepiece_cache_is_written_then_reused(tmp_path):
+    path = tmp_path / "spm.src.model"
+    lines = toy_lines("train.src", 500)
+    first = cached_sentencepiece(path, lines, 60, log=lambda _: None)
+    assert path.read_bytes() == first.proto
+    logs: list[str] = []
+    # A different vocab size and text: the cached model wins, and the log says so.
+    second = cached_sentencepiece(path, ["other text"], 999, log=logs.append)
+    assert second.proto == first.proto and len(second) == 60
+    assert any("reusing" in m for m in logs)
+
+
+def test_load_corpus_caches_sentencepiece_models_in_run_dir(tmp_path):
+    cfg = DataConfig(
+        train_src=str(TOY / "valid.src"),
+        train_tgt=str(TOY / "valid.tgt"),
+        valid_src=str(TOY / "test.src"),
+        valid_tgt=str(TOY / "test.tgt"),
+        tokenizer="sentencepiece",
+        src_vocab_size=80,
+        tgt_vocab_size=90,
+    )
+    run = tmp_path / "run"
+    corpus = load_corpus(cfg, run, log=lambda _: None)
+    assert (run / "spm.src.model").is_file() and (run / "spm.tgt.model").is_file()
+    assert (len(corpus.src_tokenizer), len(corpus.tgt_tokenizer)) == (80, 90)
+    logs: list[str] = []
+    again = load_corpus(cfg, run, log=logs.append)
+    assert sum("reusing" in m for m in logs) == 2
+    assert again.train == corpus.train and again.valid == corpus.valid
+
+    joint_cfg = DataConfig(**{**cfg.__dict__, "joint_vocab": True, "tgt_vocab_size": 80})
+    joint = load_corpus(joint_cfg, run, log=lambda _: None)
+    assert joint.src_tokenizer is joint.tgt_tokenizer and (run / "spm.joint.model").is_file()
+    with pytest.raises(NmtError, match="src_vocab_size .80. must equal .*tgt_vocab_size .90."):
+        load_corpus(DataConfig(**{**cfg.__dict__, "joint_vocab": True}), None, log=lambda _: None)
+
+
+# ---- state_dict ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["word", "sentencepiece"])
+def test_state_dict_survives_torch_save_and_weights_only_load(kind, sp_tgt, tmp_path):
+    lines = toy_lines("valid.tgt", 100)
+    tok = WordTokenizer.build(lines, 50) if kind == "word" else sp_tgt
+    path = tmp_path / "ckpt.pt"
+    torch.save({"tokenizer": tok.state_dict()}, path)
+    loaded = tokenizer_from_state(torch.load(path, weights_only=True)["tokenizer"])
+    assert loaded.kind == kind and len(loaded) == len(tok)
+    for line in lines[:20]:
+        assert loaded.encode(line) == tok.encode(line)
+        assert loaded.decode(loaded.encode(line)) == tok.decode(tok.encode(line))
+
+
+def test_bad_tokenizer_state_is_a_user_error():
+    with pytest.raises(NmtError, match="unknown kind 'bpe'"):
+        tokenizer_from_state({"kind": "bpe"})
+    with pytest.raises(NmtError, match="uint8 tensor"):
+        tokenizer_from_state({"kind": "sentencepiece", "model": [1, 2, 3]})
+    with pytest.raises(NmtError, match="not a valid sentencepiece model"):
+        tokenizer_from_state(
+            {"kind": "sentencepiece", "model": torch.tensor([1, 2, 3], dtype=torch.uint8)}
+        )
+    with pytest.raises(NmtError, match="must start with"):
+        tokenizer_from_state({"kind": "word", "pieces": ["a", "b"]})
