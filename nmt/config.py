@@ -20,8 +20,15 @@ import yaml
 from nmt.errors import NmtError
 
 
-def _opt(default: Any, *, choices: tuple | None = None, min: float | None = None,
-         max: float | None = None, min_exclusive: bool = False, doc: str = "") -> Any:
+def _opt(
+    default: Any,
+    *,
+    choices: tuple | None = None,
+    min: float | None = None,
+    max: float | None = None,
+    min_exclusive: bool = False,
+    doc: str = "",
+) -> Any:
     """A dataclass field whose metadata carries its validation rule and its documentation."""
     meta = {"choices": choices, "min": min, "max": max, "min_exclusive": min_exclusive, "doc": doc}
     return field(default=default, metadata=meta)
@@ -33,8 +40,11 @@ class DataConfig:
     train_tgt: str = _opt("", doc="training target file, line-aligned with train_src")
     valid_src: str = _opt("", doc="validation source file")
     valid_tgt: str = _opt("", doc="validation target file")
-    tokenizer: str = _opt("word", choices=("word", "sentencepiece"),
-                          doc="word: whitespace tokens (seq2seq-attn); sentencepiece: subwords")
+    tokenizer: str = _opt(
+        "word",
+        choices=("word", "sentencepiece"),
+        doc="word: whitespace tokens (seq2seq-attn); sentencepiece: subwords",
+    )
     src_vocab_size: int = _opt(50000, min=5, doc="source vocabulary size (specials included)")
     tgt_vocab_size: int = _opt(50000, min=5, doc="target vocabulary size (specials included)")
     joint_vocab: bool = _opt(False, doc="sentencepiece only: one model for both languages")
@@ -67,11 +77,17 @@ class TrainConfig:
     seed: int = _opt(3435, min=0, doc="seed of initialisation, dropout and batch order")
     valid_every: int = _opt(0, min=0, doc="also validate every N steps (0: once per epoch)")
     log_every: int = _opt(50, min=1, doc="print a progress line every N steps")
-    executor: str = _opt("clones", choices=("clones", "autograd"),
-                         doc="clones: seq2seq-attn's cloned graphs; autograd: plain PyTorch")
+    executor: str = _opt(
+        "clones",
+        choices=("clones", "autograd"),
+        doc="clones: seq2seq-attn's cloned graphs; autograd: plain PyTorch",
+    )
     preallocate: bool = _opt(True, doc="clones share intermediate buffers (seq2seq-attn -prealloc)")
-    prealloc_scope: str = _opt("all", choices=("attention", "all"),
-                               doc="attention: the two attention products (PR #45); all: planner")
+    prealloc_scope: str = _opt(
+        "all",
+        choices=("attention", "all"),
+        doc="attention: the two attention products (PR #45); all: planner",
+    )
     device: str = _opt("auto", doc="auto (CUDA if available), cpu, cuda or cuda:N")
     dtype: str = _opt("float32", choices=("float32", "float64"), doc="parameter and buffer dtype")
 
@@ -172,12 +188,16 @@ def from_dict(raw: Any, source: str = "config") -> Config:
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
-        raise NmtError(f"{source}: the top level must be a mapping with sections data, model, train")
+        raise NmtError(
+            f"{source}: the top level must be a mapping with sections data, model, train"
+        )
     for section in raw:
         if section not in SECTIONS:
             hint = _suggest(str(section), list(SECTIONS))
             raise NmtError(f"{source}: unknown section '{section}'{hint}")
-    parts = {name: _build_section(cls, raw.get(name), source, name) for name, cls in SECTIONS.items()}
+    parts = {
+        name: _build_section(cls, raw.get(name), source, name) for name, cls in SECTIONS.items()
+    }
     return Config(**parts)
 
 
@@ -240,8 +260,9 @@ def check_data_files(cfg: Config, source: str) -> None:
             raise NmtError(f"{source}: key 'data.{key}': file not found: {value}")
 
 
-def load_config(path: str | Path, overrides: list[str] | None = None,
-                require_data: bool = True) -> Config:
+def load_config(
+    path: str | Path, overrides: list[str] | None = None, require_data: bool = True
+) -> Config:
     """Read a YAML config, apply overrides, validate types, ranges and data files."""
     raw = read_yaml(path)
     if raw is not None and not isinstance(raw, dict):

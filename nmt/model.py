@@ -111,22 +111,26 @@ class Seq2SeqAttn(nn.Module):
         z = like.new_zeros(batch, H, dtype=self.generator.weight.dtype)
         return [(z, z) for _ in range(self.cfg.num_layers)]
 
-    def _run_encoder(self, stack: LSTMStack, emb: Tensor, order: range,
-                     src_mask: Tensor | None) -> tuple[list[Tensor | None], list[LayerState]]:
+    def _run_encoder(
+        self, stack: LSTMStack, emb: Tensor, order: range, src_mask: Tensor | None
+    ) -> tuple[list[Tensor | None], list[LayerState]]:
         states = self.zero_states(emb.size(0), emb)
         tops: list[Tensor | None] = [None] * emb.size(1)
         for t in order:
             new = stack(emb[:, t], states)
             if src_mask is not None:  # padded positions keep the previous state
                 keep = src_mask[:, t].unsqueeze(1)
-                new = [(torch.where(keep, h, ph), torch.where(keep, c, pc))
-                       for (h, c), (ph, pc) in zip(new, states, strict=True)]
+                new = [
+                    (torch.where(keep, h, ph), torch.where(keep, c, pc))
+                    for (h, c), (ph, pc) in zip(new, states, strict=True)
+                ]
             states = new
             tops[t] = states[-1][0]
         return tops, states
 
-    def encode(self, src: Tensor, src_mask: Tensor | None = None
-               ) -> tuple[Tensor, list[LayerState]]:
+    def encode(
+        self, src: Tensor, src_mask: Tensor | None = None
+    ) -> tuple[Tensor, list[LayerState]]:
         """src: B x S token ids -> context B x S x H and the final state of every layer.
 
         Training batches have one source length and no mask; translation may pad and pass
@@ -137,7 +141,8 @@ class Seq2SeqAttn(nn.Module):
         context = torch.stack(tops, dim=1)
         if self.encoder_bwd is not None:
             tops_b, final_b = self._run_encoder(
-                self.encoder_bwd, emb, range(src.size(1) - 1, -1, -1), src_mask)
+                self.encoder_bwd, emb, range(src.size(1) - 1, -1, -1), src_mask
+            )
             context = context + torch.stack(tops_b, dim=1)
             final = [(h + hb, c + cb) for (h, c), (hb, cb) in zip(final, final_b, strict=True)]
         return context, final
@@ -148,8 +153,9 @@ class Seq2SeqAttn(nn.Module):
         h = final[0][0]
         return DecoderState(list(final), h.new_zeros(h.shape))
 
-    def attend(self, h_top: Tensor, context: Tensor, src_mask: Tensor | None
-               ) -> tuple[Tensor, Tensor]:
+    def attend(
+        self, h_top: Tensor, context: Tensor, src_mask: Tensor | None
+    ) -> tuple[Tensor, Tensor]:
         """Global "general" attention: returns (tanh(W_c [c_t ; h_t]), attention B x S)."""
         target = self.attn_in(h_top)  # B x H
         scores = torch.bmm(context, target.unsqueeze(2)).squeeze(2)  # B x S
@@ -160,8 +166,9 @@ class Seq2SeqAttn(nn.Module):
         out = torch.tanh(self.attn_out(torch.cat([ctx, h_top], dim=1)))
         return out, attn
 
-    def decode_step(self, y: Tensor, state: DecoderState, context: Tensor,
-                    src_mask: Tensor | None = None) -> tuple[Tensor, DecoderState, Tensor]:
+    def decode_step(
+        self, y: Tensor, state: DecoderState, context: Tensor, src_mask: Tensor | None = None
+    ) -> tuple[Tensor, DecoderState, Tensor]:
         """One target position: y (B,) -> attentional output B x H, next state, attention."""
         x = self.tgt_embedding(y)
         if self.cfg.input_feed:

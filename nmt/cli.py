@@ -1,0 +1,133 @@
+"""The `nmt` command line. Each command loads its inputs, calls ONE function, prints.
+
+Mistakes a user can fix (NmtError) become one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from nmt.errors import NmtError
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Train and run LSTM-attention translation models the seq2seq-attn way.",
+)
+
+
+def _err(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _fail(exc: NmtError) -> typer.Exit:
+    _err(f"error: {exc}")
+    return typer.Exit(code=2)
+
+
+ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="YAML config file.")]
+SetOpt = Annotated[
+    list[str] | None,
+    typer.Option("--set", "-s", help="Override a config key: section.key=value (repeatable)."),
+]
+
+
+@app.command()
+def train(
+    config: ConfigOpt,
+    out: Annotated[
+        Path | None, typer.Option(help="Run directory (default runs/<config name>).")
+    ] = None,
+    set_: SetOpt = None,
+    preallocate: Annotated[
+        bool | None,
+        typer.Option(
+            "--preallocate/--no-preallocate",
+            help="Clones share intermediate buffers (default: the config, on).",
+        ),
+    ] = None,
+    resume: Annotated[Path | None, typer.Option(help="Continue from this last.pt.")] = None,
+    force: Annotated[
+        bool, typer.Option(help="Overwrite a run directory that holds a run.")
+    ] = False,
+    progress: Annotated[
+        bool, typer.Option("--progress/--no-progress", help="Show a progress bar.")
+    ] = True,
+) -> None:
+    """Train a model; checkpoints go to OUT/last.pt and OUT/model.pt (best validation)."""
+    from nmt.config import load_config
+    from nmt.train.trainer import train as run_training
+
+    try:
+        overrides = list(set_ or [])
+        if preallocate is not None:
+            overrides.append(f"train.preallocate={'true' if preallocate else 'false'}")
+        cfg = load_config(config, overrides)
+        out_dir = out or Path("runs") / config.stem
+        if resume is None and not force and (out_dir / "last.pt").exists():
+            raise NmtError(
+                f"{out_dir}: already holds a run (last.pt); pass --resume "
+                f"{out_dir / 'last.pt'} to continue it or --force to start over"
+            )
+        out_dir.mkdir(parents=True, exist_ok=True)
+        print(f"config {config}:\n{cfg.dump()}", flush=True)
+        run_training(cfg, out_dir, resume=resume, progress=progress)
+    except NmtError as exc:
+        raise _fail(exc) from None
+
+
+@app.command()
+def translate(
+    model: Annotated[Path, typer.Option("--model", "-m", help="Checkpoint (model.pt).")],
+    src: Annotated[Path, typer.Option(help="Source file, one sentence per line.")],
+    output: Annotated[
+        Path | None,
+        typer.Option("--output", "-o", help="Write translations here (default stdout)."),
+    ] = None,
+    ref: Annotated[
+        Path | None, typer.Option(help="Reference file: print sacreBLEU to stderr.")
+    ] = None,
+    beam_size: Annotated[int, typer.Option(min=1, help="Beam size (1 = greedy).")] = 5,
+    max_length: Annotated[int, typer.Option(min=1, help="Longest output in tokens.")] = 250,
+    batch_size: Annotated[int, typer.Option(min=1, help="Sentences per batch.")] = 32,
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
+    progress: Annotated[
+        bool, typer.Option("--progress/--no-progress", help="Show a progress bar on stderr.")
+    ] = True,
+) -> None:
+    """Translate a file with beam search and a trained checkpoint."""
+    from nmt.translate.run import translate_file
+
+    try:
+        translate_file(
+            model,
+            src,
+            output=output,
+            ref=ref,
+            beam_size=beam_size,
+            max_length=max_length,
+            batch_size=batch_size,
+            device=device,
+            progress=progress,
+        )
+    except NmtError as exc:
+        raise _fail(exc) from None
+
+
+@app.command()
+def memreport(
+    config: ConfigOpt,
+    set_: SetOpt = None,
+) -> None:
+    """Not built yet: will report training memory with and without preallocation."""
+    _err("error: `nmt memreport` is not built yet (planned: the memory report issue)")
+    raise typer.Exit(code=2)
+
+
+def main() -> None:
+    app()

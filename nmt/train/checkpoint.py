@@ -1,0 +1,92 @@
+"""Checkpoint I/O: plain dicts written atomically, read back with `weights_only=True`.
+
+A checkpoint holds only tensors, numbers, strings, lists and dicts, so it loads under
+`torch.load(path, weights_only=True)` (the default since torch 2.6) and never runs code.
+Writes go to a temporary file in the same directory, are fsynced, then renamed over the
+target: a crash mid-write leaves the previous checkpoint intact.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from nmt.errors import NmtError
+
+FORMAT = "nmt-checkpoint"
+VERSION = 1
+REQUIRED_KEYS = ("model", "config", "src_tokenizer", "tgt_tokenizer")
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:  # not supported on every platform/filesystem
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def save_checkpoint(state: dict[str, Any], path: str | Path) -> None:
+    """Write `state` to `path` atomically (temporary file, fsync, rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    state = {"format": FORMAT, "version": VERSION, **state}
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            torch.save(state, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """Load a checkpoint or raise NmtError saying why it is not one."""
+    path = Path(path)
+    if not path.is_file():
+        raise NmtError(f"{path}: checkpoint not found")
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        if "Weights only load failed" in str(exc):
+            raise NmtError(
+                f"{path}: holds objects other than tensors, numbers and strings; "
+                "not an nmt checkpoint"
+            ) from None
+        raise NmtError(f"{path}: not a readable checkpoint (truncated or corrupt)") from None
+    except Exception:  # torch raises many types on garbage: RuntimeError, IndexError, ...
+        raise NmtError(f"{path}: not a readable checkpoint (truncated or corrupt)") from None
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise NmtError(f"{path}: not an nmt checkpoint")
+    missing = [k for k in REQUIRED_KEYS if k not in state]
+    if missing:
+        raise NmtError(f"{path}: checkpoint lacks {', '.join(missing)}")
+    return state
+
+
+def rng_state() -> dict[str, Any]:
+    """Every RNG the trainer draws from (dropout masks and initialisation)."""
+    state: dict[str, Any] = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

@@ -1,0 +1,289 @@
+"""The training loop: data -> model -> executor -> optimizer -> checkpoints.
+
+One obvious path: `train(cfg, out_dir)` builds everything from the typed config, runs epochs
+of shuffled batches through the chosen executor, clips the global gradient norm, steps the
+optimizer, validates, decays the learning rate the seq2seq-attn way and writes `last.pt`
+(every validation) and `model.pt` (best validation perplexity).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from nmt.config import Config
+from nmt.data.batching import Batch, epoch_order, make_batches
+from nmt.data.corpus import Corpus, load_corpus
+from nmt.data.tokenizers import tokenizer_from_state
+from nmt.errors import NmtError
+from nmt.model import Seq2SeqAttn
+from nmt.train.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from nmt.train.executors import make_executor
+from nmt.train.schedule import LearningRateSchedule, make_optimizer, set_learning_rate
+
+Log = Callable[[str], None]
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+def resolve_device(name: str) -> torch.device:
+    """`auto` picks CUDA when available; an explicit CUDA device must exist."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise NmtError(f"key 'train.device': unknown device {name!r}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise NmtError(f"key 'train.device': {name!r} requested but CUDA is not available")
+    return device
+
+
+@dataclass
+class TrainState:
+    """Where training stands: enough, with the RNG states, to resume exactly."""
+
+    step: int = 0
+    epoch: int = 1
+    position: int = 0  # batches of `epoch` already trained
+    best_valid_ppl: float = math.inf
+    last_valid_ppl: float = math.inf
+
+
+@torch.no_grad()
+def evaluate(model: Seq2SeqAttn, batches: list[Batch], device: torch.device) -> float:
+    """Validation perplexity: exp(summed NLL / non-PAD target tokens), dropout off."""
+    was_training = model.training
+    model.eval()
+    total, tokens = 0.0, 0
+    for batch in batches:
+        batch = batch.to(device)
+        total += float(model.nll(batch.src, batch.tgt_in, batch.tgt_out))
+        tokens += batch.n_tokens
+    model.train(was_training)
+    return math.exp(min(total / max(tokens, 1), 100.0))
+
+
+def build_model(cfg: Config, src_vocab: int, tgt_vocab: int, device: torch.device) -> Seq2SeqAttn:
+    model = Seq2SeqAttn(cfg.model, src_vocab, tgt_vocab)
+    return model.to(device=device, dtype=DTYPES[cfg.train.dtype])
+
+
+class Trainer:
+    """Owns the objects of one run; `run()` trains until the epochs or `max_steps` end."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        out_dir: Path,
+        *,
+        resume: Path | None = None,
+        log: Log = print,
+        progress: bool = True,
+    ):
+        self.cfg, self.out_dir, self.log, self.progress = cfg, Path(out_dir), log, progress
+        self.device = resolve_device(cfg.train.device)
+        torch.manual_seed(cfg.train.seed)
+        checkpoint = load_checkpoint(resume) if resume else None
+        tokenizers = None
+        if checkpoint is not None:
+            tokenizers = (
+                tokenizer_from_state(checkpoint["src_tokenizer"]),
+                tokenizer_from_state(checkpoint["tgt_tokenizer"]),
+            )
+        self.corpus: Corpus = load_corpus(cfg.data, self.out_dir, log=log, tokenizers=tokenizers)
+        src_vocab, tgt_vocab = len(self.corpus.src_tokenizer), len(self.corpus.tgt_tokenizer)
+        self.model = build_model(cfg, src_vocab, tgt_vocab, self.device)
+        self.optimizer = make_optimizer(cfg.train, list(self.model.parameters()))
+        self.schedule = LearningRateSchedule.from_config(cfg.train)
+        self.executor = make_executor(cfg, self.model)
+        self.train_batches = make_batches(self.corpus.train, cfg.train.batch_size)
+        self.valid_batches = make_batches(self.corpus.valid, cfg.train.batch_size)
+        self.state = TrainState()
+        if checkpoint is not None:
+            self._restore(checkpoint, resume)
+        n_params = sum(p.numel() for p in self.model.parameters())
+        log(
+            f"model: {n_params:,} parameters, vocabularies {src_vocab} / {tgt_vocab}, "
+            f"executor {self._executor_name()}, device {self.device}"
+        )
+        log(
+            f"data: {len(self.corpus.train)} training pairs in {len(self.train_batches)} batches, "
+            f"{len(self.corpus.valid)} validation pairs"
+        )
+
+    def _executor_name(self) -> str:
+        t = self.cfg.train
+        if t.executor == "autograd":
+            return "autograd"
+        return f"clones (preallocate {t.prealloc_scope if t.preallocate else 'off'})"
+
+    # ---- checkpoints -----------------------------------------------------------------------
+
+    def checkpoint_state(self) -> dict:
+        s = self.state
+        return {
+            "model": self.model.state_dict(),
+            "config": self.cfg.to_dict(),
+            "src_tokenizer": self.corpus.src_tokenizer.state_dict(),
+            "tgt_tokenizer": self.corpus.tgt_tokenizer.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "schedule": self.schedule.state_dict(),
+            "step": s.step,
+            "epoch": s.epoch,
+            "position": s.position,
+            "best_valid_ppl": s.best_valid_ppl,
+            "valid_ppl": s.last_valid_ppl,
+            "rng": rng_state(),
+        }
+
+    def save(self, best: bool) -> None:
+        state = self.checkpoint_state()
+        save_checkpoint(state, self.out_dir / "last.pt")
+        if best:
+            save_checkpoint(state, self.out_dir / "model.pt")
+
+    def _restore(self, ckpt: dict, path: Path | None) -> None:
+        try:
+            self.model.load_state_dict(ckpt["model"])
+        except RuntimeError as exc:
+            first = str(exc).splitlines()[1].strip() if "\n" in str(exc) else str(exc)
+            raise NmtError(
+                f"{path}: checkpoint does not match the configured model: {first}"
+            ) from None
+        self.optimizer.load_state_dict(ckpt["optimizer"])
+        self.schedule.load_state_dict(ckpt["schedule"])
+        set_learning_rate(self.optimizer, self.schedule.learning_rate)
+        self.state = TrainState(
+            int(ckpt["step"]),
+            int(ckpt["epoch"]),
+            int(ckpt["position"]),
+            float(ckpt["best_valid_ppl"]),
+            float(ckpt["valid_ppl"]),
+        )
+        set_rng_state(ckpt["rng"])
+        self.log(
+            f"resumed from {path} at step {self.state.step} "
+            f"(epoch {self.state.epoch}, batch {self.state.position})"
+        )
+
+    # ---- the loop --------------------------------------------------------------------------
+
+    def validate(self) -> float:
+        ppl = evaluate(self.model, self.valid_batches, self.device)
+        s = self.state
+        s.last_valid_ppl = ppl
+        best = ppl < s.best_valid_ppl
+        if best:
+            s.best_valid_ppl = ppl
+        self.save(best)
+        self.log(
+            f"step {s.step} epoch {s.epoch}: validation perplexity {ppl:.3f}"
+            + (" (best, saved model.pt)" if best else "")
+        )
+        return ppl
+
+    def train_step(self, batch: Batch) -> float:
+        self.optimizer.zero_grad(set_to_none=False)
+        loss = self.executor.forward_backward(batch)
+        if self.cfg.train.max_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.train.max_grad_norm)
+        self.optimizer.step()
+        self.state.step += 1
+        return loss
+
+    def _reached_max_steps(self) -> bool:
+        return 0 < self.cfg.train.max_steps <= self.state.step
+
+    def run(self) -> TrainState:
+        cfg, s = self.cfg.train, self.state
+        self.model.train()
+        self.log(
+            f"training for {cfg.epochs} epochs"
+            + (f" or {cfg.max_steps} steps" if cfg.max_steps else "")
+            + f", learning rate {self.schedule.learning_rate:g}"
+        )
+        while s.epoch <= cfg.epochs and not self._reached_max_steps():
+            self._run_epoch()
+            if s.position < len(self.train_batches):  # stopped early by max_steps
+                break
+            ppl = self.validate()
+            lr = self.schedule.end_of_epoch(s.epoch, ppl)
+            set_learning_rate(self.optimizer, lr)
+            s.epoch += 1
+            s.position = 0
+        if s.position != 0 or s.step == 0:  # stopped mid-epoch: keep what we have
+            self.validate()
+        self.log(
+            f"done: {s.step} steps, best validation perplexity {s.best_valid_ppl:.3f}; "
+            f"checkpoints in {self.out_dir}"
+        )
+        return s
+
+    def _run_epoch(self) -> None:
+        cfg, s = self.cfg.train, self.state
+        order = epoch_order(len(self.train_batches), cfg.seed, s.epoch)
+        todo = order[s.position :]
+        bar = tqdm(
+            todo,
+            desc=f"epoch {s.epoch}",
+            disable=not self.progress,
+            leave=False,
+            dynamic_ncols=True,
+            mininterval=1.0,
+        )
+        total_loss, total_tokens, start = 0.0, 0, time.perf_counter()
+        for index in bar:
+            batch = self.train_batches[index].to(self.device)
+            loss = self.train_step(batch)
+            s.position += 1
+            total_loss += loss
+            total_tokens += batch.n_tokens
+            if not math.isfinite(loss):
+                raise NmtError(f"training diverged at step {s.step}: loss is {loss}")
+            elapsed = max(time.perf_counter() - start, 1e-9)
+            if s.step % cfg.log_every == 0 or s.position == len(self.train_batches):
+                avg = total_loss / max(total_tokens, 1)
+                bar.set_postfix(
+                    loss=f"{avg:.3f}",
+                    ppl=f"{math.exp(min(avg, 100)):.2f}",
+                    tok_s=f"{total_tokens / elapsed:.0f}",
+                    refresh=False,
+                )
+                if not self.progress:
+                    self.log(
+                        f"step {s.step} epoch {s.epoch}: loss {avg:.3f} "
+                        f"ppl {math.exp(min(avg, 100)):.2f} "
+                        f"{total_tokens / elapsed:.0f} target tokens/s"
+                    )
+            if cfg.valid_every and s.step % cfg.valid_every == 0:
+                self.validate()
+            if self._reached_max_steps():
+                break
+        bar.close()
+        if total_tokens:
+            avg = total_loss / total_tokens
+            self.log(
+                f"epoch {s.epoch}: train perplexity {math.exp(min(avg, 100)):.3f}, "
+                f"{total_tokens / max(time.perf_counter() - start, 1e-9):.0f} target tokens/s"
+            )
+
+
+def train(
+    cfg: Config,
+    out_dir: str | Path,
+    *,
+    resume: str | Path | None = None,
+    log: Log = print,
+    progress: bool = True,
+) -> TrainState:
+    """Train a model as configured; checkpoints go to `out_dir`."""
+    trainer = Trainer(
+        cfg, Path(out_dir), resume=Path(resume) if resume else None, log=log, progress=progress
+    )
+    return trainer.run()
