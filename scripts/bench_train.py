@@ -1,87 +1,117 @@
-"""Training-step speed: clone executor ("all", "none", "attention") vs autograd, one process.
+"""Training speed, side by side in one process: clones (prealloc all / none) vs autograd.
 
-The executors run alternately on the same batches (so machine load hits them alike) and the
-median step time is reported as target tokens per second. Example:
+Each executor trains its own copy of the same model (same initialisation) on the same
+ende-demo batches, in the same order; the executors take turns batch by batch, so machine
+load hits them alike. Each step is a full training step (forward, backward, clipping, SGD).
+Prints target tokens/s per executor and the ratios the project targets:
+clones+all >= autograd, and all >= none.
 
-    python scripts/bench_train.py --layers 2 --rnn 256 --vocab 20000 --batch 64 --len 25
+    python scripts/bench_train.py                      # 2x256, batch 64, 20 batches
+    python scripts/bench_train.py --data data/ende-demo --steps 40 --device cuda
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
+from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
-from nmt.config import ModelConfig
-from nmt.data.batching import Batch
+from nmt.config import DataConfig, ModelConfig
+from nmt.data.batching import epoch_order, make_batches
+from nmt.data.corpus import load_corpus
 from nmt.engine.clones import CloneExecutor
 from nmt.model import Seq2SeqAttn
+from nmt.train.executors import AutogradExecutor
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument(
+        "--data",
+        type=Path,
+        default=REPO.parent / "shared" / "corpora" / "ende-demo",
+        help="folder with src-train.txt, targ-train.txt, src-val.txt, targ-val.txt",
+    )
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--rnn", type=int, default=256)
-    ap.add_argument("--vocab", type=int, default=20000)
     ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--len", type=int, default=25, help="source length; targets get len+1")
-    ap.add_argument("--steps", type=int, default=5, help="timed steps per executor")
-    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    ap.add_argument("--vocab", type=int, default=50000, help="word vocabulary cap per side")
+    ap.add_argument("--steps", type=int, default=20, help="timed batches per executor")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--executors", default="all,none,autograd")
+    ap.add_argument(
+        "--executors",
+        default="all,none,autograd",
+        help="comma list of: all, attention, none (clone policies), autograd",
+    )
     args = ap.parse_args()
-
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    d = args.data
+    data_cfg = DataConfig(
+        str(d / "src-train.txt"),
+        str(d / "targ-train.txt"),
+        str(d / "src-val.txt"),
+        str(d / "targ-val.txt"),
+        src_vocab_size=args.vocab,
+        tgt_vocab_size=args.vocab,
+    )
+    corpus = load_corpus(data_cfg, None, log=lambda s: None)
+    batches = make_batches(corpus.train, args.batch)
+    order = epoch_order(len(batches), 3435, 1)[: args.steps + 1]  # +1: warm-up batch
     cfg = ModelConfig(num_layers=args.layers, rnn_size=args.rnn, word_vec_size=args.rnn)
-    model = Seq2SeqAttn(cfg, args.vocab, args.vocab).to(args.device).train()
-    B, S, T, V = args.batch, args.len, args.len + 1, args.vocab
-    batches = [
-        Batch(
-            torch.randint(4, V, (B, S)), torch.randint(4, V, (B, T)), torch.randint(4, V, (B, T))
-        ).to(args.device)
-        for _ in range(3)
-    ]
-    tokens = B * T
+    sv, tv = len(corpus.src_tokenizer), len(corpus.tgt_tokenizer)
 
-    def autograd(batch: Batch) -> float:
-        loss = model.nll(batch.src, batch.tgt_in, batch.tgt_out)
-        (loss / batch.size).backward()
-        return float(loss.detach())
-
-    runs = {}
+    runners = {}
     for name in args.executors.split(","):
+        torch.manual_seed(3435)
+        model = Seq2SeqAttn(cfg, sv, tv).to(args.device).train()
         if name == "autograd":
-            runs[name] = autograd
+            executor = AutogradExecutor(model)
         else:
-            runs[name] = CloneExecutor(model, S - 2, T - 1, name).forward_backward
+            executor = CloneExecutor(model, data_cfg.max_src_len, data_cfg.max_tgt_len, name)
+        runners[name] = (model, executor, torch.optim.SGD(model.parameters(), lr=1.0))
 
     def sync() -> None:
         if args.device.startswith("cuda"):
             torch.cuda.synchronize()
 
-    times: dict[str, list[float]] = {name: [] for name in runs}
-    for step in range(args.steps + 1):  # step 0 warms up (buffers grow, kernels load)
-        for name, run in runs.items():
-            model.zero_grad(set_to_none=False)
+    seconds = dict.fromkeys(runners, 0.0)
+    tokens = 0
+    for i, index in enumerate(tqdm(order, desc="batches", leave=False)):
+        batch = batches[index].to(args.device)
+        for name, (model, executor, optimizer) in runners.items():
             sync()
             t0 = time.perf_counter()
-            run(batches[step % len(batches)])
+            optimizer.zero_grad(set_to_none=False)
+            executor.forward_backward(batch)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0)
+            optimizer.step()
             sync()
-            if step:
-                times[name].append(time.perf_counter() - t0)
+            if i:  # batch 0 warms up: buffers grow to size, kernels load
+                seconds[name] += time.perf_counter() - t0
+        if i:
+            tokens += batch.n_tokens
+
     print(
-        f"{args.layers}x{args.rnn}, vocab {V}, batch {B}, source {S}, target {T}, "
-        f"{args.threads} thread(s), {args.device}"
+        f"{args.layers}x{args.rnn}, batch {args.batch}, vocabularies {sv}/{tv}, "
+        f"{args.steps} ende-demo batches, {torch.get_num_threads()} thread(s), {args.device}"
     )
-    for name, ts in times.items():
-        med = statistics.median(ts)
-        print(
-            f"  {name:<10} {med * 1000:8.0f} ms/step  {tokens / med:8.0f} target tokens/s"
-            f"  (best {tokens / min(ts):.0f})"
-        )
+    print("| executor | target tokens/s | vs autograd |")
+    print("|---|---|---|")
+    speed = {name: tokens / s for name, s in seconds.items()}
+    base = speed.get("autograd")
+    for name, v in speed.items():
+        label = name if name == "autograd" else f"clones, prealloc {name}"
+        ratio = f"{v / base:.2f}x" if base else "-"
+        print(f"| {label} | {v:,.0f} | {ratio} |")
+    if "all" in speed and "none" in speed:
+        print(f"prealloc all / none: {speed['all'] / speed['none']:.2f}x")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,124 @@
+"""The trainer: preallocation changes no number, executors agree, schedule, checkpoints."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from nmt.config import TrainConfig, load_config
+from nmt.errors import NmtError
+from nmt.train.checkpoint import load_checkpoint, save_checkpoint
+from nmt.train.schedule import LearningRateSchedule
+from nmt.train.trainer import Trainer
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def toy_trainer(run_dir: Path, *overrides: str) -> Trainer:
+    cfg = load_config(REPO / "configs" / "toy.yaml", ["train.device=cpu", *overrides])
+    return Trainer(cfg, run_dir, log=lambda s: None, progress=False)
+
+
+def test_sharing_changes_no_number_on_the_toy_config(tmp_path, monkeypatch):
+    """20 SGD steps on configs/toy.yaml: --no-preallocate, attention and all are bitwise equal."""
+    monkeypatch.chdir(REPO)
+    runs = {
+        "none": ("train.preallocate=false",),
+        "attention": ("train.prealloc_scope=attention",),
+        "all": ("train.prealloc_scope=all",),
+    }
+    params = {}
+    for name, extra in runs.items():
+        trainer = toy_trainer(tmp_path, "train.optimizer=sgd", "train.max_steps=20", *extra)
+        assert trainer.executor.policy == name
+        trainer.run()
+        params[name] = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    for name in ("attention", "all"):
+        for key, value in params["none"].items():
+            assert torch.equal(value, params[name][key]), (name, key)
+    # and training did move the parameters
+    init = toy_trainer(tmp_path, "train.max_steps=1").model.state_dict()
+    assert not torch.equal(init["generator.weight"], params["all"]["generator.weight"])
+
+
+def test_clones_and_autograd_train_alike(tmp_path, monkeypatch):
+    """Same losses to rounding: the executor is an implementation detail of the trainer."""
+    monkeypatch.chdir(REPO)
+    models = {}
+    for executor in ("clones", "autograd"):
+        trainer = toy_trainer(tmp_path, f"train.executor={executor}", "train.max_steps=5")
+        trainer.run()
+        models[executor] = trainer.model.state_dict()
+    for key, value in models["clones"].items():
+        torch.testing.assert_close(value, models["autograd"][key], rtol=1e-4, atol=1e-5)
+
+
+def test_schedule_follows_seq2seq_attn():
+    cfg = TrainConfig(learning_rate=1.0, lr_decay=0.5, start_decay_at=3)
+    s = LearningRateSchedule.from_config(cfg)
+    assert s.end_of_epoch(1, 10.0) == 1.0
+    assert s.end_of_epoch(2, 9.0) == 1.0
+    assert s.end_of_epoch(3, 8.0) == 0.5  # start_decay_at reached
+    assert s.end_of_epoch(4, 7.0) == 0.25  # and it keeps decaying
+    s2 = LearningRateSchedule.from_config(TrainConfig(start_decay_at=99))
+    s2.end_of_epoch(1, 10.0)
+    assert s2.end_of_epoch(2, 11.0) == 0.5  # perplexity rose: decay starts
+    assert s2.end_of_epoch(3, 5.0) == 0.25  # and never stops
+    s3 = LearningRateSchedule.from_config(TrainConfig(start_decay_at=99, decay_on_plateau=False))
+    s3.end_of_epoch(1, 10.0)
+    assert s3.end_of_epoch(2, 11.0) == 1.0
+    restored = LearningRateSchedule.from_config(cfg)
+    restored.load_state_dict(s.state_dict())
+    assert restored == s
+
+
+def test_checkpoint_round_trip_is_weights_only(tmp_path):
+    state = {
+        "model": {"w": torch.arange(3.0)},
+        "config": {"a": 1},
+        "src_tokenizer": {},
+        "tgt_tokenizer": {},
+        "step": 7,
+        "best": math.inf,
+        "names": ["x", "y"],
+    }
+    path = tmp_path / "sub" / "c.pt"
+    save_checkpoint(state, path)
+    assert [p.name for p in path.parent.iterdir()] == ["c.pt"]  # no temporary file left
+    raw = torch.load(path, weights_only=True)
+    assert raw["step"] == 7 and torch.equal(raw["model"]["w"], torch.arange(3.0))
+    assert load_checkpoint(path)["names"] == ["x", "y"]
+
+
+def test_truncated_checkpoint_is_a_clear_error(tmp_path):
+    path = tmp_path / "c.pt"
+    save_checkpoint(
+        {"model": {"w": torch.zeros(1000)}, "config": {}, "src_tokenizer": {}, "tgt_tokenizer": {}},
+        path,
+    )
+    path.write_bytes(path.read_bytes()[:500])
+    with pytest.raises(NmtError, match="c.pt: not a readable checkpoint"):
+        load_checkpoint(path)
+    other = tmp_path / "other.pt"
+    torch.save({"just": "a dict"}, other)
+    with pytest.raises(NmtError, match="other.pt: not an nmt checkpoint"):
+        load_checkpoint(other)
+
+
+def test_failed_write_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    path = tmp_path / "last.pt"
+    good = {"model": {"w": torch.ones(2)}, "config": {}, "src_tokenizer": {}, "tgt_tokenizer": {}}
+    save_checkpoint(good, path)
+
+    def explode(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch, "save", explode)
+    with pytest.raises(OSError):
+        save_checkpoint({**good, "model": {"w": torch.zeros(2)}}, path)
+    monkeypatch.undo()
+    assert torch.equal(load_checkpoint(path)["model"]["w"], torch.ones(2))
+    assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]
