@@ -61,6 +61,7 @@ def train(
 ) -> None:
     """Train a model; checkpoints go to OUT/last.pt and OUT/model.pt (best validation)."""
     from nmt.config import load_config
+    from nmt.train.trainer import TrainingInterrupted
     from nmt.train.trainer import train as run_training
 
     try:
@@ -79,29 +80,92 @@ def train(
         run_training(cfg, out_dir, resume=resume, progress=progress)
     except NmtError as exc:
         raise _fail(exc) from None
+    except TrainingInterrupted as exc:
+        _err(str(exc))
+        raise typer.Exit(code=128 + exc.signum) from None
+    except KeyboardInterrupt:
+        _err("interrupted (second signal): the last checkpoint written is kept")
+        raise typer.Exit(code=130) from None
 
 
 @app.command()
 def translate(
     model: Annotated[Path, typer.Option("--model", "-m", help="Checkpoint (model.pt).")],
-    src: Annotated[Path, typer.Option(help="Source file, one sentence per line.")],
+    src: Annotated[
+        Path,
+        typer.Option(
+            help="Source file, one sentence per line; '-' reads stdin and writes each "
+            "batch's translations as soon as they are done."
+        ),
+    ],
     output: Annotated[
         Path | None,
         typer.Option("--output", "-o", help="Write translations here (default stdout)."),
     ] = None,
     ref: Annotated[
-        Path | None, typer.Option(help="Reference file: print sacreBLEU to stderr.")
+        Path | None,
+        typer.Option(help="Reference file: print sacreBLEU BLEU and chrF to stderr."),
     ] = None,
-    beam_size: Annotated[int, typer.Option(min=1, help="Beam size (1 = greedy).")] = 5,
-    max_length: Annotated[int, typer.Option(min=1, help="Longest output in tokens.")] = 250,
-    batch_size: Annotated[int, typer.Option(min=1, help="Sentences per batch.")] = 32,
+    beam_size: Annotated[int, typer.Option(help="Beam size (1 = greedy).")] = 5,
+    max_length: Annotated[int, typer.Option(help="Longest output in tokens.")] = 250,
+    max_length_ratio: Annotated[
+        float,
+        typer.Option(
+            help="Also cap outputs at ceil(RATIO x source tokens), within --max-length (0: off)."
+        ),
+    ] = 0.0,
+    min_length: Annotated[
+        int, typer.Option(help="Shortest output in tokens (</s> held back).")
+    ] = 0,
+    n_best: Annotated[
+        int | None,
+        typer.Option(
+            help="Write the N best distinct hypotheses of each sentence as "
+            "'INDEX ||| translation ||| score' lines, best first, INDEX from 0 (N <= beam size)."
+        ),
+    ] = None,
+    length_penalty: Annotated[
+        float,
+        typer.Option(
+            help="GNMT length penalty alpha: rank finished hypotheses by "
+            "log P / ((5 + length) / 6) ** alpha (0: off, as seq2seq-attn)."
+        ),
+    ] = 0.0,
+    replace_unk: Annotated[
+        bool,
+        typer.Option(
+            "--replace-unk",
+            help="Word vocabularies: replace each output <unk> by the source word with the "
+            "highest attention (or its --phrase-table translation).",
+        ),
+    ] = False,
+    phrase_table: Annotated[
+        Path | None, typer.Option(help="'source|||target' lines used by --replace-unk.")
+    ] = None,
+    score_gold: Annotated[
+        bool,
+        typer.Option(
+            "--score-gold",
+            help="With --ref: print each reference's log-likelihood and their perplexity.",
+        ),
+    ] = False,
+    attention: Annotated[
+        Path | None,
+        typer.Option(help="Write each sentence's attention matrix here (JSON lines)."),
+    ] = None,
+    batch_size: Annotated[int, typer.Option(help="Sentences per batch.")] = 32,
+    max_src_length: Annotated[
+        int,
+        typer.Option(help="Truncate longer sources to this many tokens, with a warning (0: off)."),
+    ] = 0,
     device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
     progress: Annotated[
         bool, typer.Option("--progress/--no-progress", help="Show a progress bar on stderr.")
     ] = True,
 ) -> None:
-    """Translate a file with beam search and a trained checkpoint."""
+    """Translate with beam search and a trained checkpoint."""
     from nmt.translate.run import translate_file
+    from nmt.translate.translator import SearchOptions
 
     try:
         translate_file(
@@ -109,11 +173,23 @@ def translate(
             src,
             output=output,
             ref=ref,
-            beam_size=beam_size,
-            max_length=max_length,
+            search=SearchOptions(
+                beam_size=beam_size,
+                max_length=max_length,
+                max_length_ratio=max_length_ratio,
+                min_length=min_length,
+                n_best=1 if n_best is None else n_best,
+                length_penalty=length_penalty,
+            ),
             batch_size=batch_size,
             device=device,
             progress=progress,
+            nbest_format=n_best is not None,
+            replace=replace_unk,
+            phrase_table=phrase_table,
+            score_gold=score_gold,
+            attention=attention,
+            max_src_length=max_src_length,
         )
     except NmtError as exc:
         raise _fail(exc) from None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
 import types
 import typing
 from dataclasses import dataclass, field
@@ -77,6 +78,9 @@ class TrainConfig:
     seed: int = _opt(3435, min=0, doc="seed of initialisation, dropout and batch order")
     valid_every: int = _opt(0, min=0, doc="also validate every N steps (0: once per epoch)")
     log_every: int = _opt(50, min=1, doc="print a progress line every N steps")
+    max_bad_steps: int = _opt(
+        5, min=1, doc="stop after this many consecutive steps with a non-finite loss or gradient"
+    )
     executor: str = _opt(
         "clones",
         choices=("clones", "autograd"),
@@ -256,8 +260,12 @@ def check_data_files(cfg: Config, source: str) -> None:
         if not value:
             raise NmtError(f"{source}: key 'data.{key}' is required")
         p = Path(value)
+        if p.is_dir():
+            raise NmtError(f"{source}: key 'data.{key}': {value} is a directory, not a file")
         if not p.is_file():
             raise NmtError(f"{source}: key 'data.{key}': file not found: {value}")
+        if not os.access(p, os.R_OK):
+            raise NmtError(f"{source}: key 'data.{key}': file not readable: {value}")
 
 
 def load_config(

@@ -111,3 +111,8 @@ def test_reference_lists_every_key():
     text = reference_markdown()
     for key in ("rnn_size", "prealloc_scope", "tokenizer", "max_grad_norm"):
         assert f"`{key}`" in text
+
+
+def test_readme_config_reference_is_current():
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    assert reference_markdown().rstrip() in readme, "regenerate the README's config reference"

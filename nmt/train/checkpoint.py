@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import pickle
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,8 @@ def save_checkpoint(state: dict[str, Any], path: str | Path) -> None:
             torch.save(state, handle)
             handle.flush()
             os.fsync(handle.fileno())
+        if delay := os.environ.get("NMT_CHECKPOINT_WRITE_DELAY"):
+            time.sleep(float(delay))  # test hook: widens the window a SIGKILL can hit
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -9,6 +9,8 @@ optimizer, validates, decays the learning rate the seq2seq-attn way and writes `
 from __future__ import annotations
 
 import math
+import signal
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -44,6 +46,39 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
+class TrainingInterrupted(Exception):
+    """SIGINT/SIGTERM arrived; `last.pt` holds the state at the step boundary where we stopped."""
+
+    def __init__(self, message: str, signum: int):
+        super().__init__(message)
+        self.signum = signum
+
+
+# Keys a resumed run must share with its checkpoint: they fix the vocabularies and the shapes.
+FROZEN_KEYS = (
+    "data.tokenizer",
+    "data.src_vocab_size",
+    "data.tgt_vocab_size",
+    "data.joint_vocab",
+) + tuple(
+    f"model.{k}" for k in ("num_layers", "rnn_size", "word_vec_size", "input_feed", "bidirectional")
+)
+
+
+def check_resume_config(cfg: Config, saved: dict, path: Path) -> None:
+    """A resumed run must build the same vocabularies and model as its checkpoint."""
+    current = cfg.to_dict()
+    for dotted in FROZEN_KEYS:
+        section, key = dotted.split(".")
+        old = saved.get(section, {}).get(key)
+        new = current[section][key]
+        if old != new:
+            raise NmtError(
+                f"{path}: trained with {dotted}={old!r}, but the config says {new!r}; "
+                "resume with the checkpoint's value or start a new run"
+            )
+
+
 @dataclass
 class TrainState:
     """Where training stands: enough, with the RNG states, to resume exactly."""
@@ -53,6 +88,7 @@ class TrainState:
     position: int = 0  # batches of `epoch` already trained
     best_valid_ppl: float = math.inf
     last_valid_ppl: float = math.inf
+    bad_steps: int = 0  # consecutive steps skipped for a non-finite loss or gradient norm
 
 
 @torch.no_grad()
@@ -92,6 +128,7 @@ class Trainer:
         checkpoint = load_checkpoint(resume) if resume else None
         tokenizers = None
         if checkpoint is not None:
+            check_resume_config(cfg, checkpoint["config"], resume)
             tokenizers = (
                 tokenizer_from_state(checkpoint["src_tokenizer"]),
                 tokenizer_from_state(checkpoint["tgt_tokenizer"]),
@@ -105,6 +142,7 @@ class Trainer:
         self.train_batches = make_batches(self.corpus.train, cfg.train.batch_size)
         self.valid_batches = make_batches(self.corpus.valid, cfg.train.batch_size)
         self.state = TrainState()
+        self._signal: int | None = None
         if checkpoint is not None:
             self._restore(checkpoint, resume)
         n_params = sum(p.numel() for p in self.model.parameters())
@@ -188,19 +226,78 @@ class Trainer:
         )
         return ppl
 
-    def train_step(self, batch: Batch) -> float:
+    def train_step(self, batch: Batch) -> float | None:
+        """One update; None when the step was skipped for a non-finite loss or gradient."""
         self.optimizer.zero_grad(set_to_none=False)
-        loss = self.executor.forward_backward(batch)
-        if self.cfg.train.max_grad_norm > 0:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.train.max_grad_norm)
+        try:
+            loss = self.executor.forward_backward(batch)
+        except torch.OutOfMemoryError:
+            raise NmtError(
+                f"out of memory on {self.device} at step {self.state.step + 1} (batch of "
+                f"{batch.size} sentences, source length {batch.src.size(1)}, target length "
+                f"{batch.tgt_in.size(1)}): enable --preallocate, lower train.batch_size or "
+                "data.max_src_len/max_tgt_len, or run `nmt memreport` to see what fits"
+            ) from None
+        max_norm = self.cfg.train.max_grad_norm or math.inf
+        norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
+        if not (math.isfinite(loss) and math.isfinite(norm)):
+            return self._skip_step(loss, norm)
+        self.state.bad_steps = 0
         self.optimizer.step()
         self.state.step += 1
         return loss
+
+    def _skip_step(self, loss: float, norm: float) -> None:
+        s = self.state
+        s.bad_steps += 1
+        self.optimizer.zero_grad(set_to_none=False)
+        self.log(
+            f"warning: skipped the update after step {s.step}: loss {loss}, gradient norm "
+            f"{norm} ({s.bad_steps} in a row)"
+        )
+        if s.bad_steps >= self.cfg.train.max_bad_steps:
+            raise NmtError(
+                f"training diverged: {s.bad_steps} consecutive steps with a non-finite loss or "
+                f"gradient (after step {s.step}); the last good checkpoint is "
+                f"{self.out_dir / 'last.pt'}: lower train.learning_rate or train.max_grad_norm"
+            )
+        return None
 
     def _reached_max_steps(self) -> bool:
         return 0 < self.cfg.train.max_steps <= self.state.step
 
     def run(self) -> TrainState:
+        """Train; SIGINT/SIGTERM stop at the next step boundary with `last.pt` written."""
+        if threading.current_thread() is not threading.main_thread():
+            return self._run()
+        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+        def request_stop(signum: int, frame: object) -> None:
+            if self._signal is not None:  # a second signal: stop now
+                signal.default_int_handler(signum, frame)
+            self._signal = signum
+
+        for sig in previous:
+            signal.signal(sig, request_stop)
+        try:
+            return self._run()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _stop_if_signalled(self) -> None:
+        if self._signal is None:
+            return
+        self.save(best=False)
+        name = signal.Signals(self._signal).name
+        raise TrainingInterrupted(
+            f"{name}: stopped at step {self.state.step} and saved {self.out_dir / 'last.pt'}; "
+            f"continue with: nmt train --config CONFIG --out {self.out_dir} "
+            f"--resume {self.out_dir / 'last.pt'}",
+            self._signal,
+        )
+
+    def _run(self) -> TrainState:
         cfg, s = self.cfg.train, self.state
         self.model.train()
         self.log(
@@ -242,10 +339,11 @@ class Trainer:
             batch = self.train_batches[index].to(self.device)
             loss = self.train_step(batch)
             s.position += 1
+            if loss is None:
+                self._stop_if_signalled()
+                continue
             total_loss += loss
             total_tokens += batch.n_tokens
-            if not math.isfinite(loss):
-                raise NmtError(f"training diverged at step {s.step}: loss is {loss}")
             elapsed = max(time.perf_counter() - start, 1e-9)
             if s.step % cfg.log_every == 0 or s.position == len(self.train_batches):
                 avg = total_loss / max(total_tokens, 1)
@@ -263,6 +361,7 @@ class Trainer:
                     )
             if cfg.valid_every and s.step % cfg.valid_every == 0:
                 self.validate()
+            self._stop_if_signalled()
             if self._reached_max_steps():
                 break
         bar.close()

@@ -1,0 +1,239 @@
+"""Every kind of bad input: one line naming the file/key/line, exit code 2, no traceback,
+and nothing written over."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from nmt.cli import app
+
+REPO = Path(__file__).resolve().parents[1]
+TOY = REPO / "data" / "toy"
+
+
+def write_config(tmp_path: Path, data: dict[str, str] | None = None, extra: str = "") -> Path:
+    files = {
+        "train_src": TOY / "train.src",
+        "train_tgt": TOY / "train.tgt",
+        "valid_src": TOY / "valid.src",
+        "valid_tgt": TOY / "valid.tgt",
+    }
+    files.update(data or {})
+    lines = ["data:"] + [f"  {k}: {v}" for k, v in files.items()]
+    lines += ["  src_vocab_size: 40", "  tgt_vocab_size: 40"]
+    lines += ["model: {num_layers: 1, rnn_size: 8, word_vec_size: 4}"]
+    lines += ["train: {batch_size: 64, max_steps: 2, device: cpu}", extra]
+    path = tmp_path / "c.yaml"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def write(path: Path, content: str | bytes) -> str:
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content, encoding="utf-8")
+    return str(path)
+
+
+def run(*args: str):
+    return CliRunner().invoke(app, list(args))
+
+
+def assert_one_line_error(result, *needles: str) -> None:
+    assert result.exit_code == 2, (result.exit_code, result.output)
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert "Traceback" not in result.output
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+
+
+Case = Callable[[Path], tuple[list[str], list[str]]]
+
+
+def yaml_syntax(tmp: Path):
+    cfg = write(tmp / "bad.yaml", "data:\n  train_src: a\n model: [\n")
+    return ["train", "--config", cfg], ["bad.yaml", "line 3", "YAML syntax error"]
+
+
+def misspelled_key(tmp: Path):
+    cfg = write_config(tmp, extra="optim: {}")
+    return ["train", "--config", str(cfg)], ["unknown section 'optim'"]
+
+
+def misspelled_nested_key(tmp: Path):
+    text = write_config(tmp).read_text().replace("rnn_size", "rnn_sizes")
+    cfg = write(tmp / "c2.yaml", text)
+    return ["train", "--config", cfg], [
+        "c2.yaml",
+        "model.rnn_sizes",
+        "did you mean 'model.rnn_size'",
+    ]
+
+
+def wrong_type(tmp: Path):
+    cfg = write_config(tmp)
+    return ["train", "--config", str(cfg), "--set", "train.epochs=many"], [
+        "train.epochs",
+        "integer",
+    ]
+
+
+def out_of_range(tmp: Path):
+    cfg = write_config(tmp)
+    return ["train", "--config", str(cfg), "--set", "model.dropout=2"], ["model.dropout", "<= 0.99"]
+
+
+def missing_data_file(tmp: Path):
+    cfg = write_config(tmp, {"train_tgt": str(tmp / "absent.tgt")})
+    return ["train", "--config", str(cfg)], ["data.train_tgt", "absent.tgt", "not found"]
+
+
+def unreadable_data_file(tmp: Path):
+    folder = tmp / "folder.src"
+    folder.mkdir()
+    cfg = write_config(tmp, {"train_src": str(folder)})
+    return ["train", "--config", str(cfg)], ["data.train_src", "folder.src", "directory"]
+
+
+def line_count_mismatch(tmp: Path):
+    src = write(tmp / "a.src", "one two\nthree\nfour\n")
+    tgt = write(tmp / "a.tgt", "eins zwei\ndrei\n")
+    cfg = write_config(tmp, {"train_src": src, "train_tgt": tgt})
+    return ["train", "--config", str(cfg), "--out", str(tmp / "r")], ["a.src", "a.tgt", "3", "2"]
+
+
+def empty_after_filter(tmp: Path):
+    cfg = write_config(tmp)
+    args = ["train", "--config", str(cfg), "--out", str(tmp / "r"), "--set", "data.max_src_len=1"]
+    return args, ["train.src", "length"]
+
+
+def undecodable_bytes(tmp: Path):
+    src = write(tmp / "b.src", b"good line\n\xff\xfe broken\n")
+    tgt = write(tmp / "b.tgt", "gut\nkaputt\n")
+    cfg = write_config(tmp, {"train_src": src, "train_tgt": tgt})
+    return ["train", "--config", str(cfg), "--out", str(tmp / "r")], ["b.src", "line 2"]
+
+
+def not_a_checkpoint(tmp: Path):
+    cfg = write_config(tmp)
+    bogus = write(tmp / "bogus.pt", b"PK\x03\x04 definitely not a checkpoint")
+    args = ["train", "--config", str(cfg), "--out", str(tmp / "r"), "--resume", bogus]
+    return args, ["bogus.pt", "checkpoint"]
+
+
+def truncated_checkpoint(tmp: Path):
+    cfg = write_config(tmp)
+    assert (
+        run("train", "--config", str(cfg), "--out", str(tmp / "r"), "--no-progress").exit_code == 0
+    )
+    blob = (tmp / "r" / "last.pt").read_bytes()
+    cut = write(tmp / "cut.pt", blob[: len(blob) // 2])
+    args = ["train", "--config", str(cfg), "--out", str(tmp / "r"), "--resume", cut]
+    return args, ["cut.pt", "truncated or corrupt"]
+
+
+def resume_with_other_model(tmp: Path):
+    cfg = write_config(tmp)
+    assert (
+        run("train", "--config", str(cfg), "--out", str(tmp / "r"), "--no-progress").exit_code == 0
+    )
+    args = [
+        "train",
+        "--config",
+        str(cfg),
+        "--out",
+        str(tmp / "r"),
+        "--resume",
+        str(tmp / "r" / "last.pt"),
+        "--set",
+        "model.rnn_size=16",
+    ]
+    return args, ["last.pt", "model.rnn_size=8", "16"]
+
+
+def resume_with_other_vocabulary(tmp: Path):
+    cfg = write_config(tmp)
+    assert (
+        run("train", "--config", str(cfg), "--out", str(tmp / "r"), "--no-progress").exit_code == 0
+    )
+    args = [
+        "train",
+        "--config",
+        str(cfg),
+        "--out",
+        str(tmp / "r"),
+        "--resume",
+        str(tmp / "r" / "last.pt"),
+        "--set",
+        "data.tgt_vocab_size=50",
+    ]
+    return args, ["last.pt", "data.tgt_vocab_size=40", "50"]
+
+
+def set_unknown_key(tmp: Path):
+    cfg = write_config(tmp)
+    return ["train", "--config", str(cfg), "--set", "train.lr=3"], ["--set", "train.lr"]
+
+
+def set_unparsable_value(tmp: Path):
+    cfg = write_config(tmp)
+    return ["train", "--config", str(cfg), "--set", "train.epochs=[3"], ["train.epochs", "parse"]
+
+
+CASES = [
+    yaml_syntax,
+    misspelled_key,
+    misspelled_nested_key,
+    wrong_type,
+    out_of_range,
+    missing_data_file,
+    unreadable_data_file,
+    line_count_mismatch,
+    empty_after_filter,
+    undecodable_bytes,
+    not_a_checkpoint,
+    truncated_checkpoint,
+    resume_with_other_model,
+    resume_with_other_vocabulary,
+    set_unknown_key,
+    set_unparsable_value,
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.__name__ for c in CASES])
+def test_bad_input_is_one_clear_line(tmp_path, case):
+    args, needles = case(tmp_path)
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*.pt")}
+    result = run(*args)
+    assert_one_line_error(result, *needles)
+    for path, blob in before.items():  # nothing written over
+        assert path.read_bytes() == blob, path
+
+
+def test_resume_continues_a_finished_short_run(tmp_path):
+    cfg = write_config(tmp_path)
+    out = tmp_path / "r"
+    assert run("train", "--config", str(cfg), "--out", str(out), "--no-progress").exit_code == 0
+    result = run(
+        "train",
+        "--config",
+        str(cfg),
+        "--out",
+        str(out),
+        "--no-progress",
+        "--resume",
+        str(out / "last.pt"),
+        "--set",
+        "train.max_steps=4",
+    )
+    assert result.exit_code == 0, result.output
+    assert torch.load(out / "last.pt", weights_only=True)["step"] == 4

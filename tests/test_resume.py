@@ -1,0 +1,172 @@
+"""Nothing lost: exact resume after SIGTERM, SIGKILL during a checkpoint write, divergence."""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from nmt.config import load_config
+from nmt.errors import NmtError
+from nmt.train.checkpoint import load_checkpoint
+from nmt.train.trainer import Trainer
+
+REPO = Path(__file__).resolve().parents[1]
+TOY = REPO / "data" / "toy"
+STEPS = 200  # 79 batches an epoch at batch 256: the runs cross two epoch boundaries
+
+
+def config(tmp_path: Path) -> Path:
+    path = tmp_path / "resume.yaml"
+    path.write_text(
+        f"""
+data:
+  train_src: {TOY / "train.src"}
+  train_tgt: {TOY / "train.tgt"}
+  valid_src: {TOY / "valid.src"}
+  valid_tgt: {TOY / "valid.tgt"}
+  src_vocab_size: 60
+  tgt_vocab_size: 60
+model: {{num_layers: 2, rnn_size: 12, word_vec_size: 8, dropout: 0.3}}
+train: {{batch_size: 256, max_steps: {STEPS}, optimizer: adam, learning_rate: 0.01,
+        device: cpu, log_every: 1, valid_every: 30}}
+""",
+        encoding="utf-8",
+    )
+    return path
+
+
+def start(*args: str, env: dict | None = None) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})}
+    return subprocess.Popen(
+        [sys.executable, "-m", "nmt", "train", "--no-progress", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+
+
+def wait_for_line(proc: subprocess.Popen, prefix: str) -> None:
+    for line in proc.stdout:
+        if line.startswith(prefix):
+            return
+    raise AssertionError(f"no line starting with {prefix!r}; stderr: {proc.stderr.read()}")
+
+
+def test_sigterm_then_resume_is_bitwise_identical(tmp_path):
+    cfg = config(tmp_path)
+    straight = start("--config", str(cfg), "--out", str(tmp_path / "straight"))
+    _, err = straight.communicate(timeout=300)
+    assert straight.returncode == 0, err
+
+    run = tmp_path / "interrupted"
+    proc = start("--config", str(cfg), "--out", str(run))
+    wait_for_line(proc, "step 40 ")  # mid-way through epoch 1, after a validation
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "SIGTERM" in err and "--resume" in err and "Traceback" not in err
+    stopped = load_checkpoint(run / "last.pt")
+    assert 40 <= stopped["step"] < STEPS
+
+    resumed = start("--config", str(cfg), "--out", str(run), "--resume", str(run / "last.pt"))
+    out, err = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, err
+    assert f"resumed from {run / 'last.pt'} at step {stopped['step']}" in out
+
+    a = torch.load(tmp_path / "straight" / "last.pt", weights_only=True)
+    b = torch.load(run / "last.pt", weights_only=True)
+    assert a["step"] == b["step"] == STEPS and a["epoch"] == b["epoch"] == 3
+    for key, value in a["model"].items():
+        assert torch.equal(value, b["model"][key]), key
+    assert a["optimizer"]["state"].keys() == b["optimizer"]["state"].keys()
+    for k, state in a["optimizer"]["state"].items():
+        assert torch.equal(state["exp_avg"], b["optimizer"]["state"][k]["exp_avg"])
+    assert a["schedule"] == b["schedule"]
+
+
+def test_sigkill_while_writing_keeps_the_previous_checkpoint(tmp_path):
+    cfg = config(tmp_path)
+    run = tmp_path / "run"
+    # the test hook makes every checkpoint write pause between writing and renaming
+    proc = start("--config", str(cfg), "--out", str(run), env={"NMT_CHECKPOINT_WRITE_DELAY": "2"})
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            done = (run / "last.pt").exists() and (run / "model.pt").exists()
+            if done and list(run.glob(".last.pt.*.tmp")):
+                break  # the first checkpoints are complete and a second write is under way
+            time.sleep(0.05)
+        else:
+            raise AssertionError("no second checkpoint write observed")
+        proc.kill()
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    ckpt = load_checkpoint(run / "last.pt")  # intact: the half-written file was never renamed
+    assert ckpt["step"] == 30
+    assert list(run.glob(".last.pt.*.tmp"))
+
+
+class PoisonedExecutor:
+    """Wraps an executor; on the listed calls, the loss and the gradients are NaN."""
+
+    def __init__(self, inner, bad_calls: set[int]):
+        self.inner, self.bad_calls, self.calls = inner, bad_calls, 0
+
+    def forward_backward(self, batch):
+        self.calls += 1
+        loss = self.inner.forward_backward(batch)
+        if self.calls in self.bad_calls:
+            for p in self.inner.model.parameters():
+                p.grad.fill_(math.nan)
+            return math.nan
+        return loss
+
+
+def poisoned_trainer(tmp_path: Path, bad_calls: set[int]) -> tuple[Trainer, list[str]]:
+    logs: list[str] = []
+    cfg = load_config(
+        config(tmp_path), ["train.max_steps=12", "train.valid_every=4", "train.max_bad_steps=3"]
+    )
+    trainer = Trainer(cfg, tmp_path / "run", log=logs.append, progress=False)
+    trainer.executor = PoisonedExecutor(trainer.executor, bad_calls)
+    return trainer, logs
+
+
+def test_nan_step_is_skipped(tmp_path):
+    trainer, logs = poisoned_trainer(tmp_path, {3})
+    trainer.run()
+    assert trainer.state.step == 12  # 13 batches consumed, one update skipped
+    assert trainer.state.position == 13
+    assert sum("warning: skipped the update" in line for line in logs) == 1
+    assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
+
+
+def test_consecutive_nan_steps_stop_and_keep_the_good_checkpoint(tmp_path):
+    trainer, logs = poisoned_trainer(tmp_path, {6, 7, 8})
+    with pytest.raises(NmtError, match="diverged: 3 consecutive steps.*last.pt"):
+        trainer.run()
+    good = load_checkpoint(tmp_path / "run" / "last.pt")
+    assert good["step"] == 4  # the validation at step 4; nothing was saved after the NaNs
+    assert all(torch.isfinite(v).all() for v in good["model"].values())
+
+
+def test_out_of_memory_is_reported_with_advice(tmp_path):
+    trainer, _ = poisoned_trainer(tmp_path, set())
+
+    def oom(batch):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    trainer.executor.forward_backward = oom
+    with pytest.raises(NmtError, match=r"out of memory.*batch of \d+ sentences.*memreport"):
+        trainer.run()
