@@ -25,6 +25,7 @@ from nmt.data.corpus import Corpus, load_corpus
 from nmt.data.tokenizers import tokenizer_from_state
 from nmt.errors import NmtError
 from nmt.model import Seq2SeqAttn
+from nmt.train import distributed as dd
 from nmt.train.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from nmt.train.executors import make_executor
 from nmt.train.schedule import LearningRateSchedule, make_optimizer, set_learning_rate
@@ -92,16 +93,24 @@ class TrainState:
 
 
 @torch.no_grad()
-def evaluate(model: Seq2SeqAttn, batches: list[Batch], device: torch.device) -> float:
-    """Validation perplexity: exp(summed NLL / non-PAD target tokens), dropout off."""
+def evaluate(
+    model: Seq2SeqAttn,
+    batches: list[Batch],
+    device: torch.device,
+    ctx: dd.DistContext | None = None,
+) -> float:
+    """Validation perplexity: exp(summed NLL / non-PAD target tokens), dropout off.
+    With several ranks, each scores every world_size-th batch and the sums are reduced."""
+    ctx = ctx or dd.DistContext()
     was_training = model.training
     model.eval()
     total, tokens = 0.0, 0
-    for batch in batches:
+    for batch in batches[ctx.rank :: ctx.world_size]:
         batch = batch.to(device)
         total += float(model.nll(batch.src, batch.tgt_in, batch.tgt_out))
         tokens += batch.n_tokens
     model.train(was_training)
+    total, tokens = dd.all_reduce_sums([total, float(tokens)], ctx, device)
     return math.exp(min(total / max(tokens, 1), 100.0))
 
 
@@ -122,8 +131,12 @@ class Trainer:
         log: Log = print,
         progress: bool = True,
     ):
+        device = resolve_device(cfg.train.device)
+        self.dist = dd.init_distributed(device)
+        self.device = dd.local_device(device, self.dist)
+        if not self.dist.is_main:  # one voice: rank 0 logs, shows progress, writes files
+            log, progress = (lambda message: None), False
         self.cfg, self.out_dir, self.log, self.progress = cfg, Path(out_dir), log, progress
-        self.device = resolve_device(cfg.train.device)
         torch.manual_seed(cfg.train.seed)
         checkpoint = load_checkpoint(resume) if resume else None
         tokenizers = None
@@ -133,16 +146,23 @@ class Trainer:
                 tokenizer_from_state(checkpoint["src_tokenizer"]),
                 tokenizer_from_state(checkpoint["tgt_tokenizer"]),
             )
+        if not self.dist.is_main:  # rank 0 trains (and caches) any sentencepiece model first
+            dd.barrier(self.dist)
         self.corpus: Corpus = load_corpus(cfg.data, self.out_dir, log=log, tokenizers=tokenizers)
+        if self.dist.is_main:
+            dd.barrier(self.dist)
         src_vocab, tgt_vocab = len(self.corpus.src_tokenizer), len(self.corpus.tgt_tokenizer)
         self.model = build_model(cfg, src_vocab, tgt_vocab, self.device)
+        if self.dist.rank > 0:  # same initial weights everywhere, own dropout masks per rank
+            torch.manual_seed(cfg.train.seed + self.dist.rank)
         self.optimizer = make_optimizer(cfg.train, list(self.model.parameters()))
         self.schedule = LearningRateSchedule.from_config(cfg.train)
         self.executor = make_executor(cfg, self.model)
         self.train_batches = make_batches(self.corpus.train, cfg.train.batch_size)
         self.valid_batches = make_batches(self.corpus.valid, cfg.train.batch_size)
         self.state = TrainState()
-        self._signal: int | None = None
+        self._signal: int | None = None  # a signal this process received
+        self._stop = False  # some rank received one: all stop at this step boundary
         if checkpoint is not None:
             self._restore(checkpoint, resume)
         n_params = sum(p.numel() for p in self.model.parameters())
@@ -178,10 +198,14 @@ class Trainer:
             "best_valid_ppl": s.best_valid_ppl,
             "valid_ppl": s.last_valid_ppl,
             "rng": rng_state(),
+            "world_size": self.dist.world_size,
+            "rng_per_rank": dd.gather_objects(rng_state(), self.dist),
         }
 
     def save(self, best: bool) -> None:
-        state = self.checkpoint_state()
+        state = self.checkpoint_state()  # a collective: every rank takes part
+        if not self.dist.is_main:
+            return
         save_checkpoint(state, self.out_dir / "last.pt")
         if best:
             save_checkpoint(state, self.out_dir / "model.pt")
@@ -204,7 +228,15 @@ class Trainer:
             float(ckpt["best_valid_ppl"]),
             float(ckpt["valid_ppl"]),
         )
-        set_rng_state(ckpt["rng"])
+        saved_world = int(ckpt.get("world_size", 1))
+        if saved_world != self.dist.world_size:
+            raise NmtError(
+                f"{path}: written by {saved_world} rank(s); resume it with the same "
+                f"number, not {self.dist.world_size}"
+            )
+        set_rng_state(
+            ckpt["rng_per_rank"][self.dist.rank] if "rng_per_rank" in ckpt else ckpt["rng"]
+        )
         self.log(
             f"resumed from {path} at step {self.state.step} "
             f"(epoch {self.state.epoch}, batch {self.state.position})"
@@ -213,7 +245,7 @@ class Trainer:
     # ---- the loop --------------------------------------------------------------------------
 
     def validate(self) -> float:
-        ppl = evaluate(self.model, self.valid_batches, self.device)
+        ppl = evaluate(self.model, self.valid_batches, self.device, self.dist)
         s = self.state
         s.last_valid_ppl = ppl
         best = ppl < s.best_valid_ppl
@@ -229,8 +261,9 @@ class Trainer:
     def train_step(self, batch: Batch) -> float | None:
         """One update; None when the step was skipped for a non-finite loss or gradient."""
         self.optimizer.zero_grad(set_to_none=False)
+        part = dd.shard(batch, self.dist)
         try:
-            loss = self.executor.forward_backward(batch)
+            loss = self.executor.forward_backward(part) if part is not None else 0.0
         except torch.OutOfMemoryError:
             raise NmtError(
                 f"out of memory on {self.device} at step {self.state.step + 1} (batch of "
@@ -238,6 +271,12 @@ class Trainer:
                 f"{batch.tgt_in.size(1)}): enable --preallocate, lower train.batch_size or "
                 "data.max_src_len/max_tgt_len, or run `nmt memreport` to see what fits"
             ) from None
+        stop = float(self._signal is not None)
+        if self.dist.enabled:
+            share = (part.size if part is not None else 0) / batch.size
+            dd.all_reduce_gradients(list(self.model.parameters()), share, self.dist)
+            loss, stop = dd.all_reduce_sums([loss, stop], self.dist, self.device)
+        self._stop = stop > 0
         max_norm = self.cfg.train.max_grad_norm or math.inf
         norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
         if not (math.isfinite(loss) and math.isfinite(norm)):
@@ -286,15 +325,16 @@ class Trainer:
                 signal.signal(sig, handler)
 
     def _stop_if_signalled(self) -> None:
-        if self._signal is None:
+        if not self._stop:
             return
         self.save(best=False)
-        name = signal.Signals(self._signal).name
+        signum = self._signal or signal.SIGTERM  # another rank may have been the one signalled
+        name = signal.Signals(signum).name
         raise TrainingInterrupted(
             f"{name}: stopped at step {self.state.step} and saved {self.out_dir / 'last.pt'}; "
             f"continue with: nmt train --config CONFIG --out {self.out_dir} "
             f"--resume {self.out_dir / 'last.pt'}",
-            self._signal,
+            signum,
         )
 
     def _run(self) -> TrainState:
@@ -382,7 +422,10 @@ def train(
     progress: bool = True,
 ) -> TrainState:
     """Train a model as configured; checkpoints go to `out_dir`."""
-    trainer = Trainer(
-        cfg, Path(out_dir), resume=Path(resume) if resume else None, log=log, progress=progress
-    )
-    return trainer.run()
+    try:
+        trainer = Trainer(
+            cfg, Path(out_dir), resume=Path(resume) if resume else None, log=log, progress=progress
+        )
+        return trainer.run()
+    finally:
+        dd.shutdown()

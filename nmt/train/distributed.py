@@ -1,0 +1,150 @@
+"""Data-parallel training on `torch.distributed`: process group, batch shards, gradient sums.
+
+Launched by `torchrun`, every rank builds the same batches, takes its own rows of every global
+batch, computes its gradients with either executor, and the ranks then sum
+(b_rank / B) * grad_rank with bucketed all-reduces, which is exactly the gradient of the global
+batch's summed NLL / B. Neither executor needs autograd hooks for this, so the clone executor
+and autograd share one code path. Every rank then holds the same gradient, so clipping by the
+local norm is clipping by the global norm, and the optimizers stay in lockstep.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from nmt.data.batching import Batch
+from nmt.data.vocab import PAD
+from nmt.errors import NmtError
+
+BUCKET_BYTES = 25 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class DistContext:
+    """Where this process stands among the ranks (world_size 1: no process group)."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+
+def launched_by_torchrun() -> bool:
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def init_distributed(device: torch.device, timeout_s: float = 300.0) -> DistContext:
+    """Join the process group torchrun describes in the environment (NCCL on CUDA, else Gloo).
+
+    The timeout bounds every collective: if a rank dies, the others fail instead of hanging.
+    """
+    if not launched_by_torchrun():
+        return DistContext()
+    ctx = DistContext(
+        int(os.environ["RANK"]),
+        int(os.environ["WORLD_SIZE"]),
+        int(os.environ.get("LOCAL_RANK", "0")),
+    )
+    if not dist.is_available():
+        raise NmtError("WORLD_SIZE > 1 but this torch build has no torch.distributed")
+    if not dist.is_initialized():
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        kwargs = {"device_id": device} if device.type == "cuda" else {}
+        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
+    return ctx
+
+
+def shutdown() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def local_device(device: torch.device, ctx: DistContext) -> torch.device:
+    """One GPU per rank on a node: cuda -> cuda:LOCAL_RANK."""
+    if ctx.enabled and device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", ctx.local_rank)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    return device
+
+
+def shard(batch: Batch, ctx: DistContext) -> Batch | None:
+    """This rank's contiguous rows of a global batch (None when it gets none), with target
+    columns that are PAD in every row of the shard trimmed away."""
+    if not ctx.enabled:
+        return batch
+    rows = torch.tensor_split(torch.arange(batch.size), ctx.world_size)[ctx.rank]
+    if rows.numel() == 0:
+        return None
+    lo, hi = int(rows[0]), int(rows[-1]) + 1
+    tgt_out = batch.tgt_out[lo:hi]
+    length = int((tgt_out != PAD).sum(dim=1).max())
+    return Batch(batch.src[lo:hi], batch.tgt_in[lo:hi, :length], tgt_out[:, :length])
+
+
+def all_reduce_gradients(
+    params: list[torch.nn.Parameter],
+    scale: float,
+    ctx: DistContext,
+    bucket_bytes: int = BUCKET_BYTES,
+) -> None:
+    """grad <- sum over ranks of (scale_rank * grad_rank), in flat buckets of ~bucket_bytes."""
+    if not ctx.enabled:
+        return
+    grads = [p.grad for p in params]
+    bucket: list[torch.Tensor] = []
+    size = 0
+    for g in grads:
+        bucket.append(g)
+        size += g.numel() * g.element_size()
+        if size >= bucket_bytes:
+            _reduce_bucket(bucket, scale)
+            bucket, size = [], 0
+    if bucket:
+        _reduce_bucket(bucket, scale)
+
+
+def _reduce_bucket(grads: list[torch.Tensor], scale: float) -> None:
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    flat.mul_(scale)
+    dist.all_reduce(flat)
+    offset = 0
+    for g in grads:
+        n = g.numel()
+        g.copy_(flat[offset : offset + n].view_as(g))
+        offset += n
+
+
+def all_reduce_sums(values: list[float], ctx: DistContext, device: torch.device) -> list[float]:
+    """Sum small statistics (loss, tokens, stop flags) over ranks; float64 keeps them exact."""
+    if not ctx.enabled:
+        return values
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def barrier(ctx: DistContext) -> None:
+    if ctx.enabled:
+        dist.barrier()
+
+
+def gather_objects(obj: object, ctx: DistContext) -> list[object]:
+    """Every rank's `obj`, in rank order (used for the per-rank RNG states)."""
+    if not ctx.enabled:
+        return [obj]
+    out: list[object] = [None] * ctx.world_size
+    dist.all_gather_object(out, obj)
+    return out

@@ -1,0 +1,141 @@
+"""Data-parallel training with torchrun: 2 CPU ranks on Gloo equal one process, and a dead
+rank makes the others fail instead of hanging."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+TOY = REPO / "data" / "toy"
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def config(tmp_path: Path, executor: str, max_steps: int = 10) -> Path:
+    path = tmp_path / f"{executor}.yaml"
+    # batch 33: the two shards differ in size (17 + 16) and in target length
+    path.write_text(
+        f"""
+data:
+  train_src: {TOY / "train.src"}
+  train_tgt: {TOY / "train.tgt"}
+  valid_src: {TOY / "valid.src"}
+  valid_tgt: {TOY / "valid.tgt"}
+  src_vocab_size: 60
+  tgt_vocab_size: 60
+model: {{num_layers: 2, rnn_size: 12, word_vec_size: 8, dropout: 0.0, bidirectional: true}}
+train: {{batch_size: 33, max_steps: {max_steps}, device: cpu, dtype: float64, log_every: 1,
+        executor: {executor}}}
+""",
+        encoding="utf-8",
+    )
+    return path
+
+
+def torchrun(*args: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        "-m",
+        "nmt",
+        "train",
+        "--no-progress",
+        *args,
+    ]
+
+
+@pytest.mark.parametrize("executor", ["clones", "autograd"])
+def test_two_ranks_equal_one_process(tmp_path, executor):
+    cfg = config(tmp_path, executor)
+    single = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "nmt",
+            "train",
+            "--no-progress",
+            "--config",
+            str(cfg),
+            "--out",
+            str(tmp_path / "one"),
+        ],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=300,
+    )
+    assert single.returncode == 0, single.stderr
+    multi = subprocess.run(
+        torchrun("--config", str(cfg), "--out", str(tmp_path / "two")),
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=300,
+    )
+    assert multi.returncode == 0, multi.stderr
+    assert multi.stdout.count("done: 10 steps") == 1  # only rank 0 speaks
+    a = torch.load(tmp_path / "one" / "last.pt", weights_only=True)
+    b = torch.load(tmp_path / "two" / "last.pt", weights_only=True)
+    assert b["world_size"] == 2 and len(b["rng_per_rank"]) == 2
+    assert a["step"] == b["step"] == 10
+    for key, value in a["model"].items():
+        rel = (value - b["model"][key]).abs().max() / value.abs().max()
+        assert rel < 1e-8, (key, float(rel))
+    assert a["valid_ppl"] == pytest.approx(b["valid_ppl"], rel=1e-10)  # reduced over ranks
+
+
+def worker_pids(parent: int) -> dict[int, int]:
+    """rank -> pid of torchrun's worker processes."""
+    out = subprocess.run(
+        ["ps", "-o", "pid=", "--ppid", str(parent)], capture_output=True, text=True
+    ).stdout
+    ranks = {}
+    for pid in map(int, out.split()):
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        for item in environ:
+            if item.startswith(b"RANK="):
+                ranks[int(item[5:])] = pid
+    return ranks
+
+
+def test_a_dead_rank_stops_the_others(tmp_path):
+    cfg = config(tmp_path, "clones", max_steps=100000)
+    proc = subprocess.Popen(
+        torchrun("--config", str(cfg), "--out", str(tmp_path / "run")),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=ENV,
+    )
+    try:
+        for line in proc.stdout:  # rank 0 reports steps: both ranks are in the training loop
+            if line.startswith("step 5 "):
+                break
+        ranks = worker_pids(proc.pid)
+        assert set(ranks) == {0, 1}, ranks
+        os.kill(ranks[1], signal.SIGKILL)
+        start = time.monotonic()
+        proc.stdout.close()
+        code = proc.wait(timeout=120)
+        assert code != 0
+        assert time.monotonic() - start < 120
+        time.sleep(0.5)
+        with pytest.raises(ProcessLookupError):
+            os.kill(ranks[0], 0)  # the surviving rank is gone too, not hanging
+    finally:
+        if proc.poll() is None:
+            proc.kill()
