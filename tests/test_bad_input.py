@@ -130,52 +130,44 @@ def not_a_checkpoint(tmp: Path):
     return args, ["bogus.pt", "checkpoint"]
 
 
-def truncated_checkpoint(tmp: Path):
+def trained_run(tmp: Path) -> tuple[Path, Path]:
+    """A config and a finished two-step run of it in tmp/r."""
     cfg = write_config(tmp)
-    assert (
-        run("train", "--config", str(cfg), "--out", str(tmp / "r"), "--no-progress").exit_code == 0
-    )
-    blob = (tmp / "r" / "last.pt").read_bytes()
+    result = run("train", "--config", str(cfg), "--out", str(tmp / "r"), "--no-progress")
+    assert result.exit_code == 0, result.output
+    return cfg, tmp / "r"
+
+
+def truncated_checkpoint(tmp: Path):
+    cfg, out = trained_run(tmp)
+    blob = (out / "last.pt").read_bytes()
     cut = write(tmp / "cut.pt", blob[: len(blob) // 2])
-    args = ["train", "--config", str(cfg), "--out", str(tmp / "r"), "--resume", cut]
+    args = ["train", "--config", str(cfg), "--out", str(out), "--resume", cut]
     return args, ["cut.pt", "truncated or corrupt"]
 
 
-def resume_with_other_model(tmp: Path):
-    cfg = write_config(tmp)
-    assert (
-        run("train", "--config", str(cfg), "--out", str(tmp / "r"), "--no-progress").exit_code == 0
-    )
-    args = [
+def resume_changing(tmp: Path, override: str) -> list[str]:
+    cfg, out = trained_run(tmp)
+    return [
         "train",
         "--config",
         str(cfg),
         "--out",
-        str(tmp / "r"),
+        str(out),
         "--resume",
-        str(tmp / "r" / "last.pt"),
+        str(out / "last.pt"),
         "--set",
-        "model.rnn_size=16",
+        override,
     ]
+
+
+def resume_with_other_model(tmp: Path):
+    args = resume_changing(tmp, "model.rnn_size=16")
     return args, ["last.pt", "model.rnn_size=8", "16"]
 
 
 def resume_with_other_vocabulary(tmp: Path):
-    cfg = write_config(tmp)
-    assert (
-        run("train", "--config", str(cfg), "--out", str(tmp / "r"), "--no-progress").exit_code == 0
-    )
-    args = [
-        "train",
-        "--config",
-        str(cfg),
-        "--out",
-        str(tmp / "r"),
-        "--resume",
-        str(tmp / "r" / "last.pt"),
-        "--set",
-        "data.tgt_vocab_size=50",
-    ]
+    args = resume_changing(tmp, "data.tgt_vocab_size=50")
     return args, ["last.pt", "data.tgt_vocab_size=40", "50"]
 
 
