@@ -5,6 +5,7 @@ Mistakes a user can fix (NmtError) become one line on stderr and exit code 2.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -76,7 +77,8 @@ def train(
                 f"{out_dir / 'last.pt'} to continue it or --force to start over"
             )
         out_dir.mkdir(parents=True, exist_ok=True)
-        print(f"config {config}:\n{cfg.dump()}", flush=True)
+        if os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 speaks
+            print(f"config {config}:\n{cfg.dump()}", flush=True)
         run_training(cfg, out_dir, resume=resume, progress=progress)
     except NmtError as exc:
         raise _fail(exc) from None
@@ -199,10 +201,50 @@ def translate(
 def memreport(
     config: ConfigOpt,
     set_: SetOpt = None,
+    device: Annotated[
+        str,
+        typer.Option(
+            help="meta: exact accounting only; cpu: also a real step per policy, checked; "
+            "cuda[:N]: also real peaks per policy; auto: meta unless a CPU step is small."
+        ),
+    ] = "auto",
+    json_path: Annotated[
+        Path | None, typer.Option("--json", help="Write every number to this JSON file.")
+    ] = None,
+    plot: Annotated[
+        Path | None, typer.Option(help="Write a PNG (needs matplotlib, the 'plot' extra).")
+    ] = None,
+    budget: Annotated[
+        str | None,
+        typer.Option(help="A size like 16GiB, 500MB or 2G: the largest batch / length that fits."),
+    ] = None,
+    detail: Annotated[
+        str, typer.Option(help="Policy of the largest-buffers table: none|attention|all|autograd.")
+    ] = "all",
+    top: Annotated[int, typer.Option(help="Rows of the largest-buffers table.")] = 15,
 ) -> None:
-    """Not built yet: will report training memory with and without preallocation."""
-    _err("error: `nmt memreport` is not built yet (planned: the memory report issue)")
-    raise typer.Exit(code=2)
+    """Training memory per preallocation policy (none, attention, all) and plain autograd."""
+    from nmt.config import load_config
+    from nmt.memreport import run as run_memreport
+
+    try:
+        cfg = load_config(config, list(set_ or []), require_data=False)
+        report = run_memreport(
+            cfg,
+            str(config),
+            device=device,
+            json_path=json_path,
+            plot_path=plot,
+            budget=budget,
+            detail=detail,
+            top=top,
+        )
+    except NmtError as exc:
+        raise _fail(exc) from None
+    failed = [p for p, r in report.live.items() if not r.ok]
+    if failed:  # the accounting disagreed with a real step (or the step ran out of memory)
+        _err(f"error: real step check failed for {', '.join(failed)} (see the table above)")
+        raise typer.Exit(code=1)
 
 
 def main() -> None:

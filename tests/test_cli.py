@@ -70,12 +70,6 @@ def test_help_lists_every_option():
             assert option in proc.stdout, (command, option)
 
 
-def test_memreport_is_not_faked():
-    proc = nmt("memreport", "--config", "configs/toy.yaml", cwd=REPO)
-    assert proc.returncode != 0
-    assert "not built yet" in proc.stderr
-
-
 @pytest.mark.parametrize("tokenizer", ["word", "sentencepiece"])
 def test_train_then_translate(tmp_path, tokenizer):
     cfg = tiny_config(tmp_path, tokenizer=tokenizer)

@@ -1,0 +1,124 @@
+"""One real training step per policy, to hold the accounting to what a real device holds.
+
+On cpu and cuda the step runs at maximum lengths on a real model. For the clone policies
+the storages the executor then holds are walked independently (by data pointer, through
+every node's attributes) and compared with the meta accounting; for autograd the storage
+tracker's peak on the real device is compared with its peak on meta. On cuda the step is
+a whole training step (zero_grad, forward/backward, clipping, optimizer step) in a fresh
+allocator state, and `max_memory_allocated` / `max_memory_reserved` are read after it.
+"""
+
+from __future__ import annotations
+
+import gc
+from dataclasses import dataclass
+
+import torch
+
+from nmt.config import TrainConfig
+from nmt.engine.accounting import summarize
+from nmt.engine.clones import CloneExecutor
+from nmt.engine.node import flat
+from nmt.memreport.measure import PolicyMemory, Setting, autograd_step
+from nmt.model import Seq2SeqAttn
+from nmt.train.schedule import make_optimizer
+
+CLIP_NORM = 5.0  # seq2seq-attn's default; clipping's temporaries are part of a real step
+
+
+@dataclass
+class LiveResult:
+    """A real step of one policy. `accounted_bytes` / `live_bytes`: the buffers (clones) or
+    the activation peak (autograd) by the meta accounting and on the real device."""
+
+    policy: str
+    device: str
+    accounted_bytes: int | None = None
+    live_bytes: int | None = None
+    max_memory_allocated: int | None = None
+    max_memory_reserved: int | None = None
+    error: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.error and self.accounted_bytes == self.live_bytes
+
+
+def held_storage_bytes(executor: CloneExecutor, model: Seq2SeqAttn) -> int:
+    """Bytes of the distinct storages referenced by the executor's nodes (every tensor
+    attribute, not just the declared roles), graph inputs and loop buffers; parameters and
+    gradients excluded."""
+    model_tensors = [t for p in model.parameters() for t in (p, p.grad) if t is not None]
+    model_ptrs = {t.untyped_storage().data_ptr() for t in model_tensors}
+    objects = [node for _, g in executor.clone_graphs() for node in [*g.all_nodes(), *g.inputs]]
+    objects += list(executor.generator.nodes())
+    tensors = [t for obj in objects for v in vars(obj).values() for t in flat(v)]
+    tensors += list(executor.loop.values())
+    storages: dict[int, int] = {}
+    for t in tensors:
+        ptr = t.untyped_storage().data_ptr()
+        if ptr and ptr not in model_ptrs:
+            storages[ptr] = t.untyped_storage().nbytes()
+    return sum(storages.values())
+
+
+def _clone_step(setting: Setting, policy: str, model: Seq2SeqAttn, device: torch.device):
+    executor = CloneExecutor(model, setting.max_src_len, setting.max_tgt_len, policy, device)
+    executor.forward_backward(setting.full_batch(device))
+    return executor
+
+
+def real_step(
+    setting: Setting, policy: str, accounted: PolicyMemory, device: torch.device | str
+) -> LiveResult:
+    """One real step of `policy` on `device` (cpu or cuda), checked against `accounted`."""
+    device = torch.device(device)
+    cuda = device.type == "cuda"
+    result = LiveResult(policy, str(device))
+    rng_devices: list[int] = []
+    if cuda:
+        gc.collect()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+        rng_devices = [device.index if device.index is not None else torch.cuda.current_device()]
+    try:
+        with torch.random.fork_rng(devices=rng_devices):
+            torch.manual_seed(0)
+            _run(setting, policy, accounted, device, result)
+    except torch.cuda.OutOfMemoryError:
+        result.error = "out of memory"
+    finally:
+        if cuda:
+            gc.collect()
+            torch.cuda.empty_cache()
+    return result
+
+
+def _run(
+    setting: Setting,
+    policy: str,
+    accounted: PolicyMemory,
+    device: torch.device,
+    result: LiveResult,
+) -> None:
+    model = setting.build_model(device)
+    params = list(model.parameters())
+    optimizer = make_optimizer(TrainConfig(optimizer=setting.optimizer), params)
+    optimizer.zero_grad(set_to_none=False)
+    if policy == "autograd":
+        step = autograd_step(setting, model, setting.full_batch(device))
+        result.accounted_bytes, result.live_bytes = accounted.buffer_bytes, step.peak
+    else:
+        executor = _clone_step(setting, policy, model, device)
+        live = summarize(executor.buffers())["buffers"]
+        walked = held_storage_bytes(executor, model)
+        result.accounted_bytes = summarize(accounted.records)["buffers"]
+        result.live_bytes = walked
+        if live != walked:
+            result.error = f"executor inventory {live} B != storages held {walked} B"
+    if device.type == "cuda":
+        torch.nn.utils.clip_grad_norm_(params, CLIP_NORM)
+        optimizer.step()
+        torch.cuda.synchronize(device)
+        result.max_memory_allocated = torch.cuda.max_memory_allocated(device)
+        result.max_memory_reserved = torch.cuda.max_memory_reserved(device)

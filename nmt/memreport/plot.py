@@ -1,0 +1,102 @@
+"""The report as a PNG: stacked bars per policy, and total memory against target length.
+
+matplotlib is an optional extra (`pip install 'nmt[plot]'`): `require_matplotlib` says so
+in one line before any accounting work starts.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from nmt.errors import NmtError
+from nmt.memreport.measure import CATEGORIES, POLICIES
+from nmt.memreport.report import Report
+
+_SEGMENTS = [
+    ("param_bytes", "parameters", "#4c72b0"),
+    ("grad_bytes", "gradients", "#8da0cb"),
+    ("optimizer_bytes", "optimizer state", "#b3b3b3"),
+    ("output_bytes", "outputs", "#dd8452"),
+    ("grad_input_bytes", "grad inputs", "#c44e52"),
+    ("accumulator_bytes", "accumulators", "#937860"),
+    ("other_bytes", "masks + loop", "#da8bc3"),
+    ("saved_bytes", "saved for backward", "#55a868"),
+    ("transient_bytes", "temporaries", "#a1d99b"),
+]
+_LINES = {"none": "#c44e52", "attention": "#dd8452", "all": "#4c72b0", "autograd": "#55a868"}
+assert {k.removesuffix("_bytes") for k, _, _ in _SEGMENTS} >= set(CATEGORIES)
+
+
+def _unit(largest: int) -> tuple[str, int]:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if largest >= size:
+            return unit, size
+    return "B", 1
+
+
+def require_matplotlib() -> None:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise NmtError("--plot needs matplotlib: pip install 'nmt[plot]'") from None
+
+
+def write_plot(report: Report, data: dict, path: str | Path) -> None:
+    """Write the PNG; `data` is `to_json(report)`."""
+    require_matplotlib()
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    s = report.setting
+    pol = data["policies"]
+    unit, scale = _unit(max(pol[p]["total_bytes"] for p in POLICIES))
+    has_curve = bool(report.lengths)
+    fig, axes = plt.subplots(1, 2 if has_curve else 1, figsize=(13 if has_curve else 7, 5.2))
+    bars = axes[0] if has_curve else axes
+    bottoms = [0.0] * len(POLICIES)
+    for key, label, color in _SEGMENTS:
+        values = [(pol[p][key] or 0) / scale for p in POLICIES]
+        if not any(values):
+            continue
+        bars.bar(POLICIES, values, bottom=bottoms, label=label, color=color, width=0.6)
+        bottoms = [b + v for b, v in zip(bottoms, values, strict=True)]
+    for i, p in enumerate(POLICIES):
+        note = f"{pol[p]['total_bytes'] / scale:,.2f} {unit}"
+        if p != "none":
+            note += f"\n{pol[p]['total_ratio']:.2f}x"
+        bars.text(i, bottoms[i], note, ha="center", va="bottom", fontsize=9)
+    bars.set_ylim(0, max(bottoms) * 1.15)
+    bars.set_ylabel(f"{unit} (accounted)")
+    bars.set_title("one training step at maximum lengths")
+    bars.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.07), ncol=3)
+
+    if has_curve:
+        curve = axes[1]
+        for p, points in report.lengths.items():
+            xs = [t for t, _ in points]
+            ys = [b / scale for _, b in points]
+            curve.plot(xs, ys, marker="o", label=p, color=_LINES.get(p))
+        top = max(b for points in report.lengths.values() for _, b in points)
+        if report.budget and report.budget <= 2 * top:  # a far budget would flatten the lines
+            curve.axhline(report.budget / scale, ls="--", color="black", lw=1, label="budget")
+        curve.set_xlabel("maximum target length (tokens)")
+        curve.set_ylabel(f"total {unit} (accounted)")
+        curve.set_ylim(bottom=0)
+        curve.set_title(f"total against target length (batch {s.batch_size})")
+        curve.legend(fontsize=8)
+        curve.grid(alpha=0.3)
+
+    m = s.model
+    fig.suptitle(
+        f"{m.num_layers} x {m.rnn_size} LSTM, vocab {s.src_vocab}/{s.tgt_vocab}, batch "
+        f"{s.batch_size}, lengths {s.max_src_len}/{s.max_tgt_len}, {s.dtype}, {s.optimizer}"
+    )
+    fig.tight_layout()
+    try:
+        fig.savefig(path, dpi=110)
+    except OSError as exc:
+        raise NmtError(f"--plot {path}: cannot write ({exc.strerror or exc})") from None
+    finally:
+        plt.close(fig)

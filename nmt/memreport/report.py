@@ -1,0 +1,366 @@
+"""Assemble the memory report: accounting per policy, the seed's arithmetic, the per-node
+table, real-step checks, the budget search, length curves; and its stable JSON schema."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from nmt.config import Config
+from nmt.engine import planner
+from nmt.errors import NmtError
+from nmt.memreport.budget import (
+    BATCH_CAP,
+    LENGTH_CAP,
+    VERIFY_LENGTH_FACTOR,
+    Largest,
+    largest_fitting,
+)
+from nmt.memreport.live import LiveResult, real_step
+from nmt.memreport.measure import (
+    CATEGORIES,
+    CLONE_POLICIES,
+    POLICIES,
+    PolicyMemory,
+    Setting,
+    measure,
+    optimizer_bytes,
+)
+
+SCHEMA_VERSION = 1
+RAM_FRACTION = 0.25  # auto device: meta when the largest total exceeds this share of RAM
+CPU_GFLOP_LIMIT = 20.0  # ... or when one real CPU step would cost more than this
+MIB = 2**20
+Log = Callable[[str], None]
+
+
+@dataclass
+class Report:
+    setting: Setting
+    config_path: str
+    device: str
+    device_reason: str
+    memory: dict[str, PolicyMemory]
+    live: dict[str, LiveResult] = field(default_factory=dict)
+    budget: int | None = None
+    largest: dict[str, dict[str, Largest]] = field(default_factory=dict)
+    detail_policy: str = "all"
+    top: int = 15
+    lengths: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
+
+    def saving(self, policy: str) -> int:
+        return self.memory["none"].total_bytes - self.memory[policy].total_bytes
+
+    def shared_fraction(self, policy: str) -> float | None:
+        """Share of the clones' buffer bytes (as allocated without sharing) that `policy`
+        makes all clones share."""
+        if policy not in CLONE_POLICIES:
+            return None
+        plan = planner.plan(self.setting.model, policy)
+        return plan.share_fraction(self.memory["none"].records)
+
+    def plan_summary(self, policy: str) -> str:
+        return planner.plan(self.setting.model, policy).summary(self.memory["none"].records)
+
+
+# ---- device ------------------------------------------------------------------------------
+
+
+def step_gflop(s: Setting) -> float:
+    """Rough cost of one training step: 2 FLOP per multiply-add, x3 for forward + backward."""
+    m = s.model
+    H, E, L = m.rnn_size, m.word_vec_size, m.num_layers
+
+    def stack(inp: int) -> int:  # multiply-adds of one position of an LSTM stack
+        return (inp + H) * 4 * H + (L - 1) * 2 * H * 4 * H
+
+    enc = stack(E) * (2 if m.bidirectional else 1)
+    dec = stack(E + H if m.input_feed else E) + 3 * H * H + 2 * s.encoder_clones * H
+    dec += H * s.tgt_vocab
+    macs = s.batch_size * (s.encoder_clones * enc + s.decoder_clones * dec)
+    return 6 * macs / 1e9
+
+
+def physical_ram() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # not POSIX: assume a modest machine
+        return 8 * 2**30
+
+
+def choose_device(requested: str, setting: Setting, largest_total: int) -> tuple[str, str]:
+    """(device, why). `auto` is cpu only when a real step is cheap and small."""
+    if requested == "auto":
+        ram = physical_ram()
+        if largest_total > RAM_FRACTION * ram:
+            return "meta", (
+                f"auto: the largest total {largest_total / MIB:,.0f} MiB exceeds "
+                f"{RAM_FRACTION:.0%} of RAM ({ram / MIB:,.0f} MiB)"
+            )
+        gflop = step_gflop(setting)
+        if gflop > CPU_GFLOP_LIMIT:
+            return "meta", (
+                f"auto: a real CPU step costs ~{gflop:,.0f} GFLOP per policy; "
+                "pass --device cpu to run them anyway"
+            )
+        return "cpu", "auto: small enough for a real CPU step per policy"
+    if requested == "meta":
+        return "meta", "requested"
+    try:
+        dev = torch.device(requested)
+    except RuntimeError:
+        raise NmtError(
+            f"--device {requested!r}: expected auto, meta, cpu, cuda or cuda:N"
+        ) from None
+    if dev.type not in ("cpu", "cuda"):
+        raise NmtError(f"--device {requested!r}: expected auto, meta, cpu, cuda or cuda:N")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise NmtError(f"--device {requested!r}: CUDA is not available on this machine")
+    return requested, "requested"
+
+
+# ---- building ----------------------------------------------------------------------------
+
+
+def _timed(log: Log, what: str, fn: Callable):
+    start = time.perf_counter()
+    out = fn()
+    log(f"{what}: {time.perf_counter() - start:.1f} s")
+    return out
+
+
+def build_report(
+    cfg: Config,
+    config_path: str = "",
+    *,
+    device: str = "auto",
+    budget: int | None = None,
+    detail: str = "all",
+    top: int = 15,
+    lengths: bool = False,
+    log: Log = lambda _: None,
+) -> Report:
+    """Account every policy on meta; then, as asked, real steps, the budget, length curves."""
+    if detail not in POLICIES:
+        raise NmtError(f"--detail {detail!r}: expected one of {', '.join(POLICIES)}")
+    if top < 1:
+        raise NmtError(f"--top {top}: expected at least 1 row")
+    setting = Setting.from_config(cfg)
+    choose_device(device, setting, 0)  # a mistyped device fails before any work
+    opt = optimizer_bytes(setting)
+    memory = {
+        p: _timed(log, f"accounted {p} on meta", lambda p=p: measure(setting, p, opt))
+        for p in POLICIES
+    }
+    largest_total = max(m.total_bytes for m in memory.values())
+    dev, why = choose_device(device, setting, largest_total)
+    report = Report(setting, config_path, dev, why, memory, detail_policy=detail, top=top)
+    if dev != "meta":
+        threads = torch.get_num_threads()
+        if dev == "cpu" and step_gflop(setting) <= CPU_GFLOP_LIMIT:
+            torch.set_num_threads(1)  # small ops: more threads only contend (30x slower seen)
+        try:
+            for p in POLICIES:
+                report.live[p] = _timed(
+                    log,
+                    f"real step {p} on {dev}",
+                    lambda p=p: real_step(setting, p, memory[p], dev),
+                )
+        finally:
+            torch.set_num_threads(threads)
+    if budget is not None:
+        report.budget = budget
+        for p in POLICIES:
+            report.largest[p] = _timed(
+                log,
+                f"budget search {p}",
+                lambda p=p: search_budget(setting, p, opt, budget, memory[p].total_bytes),
+            )
+    if lengths:
+        for p in POLICIES:
+            report.lengths[p] = _timed(
+                log, f"length curve {p}", lambda p=p: length_curve(setting, p, opt, memory[p])
+            )
+    return report
+
+
+def search_budget(
+    setting: Setting, policy: str, opt: int, budget: int, here: int | None = None
+) -> dict[str, Largest]:
+    """Largest batch size (at the configured lengths) and largest target length (at the
+    configured batch size) whose accounted total fits in `budget` bytes; `here`: the total
+    at the configured point when known."""
+    if here is None:
+        here = measure(setting, policy, opt).total_bytes
+    batch = largest_fitting(
+        lambda b: measure(setting.replace(batch_size=b), policy, opt).total_bytes,
+        setting.batch_size,
+        here,
+        budget,
+        "batch_size",
+        BATCH_CAP,
+        BATCH_CAP,
+    )
+    length = largest_fitting(
+        lambda t: measure(setting.replace(max_tgt_len=t), policy, opt).total_bytes,
+        setting.max_tgt_len,
+        here,
+        budget,
+        "max_tgt_len",
+        LENGTH_CAP,
+        VERIFY_LENGTH_FACTOR * setting.max_tgt_len,
+    )
+    return {"batch_size": batch, "max_tgt_len": length}
+
+
+def length_curve(
+    setting: Setting, policy: str, opt: int, here: PolicyMemory, points: int = 5
+) -> list[tuple[int, int]]:
+    """Accounted totals at `points` target lengths up to the configured maximum."""
+    T = setting.max_tgt_len
+    xs = sorted({max(1, round(T * k / points)) for k in range(1, points + 1)})
+    return [
+        (
+            t,
+            here.total_bytes
+            if t == T
+            else measure(setting.replace(max_tgt_len=t), policy, opt).total_bytes,
+        )
+        for t in xs
+    ]
+
+
+# ---- derived numbers ---------------------------------------------------------------------
+
+
+def seed_arithmetic(report: Report) -> dict[str, float | int]:
+    """The seed's own estimate of what sharing the two attention products saves: one
+    context-sized grad input (batch x source length x rnn size x element size) per decoder
+    clone, for each of the two products."""
+    s = report.setting
+    context = s.batch_size * s.encoder_clones * s.model.rnn_size * s.element_bytes
+    predicted = 2 * context * s.decoder_clones
+    actual = report.saving("attention")
+    return {
+        "batch_size": s.batch_size,
+        "source_length": s.encoder_clones,
+        "rnn_size": s.model.rnn_size,
+        "element_bytes": s.element_bytes,
+        "context_grad_input_bytes": context,
+        "decoder_clones": s.decoder_clones,
+        "predicted_saving_bytes": predicted,
+        "actual_saving_bytes": actual,
+        "actual_over_predicted": actual / predicted if predicted else 0.0,
+    }
+
+
+def detail_rows(memory: PolicyMemory, top: int) -> list[dict]:
+    """The largest buffers of one policy: one row per shared storage, or per (clone kind,
+    node, role) for buffers each clone owns; autograd: per (op, saved/transient, shape)."""
+    groups: dict[tuple, dict] = {}
+    for r in memory.buffer_records():
+        if not r.bytes:
+            continue
+        kind = r.clone.split("[")[0]
+        if r.shared_by > 1:
+            key: tuple = ("shared", r.storage_key)
+        elif kind == "autograd":
+            key = (kind, r.node, r.role, r.shape)
+        else:
+            key = (kind, r.node, r.role)
+        g = groups.setdefault(
+            key,
+            {"kinds": set(), "node": r.node, "role": r.role, "shape": r.shape, "bytes": 0,
+             "clones": 0, "shared": r.shared_by > 1, "storages": set(), "total": 0},
+        )  # fmt: skip
+        g["kinds"].add(kind)
+        g["clones"] += 1
+        if r.bytes > g["bytes"]:
+            g["bytes"], g["shape"] = r.bytes, r.shape
+        if r.storage_key not in g["storages"]:
+            g["storages"].add(r.storage_key)
+            g["total"] += r.bytes
+    rows = sorted(groups.values(), key=lambda g: (-g["total"], g["node"], g["role"]))
+    return [
+        {
+            "node": g["node"],
+            "in": "+".join(sorted(g["kinds"])),
+            "role": g["role"],
+            "shape": list(g["shape"]),
+            "bytes_per_clone": g["bytes"],
+            "clones": g["clones"],
+            "shared": g["shared"],
+            "total_bytes": g["total"],
+        }
+        for g in rows[:top]
+    ]
+
+
+def policy_numbers(report: Report, policy: str) -> dict:
+    m = report.memory[policy]
+    none_total = report.memory["none"].total_bytes
+    out = {
+        "param_bytes": m.param_bytes,
+        "grad_bytes": m.grad_bytes,
+        "optimizer_bytes": m.optimizer_bytes,
+        "buffer_bytes": m.buffer_bytes,
+    }
+    for c in CATEGORIES:
+        out[f"{c}_bytes"] = m.parts.get(c)
+    live = report.live.get(policy)
+    largest = report.largest.get(policy)
+    out |= {
+        "total_bytes": m.total_bytes,
+        "saving_bytes": report.saving(policy),
+        "saving_percent": 100.0 * report.saving(policy) / none_total,
+        "total_ratio": m.total_bytes / none_total,
+        "shared_fraction": report.shared_fraction(policy),
+        "live": None if live is None else dataclasses.asdict(live) | {"ok": live.ok},
+        "budget": None if largest is None else {k: v.to_dict() for k, v in largest.items()},
+    }
+    return out
+
+
+def to_json(report: Report) -> dict:
+    """Every number of the report; keys are stable (null where a number does not apply)."""
+    s = report.setting
+    config = {
+        "path": report.config_path,
+        "model": dataclasses.asdict(s.model),
+        "src_vocab_size": s.src_vocab,
+        "tgt_vocab_size": s.tgt_vocab,
+        "batch_size": s.batch_size,
+        "max_src_len": s.max_src_len,
+        "max_tgt_len": s.max_tgt_len,
+        "encoder_clones": s.encoder_clones,
+        "decoder_clones": s.decoder_clones,
+        "dtype": s.dtype,
+        "element_bytes": s.element_bytes,
+        "optimizer": s.optimizer,
+        "device": report.device,
+        "device_reason": report.device_reason,
+    }
+    lengths = None
+    if report.lengths:
+        first = next(iter(report.lengths.values()))
+        lengths = {
+            "max_tgt_len": [t for t, _ in first],
+            "total_bytes": {p: [b for _, b in pts] for p, pts in report.lengths.items()},
+        }
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "config": config,
+        "policies": {p: policy_numbers(report, p) for p in POLICIES},
+        "seed_arithmetic": seed_arithmetic(report),
+        "detail": {
+            "policy": report.detail_policy,
+            "rows": detail_rows(report.memory[report.detail_policy], report.top),
+        },
+        "budget_bytes": report.budget,
+        "lengths": lengths,
+    }

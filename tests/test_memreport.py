@@ -1,0 +1,291 @@
+"""`nmt memreport`: accounting against a real CPU step, the seed's numbers, the budget search,
+the JSON schema and the command line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from nmt.cli import app
+from nmt.config import ModelConfig, load_config
+from nmt.errors import NmtError
+from nmt.memreport import budget as budget_mod
+from nmt.memreport.budget import largest_fitting, parse_size
+from nmt.memreport.live import real_step
+from nmt.memreport.measure import (
+    CATEGORIES,
+    POLICIES,
+    Setting,
+    StorageTracker,
+    measure,
+    optimizer_bytes,
+)
+from nmt.memreport.report import build_report, choose_device, detail_rows, to_json
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = """
+data:
+  src_vocab_size: 23
+  tgt_vocab_size: 29
+  max_src_len: 4
+  max_tgt_len: 5
+model:
+  num_layers: 2
+  rnn_size: 8
+  word_vec_size: 6
+  dropout: 0.3
+  bidirectional: true
+train:
+  batch_size: 3
+  optimizer: adam
+"""
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny ops: OpenMP threads only add contention on a shared machine."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def tiny_config(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("memreport") / "tiny.yaml"
+    path.write_text(TINY, encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_config: Path) -> Setting:
+    return Setting.from_config(load_config(tiny_config, require_data=False))
+
+
+# ---- accounting against the real thing ---------------------------------------------------
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_accounting_matches_a_real_cpu_step(tiny: Setting, policy: str) -> None:
+    accounted = measure(tiny, policy)
+    live = real_step(tiny, policy, accounted, "cpu")
+    assert live.error == ""
+    assert live.live_bytes == live.accounted_bytes > 0
+    assert live.ok
+
+
+def test_parts_add_up_and_optimizer_state_is_counted(tiny: Setting) -> None:
+    adam = optimizer_bytes(tiny)
+    sgd = optimizer_bytes(tiny.replace(optimizer="sgd"))
+    for policy in POLICIES:
+        m = measure(tiny, policy, adam)
+        assert m.param_bytes == m.grad_bytes > 0
+        assert m.optimizer_bytes == 2 * m.param_bytes  # Adam's two moments
+        assert m.buffer_bytes == sum(m.parts.values())
+        assert m.total_bytes == m.param_bytes * 4 + m.buffer_bytes
+    assert sgd == 0
+
+
+def test_autograd_keeps_the_full_log_softmax(tiny: Setting) -> None:
+    """The B x T x V log-probabilities are saved for backward, all positions at once, and
+    with a large vocabulary they and their gradients make the peak."""
+    setting = tiny.replace(tgt_vocab=3000)
+    m = measure(setting, "autograd")
+    B, T, V = setting.batch_size, setting.decoder_clones, setting.tgt_vocab
+    saved = {r.shape for r in m.records if r.role == "saved"}
+    assert (B, T, V) in saved
+    assert m.parts["saved"] >= B * T * V * 4
+    assert m.parts["transient"] >= 2 * B * T * V * 4  # d logp and d logits
+
+
+def test_tracker_follows_storages_until_freed() -> None:
+    with torch.device("meta"):
+        keep = torch.empty(100)
+        tracker = StorageTracker([keep])
+        with tracker:
+            a = keep * 2  # 400 B
+            b = a.view(10, 10) + 1  # 400 B, while a is live
+            del a
+            c = b + 1  # 400 B: a is gone, so still 800 B live
+            del b, c
+    assert tracker.peak == 800
+    assert tracker.live == 0
+
+
+def test_seed_config_numbers() -> None:
+    """4 x 600, batch 64, lengths 50, vocab 50k: the two attention products save what the
+    seed's arithmetic says, and sharing everything leaves at most 0.35x (PR #46: 0.375x)."""
+    cfg = load_config(REPO / "configs" / "seed-4x600.yaml", require_data=False)
+    setting = Setting.from_config(cfg)
+    totals = {p: measure(setting, p, 0).total_bytes for p in ("none", "attention", "all")}
+    context = 64 * 52 * 600 * 4
+    predicted = 2 * context * 51
+    saving = totals["none"] - totals["attention"]
+    assert abs(saving - predicted) < 0.1 * predicted
+    assert totals["all"] <= 0.35 * totals["none"]
+
+
+# ---- the report --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_report(tiny_config: Path):
+    """One layer, one direction: the budget search makes many accounting calls."""
+    small = ["model.num_layers=1", "model.bidirectional=false"]
+    cfg = load_config(tiny_config, small, require_data=False)
+    return build_report(cfg, str(tiny_config), device="meta", budget=2**20, detail="all", top=5)
+
+
+def test_json_schema_and_consistency(tiny_report) -> None:
+    data = json.loads(json.dumps(to_json(tiny_report)))
+    assert set(data) >= {"config", "policies", "seed_arithmetic", "detail", "budget_bytes"}
+    assert list(data["policies"]) == list(POLICIES)
+    none_total = data["policies"]["none"]["total_bytes"]
+    required = {"param_bytes", "grad_bytes", "optimizer_bytes", "buffer_bytes", "total_bytes"}
+    required |= {"saving_bytes", "saving_percent", "shared_fraction", "live", "budget"}
+    for policy, n in data["policies"].items():
+        assert required | {f"{c}_bytes" for c in CATEGORIES} <= set(n)
+        parts = [n[f"{c}_bytes"] for c in CATEGORIES if n[f"{c}_bytes"] is not None]
+        assert sum(parts) == n["buffer_bytes"]
+        fixed = n["param_bytes"] + n["grad_bytes"] + n["optimizer_bytes"]
+        assert n["total_bytes"] == fixed + n["buffer_bytes"]
+        assert n["saving_bytes"] == none_total - n["total_bytes"]
+        assert (n["shared_fraction"] is None) == (policy == "autograd")
+        assert set(n["budget"]) == {"batch_size", "max_tgt_len"}
+    assert data["policies"]["all"]["total_bytes"] < none_total
+    assert data["config"]["decoder_clones"] == 6 and data["config"]["device"] == "meta"
+    seed = data["seed_arithmetic"]
+    assert seed["context_grad_input_bytes"] == 3 * 6 * 8 * 4
+
+
+def test_detail_rows_largest_first_and_shared_once(tiny_report) -> None:
+    rows = detail_rows(tiny_report.memory["all"], top=1000)
+    totals = [r["total_bytes"] for r in rows]
+    assert totals == sorted(totals, reverse=True)
+    shared = [r for r in rows if r["shared"]]
+    assert shared and all(r["clones"] > 1 for r in shared)
+    assert all(r["total_bytes"] == r["bytes_per_clone"] for r in shared)
+    mm = [r for r in shared if r["node"] == "attn.mm1" and r["role"] == "grad_input[0]"]
+    assert mm and mm[0]["shape"] == [3, 6, 8]
+    # every buffer byte is in exactly one row
+    assert (
+        sum(totals)
+        == tiny_report.memory["all"].buffer_bytes - tiny_report.memory["all"].parts["transient"]
+    )
+
+
+def test_budget_answers_are_right_at_the_edge(tiny_report) -> None:
+    budget, tiny = tiny_report.budget, tiny_report.setting
+    for policy in ("none", "autograd"):
+        found = tiny_report.largest[policy]
+        b = found["batch_size"]
+        assert b.how in ("fit", "search")
+        assert b.value >= 1
+        assert measure(tiny.replace(batch_size=b.value), policy).total_bytes <= budget
+        assert measure(tiny.replace(batch_size=b.value + 1), policy).total_bytes > budget
+
+
+def test_largest_fitting_on_known_curves() -> None:
+    affine = lambda x: 1000 + 10 * x  # noqa: E731
+    got = largest_fitting(affine, 8, affine(8), 1555, "batch_size", 10**6, 10**6)
+    assert (got.value, got.how, got.total_bytes) == (55, "fit", 1550)
+    convex = lambda x: 1000 + x * x  # noqa: E731
+    got = largest_fitting(convex, 8, convex(8), 1555, "batch_size", 10**6, 10**6)
+    assert (got.value, got.how) == (23, "search")
+    got = largest_fitting(affine, 8, affine(8), 10**6, "max_tgt_len", 4096, 32)
+    assert got.how == "extrapolated" and got.value == 4096 and got.capped
+    got = largest_fitting(affine, 8, affine(8), 900, "batch_size", 10**6, 10**6)
+    assert (got.value, got.how) == (0, "none fits")
+
+
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [("16GiB", 16 * 2**30), ("500MB", 500 * 10**6), ("2G", 2 * 2**30), ("1.5 mib", 3 * 2**19)],
+)
+def test_parse_size(text: str, size: int) -> None:
+    assert parse_size(text) == size
+
+
+@pytest.mark.parametrize("text", ["", "lots", "16 parsecs", "-1G", "0GiB", "1e9"])
+def test_parse_size_rejects_garbage(text: str) -> None:
+    with pytest.raises(NmtError, match="--budget"):
+        parse_size(text)
+
+
+def test_device_choice(tiny: Setting, monkeypatch) -> None:
+    assert choose_device("auto", tiny, 10**6)[0] == "cpu"
+    assert choose_device("auto", tiny, 10**15)[0] == "meta"  # more than a quarter of RAM
+    big = Setting(ModelConfig(), 50000, 50000, 64, 50, 50)
+    assert choose_device("auto", big, 10**6)[0] == "meta"  # a slow CPU step
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(NmtError, match="CUDA is not available"):
+        choose_device("cuda", tiny, 0)
+    with pytest.raises(NmtError, match="--device"):
+        choose_device("tpu", tiny, 0)
+    assert budget_mod.BATCH_CAP > 0
+
+
+# ---- the command line --------------------------------------------------------------------
+
+
+def test_cli_cpu_report_json_and_plot(tiny_config: Path, tmp_path: Path) -> None:
+    out, png = tmp_path / "report.json", tmp_path / "report.png"
+    result = CliRunner().invoke(
+        app,
+        ["memreport", "-c", str(tiny_config), "--device", "cpu", "--json", str(out)]
+        + ["--plot", str(png), "--detail", "autograd", "--set", "train.batch_size=2"]
+        + ["--set", "data.max_tgt_len=2"],
+    )
+    assert result.exit_code == 0, result.output
+    assert "the seed's arithmetic" in result.stdout
+    assert "real step at maximum lengths on cpu" in result.stdout
+    data = json.loads(out.read_text())
+    assert data["config"]["batch_size"] == 2
+    assert data["detail"]["policy"] == "autograd"
+    for n in data["policies"].values():
+        assert n["live"]["ok"] and n["live"]["live_bytes"] == n["live"]["accounted_bytes"]
+    assert len(data["lengths"]["max_tgt_len"]) == len(data["lengths"]["total_bytes"]["all"])
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--budget", "plenty"], "--budget"),
+        (["--device", "abacus"], "--device"),
+        (["--detail", "some"], "--detail"),
+        (["--set", "model.rnn_size=-3"], "model.rnn_size"),
+    ],
+)
+def test_cli_errors_are_one_line(tiny_config: Path, args: list[str], needle: str) -> None:
+    result = CliRunner().invoke(app, ["memreport", "-c", str(tiny_config), *args])
+    assert result.exit_code == 2
+    lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and needle in lines[0], result.stderr
+
+
+def test_plot_without_matplotlib_is_a_clear_error(tiny_config: Path, monkeypatch) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    result = CliRunner().invoke(app, ["memreport", "-c", str(tiny_config), "--plot", "x.png"])
+    assert result.exit_code == 2
+    assert "pip install 'nmt[plot]'" in result.stderr
+
+
+def test_cli_exits_1_when_a_real_step_disagrees(tiny_config: Path, monkeypatch) -> None:
+    from nmt.memreport import report as report_mod
+    from nmt.memreport.live import LiveResult
+
+    def wrong(setting, policy, accounted, device):
+        return LiveResult(policy, str(device), accounted.buffer_bytes, accounted.buffer_bytes + 1)
+
+    monkeypatch.setattr(report_mod, "real_step", wrong)
+    result = CliRunner().invoke(app, ["memreport", "-c", str(tiny_config), "--device", "cpu"])
+    assert result.exit_code == 1
+    assert "NO" in result.stdout
+    assert "real step check failed for none, attention, all, autograd" in result.stderr
