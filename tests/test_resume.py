@@ -165,7 +165,7 @@ def test_out_of_memory_is_reported_with_advice(tmp_path):
     trainer, _ = poisoned_trainer(tmp_path, set())
 
     def oom(batch):
-        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
     trainer.executor.forward_backward = oom
     with pytest.raises(NmtError, match=r"out of memory.*batch of \d+ sentences.*memreport"):

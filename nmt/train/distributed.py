@@ -45,39 +45,41 @@ def launched_by_torchrun() -> bool:
     return int(os.environ.get("WORLD_SIZE", "1")) > 1
 
 
-def init_distributed(device: torch.device, timeout_s: float = 300.0) -> DistContext:
-    """Join the process group torchrun describes in the environment (NCCL on CUDA, else Gloo).
+def init_distributed(
+    device: torch.device, timeout_s: float = 300.0
+) -> tuple[DistContext, torch.device]:
+    """Join the process group torchrun describes in the environment (NCCL on CUDA, else Gloo)
+    and return this rank's context and device (one GPU per rank: cuda -> cuda:LOCAL_RANK).
 
     The timeout bounds every collective: if a rank dies, the others fail instead of hanging.
     """
     if not launched_by_torchrun():
-        return DistContext()
+        return DistContext(), _bind(device)
     ctx = DistContext(
         int(os.environ["RANK"]),
         int(os.environ["WORLD_SIZE"]),
         int(os.environ.get("LOCAL_RANK", "0")),
     )
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", ctx.local_rank)
+    device = _bind(device)
     if not dist.is_available():
         raise NmtError("WORLD_SIZE > 1 but this torch build has no torch.distributed")
     if not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
-        kwargs = {"device_id": device} if device.type == "cuda" else {}
-        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
-    return ctx
+        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+    return ctx, device
+
+
+def _bind(device: torch.device) -> torch.device:
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # NCCL and the caching allocator use the current device
+    return device
 
 
 def shutdown() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
-
-
-def local_device(device: torch.device, ctx: DistContext) -> torch.device:
-    """One GPU per rank on a node: cuda -> cuda:LOCAL_RANK."""
-    if ctx.enabled and device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", ctx.local_rank)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    return device
 
 
 def shard(batch: Batch, ctx: DistContext) -> Batch | None:

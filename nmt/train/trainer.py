@@ -132,8 +132,7 @@ class Trainer:
         progress: bool = True,
     ):
         device = resolve_device(cfg.train.device)
-        self.dist = dd.init_distributed(device)
-        self.device = dd.local_device(device, self.dist)
+        self.dist, self.device = dd.init_distributed(device)
         if not self.dist.is_main:  # one voice: rank 0 logs, shows progress, writes files
             log, progress = (lambda message: None), False
         self.cfg, self.out_dir, self.log, self.progress = cfg, Path(out_dir), log, progress
@@ -264,7 +263,7 @@ class Trainer:
         part = dd.shard(batch, self.dist)
         try:
             loss = self.executor.forward_backward(part) if part is not None else 0.0
-        except torch.OutOfMemoryError:
+        except torch.cuda.OutOfMemoryError:  # also raised by CPU allocations in recent torch
             raise NmtError(
                 f"out of memory on {self.device} at step {self.state.step + 1} (batch of "
                 f"{batch.size} sentences, source length {batch.src.size(1)}, target length "
