@@ -263,7 +263,7 @@ class Trainer:
         part = dd.shard(batch, self.dist)
         try:
             loss = self.executor.forward_backward(part) if part is not None else 0.0
-        except torch.cuda.OutOfMemoryError:  # also raised by CPU allocations in recent torch
+        except torch.cuda.OutOfMemoryError:
             raise NmtError(
                 f"out of memory on {self.device} at step {self.state.step + 1} (batch of "
                 f"{batch.size} sentences, source length {batch.src.size(1)}, target length "
