@@ -187,7 +187,7 @@ def translate(
             device=device,
             progress=progress,
             nbest_format=n_best is not None,
-            replace=replace_unk,
+            replace_unk=replace_unk,
             phrase_table=phrase_table,
             score_gold=score_gold,
             attention=attention,

@@ -7,6 +7,8 @@ batched and unbatched runs agree to rounding and ties do not occur.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -21,13 +23,7 @@ from nmt.translate.search import (
     greedy_search,
     length_penalty_factor,
 )
-from nmt.translate.translator import (
-    bleu,
-    bleu_line,
-    pad_sources,
-    translate_ids,
-    translate_lines,
-)
+from nmt.translate.translator import SearchOptions, pad_sources, translate_ids, translate_lines
 
 V = 30  # vocabulary of both sides: 4 specials + 26 words
 
@@ -256,6 +252,38 @@ def test_max_length_on_a_model_that_would_go_on(copy_model):
         assert any(not h.finished for h in nbest)
 
 
+@pytest.mark.parametrize("which", ["copy", "random"])
+def test_per_sentence_limits_batched_equal_alone(copy_model, which):
+    """One max length per sentence: each sentence is cut at its own limit, exactly as if it
+    were translated alone with that limit (greedy and beam, finished or cut)."""
+    model = copy_model if which == "copy" else random_model(eos_bias=-50.0)
+    limits = [3, 1, 6, 2, 4, 9, 2, 5]
+    beams = run(beam_search, model, SOURCES, beam_size=3, max_length=limits, n_best=2)
+    greedy = run(greedy_search, model, SOURCES, limits)
+    for source, limit, nbest, g in zip(SOURCES, limits, beams, greedy, strict=True):
+        alone = run(beam_search, model, [source], beam_size=3, max_length=limit, n_best=2)[0]
+        assert len(nbest) == len(alone)
+        for a, b in zip(nbest, alone, strict=True):
+            assert_same(a, b)
+        assert_same(g, run(greedy_search, model, [source], limit)[0])
+        assert all(len(h.tokens) <= limit for h in [*nbest, g])
+        if which == "random":  # </s> never comes: every hypothesis runs to its own limit
+            assert all(len(h.tokens) == limit and not h.finished for h in [*nbest, g])
+    beam_one = run(beam_search, model, SOURCES, beam_size=1, max_length=limits)
+    assert [b[0].tokens for b in beam_one] == [g.tokens for g in greedy]
+
+
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_max_length_ratio(beam_size):
+    model = random_model(eos_bias=-50.0)
+    options = SearchOptions(beam_size, max_length=5, max_length_ratio=0.5)
+    found = translate_ids(model, SOURCES, options, batch_size=3)
+    for source, (h, *_) in zip(SOURCES, found, strict=True):
+        assert len(h.tokens) == min(5, max(1, math.ceil(0.5 * len(source))))
+    assert [options.limit(n) for n in (0, 1, 4, 7, 30)] == [1, 1, 2, 4, 5]
+    assert SearchOptions(max_length=7).limit(100) == 7  # ratio 0: the absolute limit only
+
+
 def test_length_penalty_changes_the_ranking():
     """P(</s>) ~ 0.6 everywhere: the empty translation wins on log-probability, a longer
     one once a strong GNMT penalty rewards length; scores are the normalised ones."""
@@ -302,11 +330,21 @@ def test_search_stops_when_every_sentence_is_done(copy_model, monkeypatch, alpha
         {"max_length": 0},
         {"min_length": -1},
         {"length_penalty": -0.5},
+        {"max_length": [4, 0]},
     ],
 )
 def test_bad_search_options_are_user_errors(copy_model, kwargs):
     with pytest.raises(NmtError):
-        run(beam_search, copy_model, SOURCES[:1], **{"beam_size": 5, **kwargs})
+        run(beam_search, copy_model, SOURCES[:2], **{"beam_size": 5, **kwargs})
+    if "max_length" not in kwargs or isinstance(kwargs["max_length"], int):
+        with pytest.raises(NmtError):
+            SearchOptions(**kwargs).check()
+
+
+@pytest.mark.parametrize("ratio", [-1.0, float("nan"), float("inf")])
+def test_bad_max_length_ratio(ratio):
+    with pytest.raises(NmtError, match="max length ratio"):
+        SearchOptions(max_length_ratio=ratio).check()
 
 
 # ---- translator ---------------------------------------------------------------------------
@@ -321,14 +359,14 @@ def test_pad_sources():
 def test_translate_ids_keeps_order_and_batching_changes_nothing(copy_model):
     sources = random_sources([3, 9, 1, 6, 0, 4, 7], seed=2)
     copy_model.train()  # translation must switch dropout off and restore the flag
-    found = translate_ids(copy_model, sources, beam_size=3, max_length=12, batch_size=3, n_best=2)
+    found = translate_ids(copy_model, sources, SearchOptions(3, 12, n_best=2), batch_size=3)
     assert copy_model.training
     copy_model.eval()
     for source, nbest in zip(sources, found, strict=True):
         alone = run(beam_search, copy_model, [source], beam_size=3, max_length=12, n_best=2)[0]
         for a, b in zip(nbest, alone, strict=True):
             assert_same(a, b)
-    greedy = translate_ids(copy_model, sources, beam_size=1, max_length=12, batch_size=2)
+    greedy = translate_ids(copy_model, sources, SearchOptions(1, 12), batch_size=2)
     assert [g[0].tokens for g in greedy] == [
         h.tokens for h in run(greedy_search, copy_model, sources, 12)
     ]
@@ -337,8 +375,8 @@ def test_translate_ids_keeps_order_and_batching_changes_nothing(copy_model):
 def test_translate_ids_float32_with_dropout_model():
     model = random_model(seed=4, bidirectional=False, dtype=torch.float32).train()
     sources = random_sources([2, 5, 3], seed=9)
-    first = translate_ids(model, sources, beam_size=2, max_length=4, batch_size=2)
-    second = translate_ids(model, sources, beam_size=2, max_length=4, batch_size=3)
+    first = translate_ids(model, sources, SearchOptions(2, 4), batch_size=2)
+    second = translate_ids(model, sources, SearchOptions(2, 4), batch_size=3)
     assert [f[0].tokens for f in first] == [s[0].tokens for s in second]  # no dropout noise
     assert all(isinstance(f[0].score, float) for f in first)
 
@@ -356,23 +394,10 @@ class WordTokenizer:
 def test_translate_lines_copies_with_the_copy_model(copy_model):
     tok = WordTokenizer()
     lines = ["w5 w9 w12", "w20", "", "w7 w7 w8 w25"]
-    out = translate_lines(copy_model, tok, tok, lines, beam_size=3, max_length=10, batch_size=2)
+    out = translate_lines(copy_model, tok, tok, lines, SearchOptions(3, 10), batch_size=2)
     expected = [
         tok.decode(h[0].tokens)
         for h in run(beam_search, copy_model, [tok.encode(x) for x in lines], 3, 10)
     ]
     assert out == expected
     assert sum(o == line for o, line in zip(out, lines, strict=True)) >= 3  # it learnt to copy
-
-
-def test_bleu_and_its_line():
-    refs = ["the cat sat on the mat", "a dog barked loudly"]
-    assert bleu(refs, refs).score == pytest.approx(100.0)
-    hyps = ["the cat sat on a mat", "a dog barked"]
-    score = bleu(hyps, refs)
-    assert 0 < score.score < 100
-    line = bleu_line(hyps, refs)
-    assert line.startswith(f"BLEU = {score.score:.2f} ")
-    assert "BP = " in line and "nrefs:1|" in line and "tok:13a" in line
-    with pytest.raises(NmtError, match="2 hypotheses but 1 references"):
-        bleu(hyps, refs[:1])

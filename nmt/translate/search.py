@@ -12,6 +12,7 @@ Scores are sums of log-probabilities (</s> included). PAD and <s> are never gene
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -45,19 +46,34 @@ def length_penalty_factor(length: int, alpha: float) -> float:
 
 
 def check_search_args(
-    beam_size: int, max_length: int, n_best: int, min_length: int, length_penalty: float
+    beam_size: int,
+    max_length: int | Sequence[int],
+    n_best: int,
+    min_length: int,
+    length_penalty: float,
 ) -> None:
     """Reject option values a user may pass on the command line."""
     if beam_size < 1:
         raise NmtError(f"beam size must be >= 1, got {beam_size}")
-    if max_length < 1:
-        raise NmtError(f"max length must be >= 1, got {max_length}")
+    limits = [max_length] if isinstance(max_length, int) else list(max_length)
+    if limits and min(limits) < 1:
+        raise NmtError(f"max length must be >= 1, got {min(limits)}")
     if not 1 <= n_best <= beam_size:
         raise NmtError(f"n_best must be between 1 and the beam size ({beam_size}), got {n_best}")
     if min_length < 0:
         raise NmtError(f"min length must be >= 0, got {min_length}")
     if length_penalty < 0:
         raise NmtError(f"length penalty must be >= 0, got {length_penalty}")
+
+
+def _limits(max_length: int | Sequence[int], batch: int) -> list[int]:
+    """One maximum output length per sentence of the batch."""
+    if isinstance(max_length, int):
+        return [max_length] * batch
+    limits = [int(n) for n in max_length]
+    if len(limits) != batch:
+        raise ValueError(f"{len(limits)} max lengths for a batch of {batch} sentences")
+    return limits
 
 
 def _source_lengths(src: Tensor, src_mask: Tensor | None) -> list[int]:
@@ -77,19 +93,22 @@ def _next_log_probs(model: Seq2SeqAttn, out: Tensor, forbid_eos: bool) -> Tensor
 
 
 def greedy_search(
-    model: Seq2SeqAttn, src: Tensor, src_mask: Tensor | None, max_length: int
+    model: Seq2SeqAttn, src: Tensor, src_mask: Tensor | None, max_length: int | Sequence[int]
 ) -> list[Hypothesis]:
     """The most probable token at every step, for every sentence of the batch at once.
 
     src: B x S with <s> .. </s> (right-padded with PAD where `src_mask` is False).
-    A sentence leaves the batch when it produces </s>; after `max_length` tokens it is cut.
+    A sentence leaves the batch when it produces </s>; after its `max_length` tokens (one
+    limit for all, or one per sentence) it is cut.
     """
     check_search_args(1, max_length, 1, 0, 0.0)
+    B = src.size(0)
+    limits = _limits(max_length, B)
     lengths = _source_lengths(src, src_mask)
     context, final = model.encode(src, src_mask)
     state = model.init_decoder_state(final)
-    B = src.size(0)
     alive = torch.arange(B, device=src.device)  # original index of each row
+    limit = torch.tensor(limits, device=src.device)  # of each row
     y = src.new_full((B,), BOS)
     scores = context.new_zeros(B)
     tokens = src.new_empty(B, 0)
@@ -107,25 +126,27 @@ def greedy_search(
             n = len(toks) - 1 if ended else len(toks)  # </s> is not a token of the output
             results[orig] = Hypothesis(toks[:n], score, attn[:, : lengths[orig]], ended)
 
-    for _t in range(max_length):
+    for t in range(max(limits, default=0)):
         out, state, attn = model.decode_step(y, state, context, src_mask)
         total = scores.unsqueeze(1) + _next_log_probs(model, out, forbid_eos=False)
         scores, y = total.max(dim=1)
         tokens = torch.cat([tokens, y.unsqueeze(1)], dim=1)
         attns = torch.cat([attns, attn.unsqueeze(1)], dim=1)
         ended = y == EOS
-        if bool(ended.any()):
-            emit(ended.nonzero().squeeze(1), ended=True)
-            keep = (~ended).nonzero().squeeze(1)
+        cut = ~ended & (limit == t + 1)
+        leaving = ended | cut
+        if bool(leaving.any()):
+            for rows, has_ended in ((ended, True), (cut, False)):
+                if bool(rows.any()):
+                    emit(rows.nonzero().squeeze(1), ended=has_ended)
+            keep = (~leaving).nonzero().squeeze(1)
             if keep.numel() == 0:
                 break
-            alive, y, scores = alive[keep], y[keep], scores[keep]
+            alive, limit, y, scores = alive[keep], limit[keep], y[keep], scores[keep]
             tokens, attns = tokens[keep], attns[keep]
             state = state.index_select(keep)
             context = context.index_select(0, keep)
             src_mask = None if src_mask is None else src_mask.index_select(0, keep)
-    else:
-        emit(torch.arange(alive.numel(), device=src.device), ended=False)
     return [h for h in results if h is not None]
 
 
@@ -158,13 +179,27 @@ class _Beam:
             src_mask=None if self.src_mask is None else self.src_mask.index_select(0, rows),
         )
 
+    def sentences(self, keep: Tensor) -> _Beam:
+        """The sub-beam of the active sentences `keep` (positions in `alive`)."""
+        K = self.scores.size(1)
+        rows = (keep.unsqueeze(1) * K + torch.arange(K, device=keep.device)).reshape(-1)
+        return _Beam(
+            alive=self.alive.index_select(0, keep),
+            scores=self.scores.index_select(0, keep),
+            tokens=self.tokens.index_select(0, rows),
+            attns=self.attns.index_select(0, rows),
+            state=self.state.index_select(rows),
+            context=self.context.index_select(0, rows),
+            src_mask=None if self.src_mask is None else self.src_mask.index_select(0, rows),
+        )
+
 
 def beam_search(
     model: Seq2SeqAttn,
     src: Tensor,
     src_mask: Tensor | None,
     beam_size: int = 5,
-    max_length: int = 250,
+    max_length: int | Sequence[int] = 250,
     n_best: int = 1,
     min_length: int = 0,
     length_penalty: float = 0.0,
@@ -176,19 +211,21 @@ def beam_search(
     n_best 1 that is seq2seq-attn's "the top of the beam has ended"). With a length penalty
     (finished hypotheses ranked by score / ((5 + length) / 6) ** alpha, length counting </s>)
     a sentence is also done once `beam_size` hypotheses have finished, as in fairseq. After
-    `max_length` tokens the live hypotheses are taken as they are. Identical token sequences
-    are kept once, with their best score.
+    its `max_length` tokens (one limit for all, or one per sentence) a sentence's live
+    hypotheses are taken as they are. Identical token sequences are kept once, with their
+    best score.
     """
     check_search_args(beam_size, max_length, n_best, min_length, length_penalty)
     K, alpha = beam_size, length_penalty
     B, S = src.shape
     device = src.device
+    limits = _limits(max_length, B)
     lengths = _source_lengths(src, src_mask)
     context, final = model.encode(src, src_mask)
     rep = torch.arange(B, device=device).repeat_interleave(K)
     scores = context.new_full((B, K), NEG_INF)
     scores[:, 0] = 0.0  # one live beam at first, so that the K beams do not start identical
-    beam = _Beam(
+    beam: _Beam | None = _Beam(
         alive=torch.arange(B, device=device),
         scores=scores,
         tokens=src.new_empty(B * K, 0),
@@ -202,11 +239,12 @@ def beam_search(
     # Stop tests. Without a length penalty a live score only falls, so it bounds itself and
     # the search is exact; with one, a longer hypothesis may still rise up to live/max_lp
     # (seldom reached), so a sentence is also done once it has K finished ones (fairseq).
-    max_lp = length_penalty_factor(max_length + 1, alpha)
+    max_lp = [length_penalty_factor(n + 1, alpha) for n in limits]
     enough = K if alpha > 0 else math.inf
 
-    for t in range(max_length):
+    for t in range(max(limits, default=0)):
         n = beam.alive.numel()
+        alive = beam.alive.tolist()
         out, beam.state, attn = model.decode_step(y, beam.state, beam.context, beam.src_mask)
         logp = _next_log_probs(model, out, forbid_eos=t < min_length)
         V = logp.size(1)
@@ -219,13 +257,12 @@ def beam_search(
         # Finished: </s> among the top K candidates of its sentence.
         ends = is_eos[:, :K] & torch.isfinite(cand_scores[:, :K])
         if bool(ends.any()):
-            where, alive = ends.nonzero(), beam.alive.tolist()
             rows = cand_rows[:, :K][ends]
             ended_attn = torch.cat(
                 [beam.attns.index_select(0, rows), attn.index_select(0, rows).unsqueeze(1)], 1
             ).cpu()
             for (i, _), score, toks, a in zip(
-                where.tolist(),
+                ends.nonzero().tolist(),
                 cand_scores[:, :K][ends].tolist(),
                 beam.tokens.index_select(0, rows).tolist(),
                 ended_attn,
@@ -243,7 +280,12 @@ def beam_search(
         live_tokens = cand_tokens.gather(1, order)
 
         done = _sentences_done(
-            found, beam.alive.tolist(), live_scores[:, 0].tolist(), n_best, max_lp, enough
+            found,
+            alive,
+            live_scores[:, 0].tolist(),
+            n_best,
+            [max_lp[orig] for orig in alive],
+            enough,
         )
         keep = [i for i, d in enumerate(done) if not d]
         if not keep:
@@ -257,10 +299,19 @@ def beam_search(
         beam = beam.select(
             rows, live_scores, live_tokens.reshape(-1), attn, beam.alive.index_select(0, keep_t)
         )
+        # A sentence at its length limit: its live hypotheses count as they are.
+        cut = {i for i, orig in enumerate(beam.alive.tolist()) if limits[orig] == t + 1}
+        if cut:
+            _take_live(
+                beam.sentences(torch.tensor(sorted(cut), device=device)), found, lengths, alpha
+            )
+            rest = [i for i in range(beam.alive.numel()) if i not in cut]
+            if not rest:
+                beam = None
+                break
+            beam = beam.sentences(torch.tensor(rest, device=device))
         y = beam.tokens[:, -1]
 
-    if beam is not None:  # max_length reached: the live hypotheses count as they are
-        _take_live(beam, found, lengths, alpha)
     return [best_distinct(hyps, n_best) for hyps in found]
 
 
@@ -269,13 +320,13 @@ def _sentences_done(
     alive: list[int],
     best_live: list[float],
     n_best: int,
-    max_lp: float,
+    max_lp: list[float],
     enough: float,
 ) -> list[bool]:
     """Per active sentence: can no live hypothesis enter its n-best list any more (a live
     score divided by `max_lp` bounds what it can still reach), or have `enough` finished?"""
     done = []
-    for orig, live in zip(alive, best_live, strict=True):
+    for orig, live, lp in zip(alive, best_live, max_lp, strict=True):
         hyps = found[orig]
         if live == NEG_INF:
             done.append(True)
@@ -283,14 +334,14 @@ def _sentences_done(
             done.append(False)
         else:
             nth = sorted((h.score for h in hyps), reverse=True)[n_best - 1]
-            done.append(nth >= live / max_lp or len(hyps) >= enough)
+            done.append(nth >= live / lp or len(hyps) >= enough)
     return done
 
 
 def _take_live(
     beam: _Beam, found: list[list[Hypothesis]], lengths: list[int], alpha: float
 ) -> None:
-    """At max_length: every live hypothesis joins its sentence's candidates, unfinished."""
+    """At its length limit: every live hypothesis joins its sentence's candidates, unfinished."""
     K = beam.scores.size(1)
     attns, alive = beam.attns.cpu(), beam.alive.tolist()
     for row, (score, toks) in enumerate(

@@ -1,4 +1,4 @@
-"""From lists of sentences to translations: batching by length, tokenizers, BLEU.
+"""From lists of sentences to n-best lists: search options, batching by length, eval mode.
 
 Sources are sorted by length and cut into batches so that little padding is decoded; the
 searches mask what padding there is, so a sentence gets the same translation in any batch.
@@ -6,12 +6,14 @@ searches mask what padding there is, so a sentence gets the same translation in 
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
-from sacrebleu.metrics import BLEU, BLEUScore
 from torch import Tensor
-from tqdm import tqdm
 
 from nmt.data.vocab import BOS, EOS, PAD
 from nmt.errors import NmtError
@@ -27,6 +29,34 @@ class TextTokenizer(Protocol):
     def decode(self, ids: list[int]) -> str: ...
 
 
+@dataclass(frozen=True)
+class SearchOptions:
+    """How to search, as the command line sets it; `check()` rejects impossible values.
+
+    The output limit of a source of n tokens is `max_length`, or with a ratio
+    min(max_length, ceil(max_length_ratio * n)), at least 1.
+    """
+
+    beam_size: int = 5
+    max_length: int = 250
+    max_length_ratio: float = 0.0  # 0: off
+    min_length: int = 0
+    n_best: int = 1
+    length_penalty: float = 0.0  # GNMT alpha; 0: plain log-probability sums
+
+    def check(self) -> None:
+        check_search_args(
+            self.beam_size, self.max_length, self.n_best, self.min_length, self.length_penalty
+        )
+        if self.max_length_ratio < 0 or not math.isfinite(self.max_length_ratio):
+            raise NmtError(f"max length ratio must be >= 0 (0: off), got {self.max_length_ratio}")
+
+    def limit(self, source_length: int) -> int:
+        if self.max_length_ratio <= 0:
+            return self.max_length
+        return max(1, min(self.max_length, math.ceil(self.max_length_ratio * source_length)))
+
+
 def pad_sources(seqs: list[list[int]], device: torch.device | str) -> tuple[Tensor, Tensor]:
     """Ids without specials -> src B x S (<s> ids </s>, right-padded with PAD) and its mask."""
     S = max((len(s) for s in seqs), default=0) + 2
@@ -38,45 +68,57 @@ def pad_sources(seqs: list[list[int]], device: torch.device | str) -> tuple[Tens
     return src.to(device), mask.to(device)
 
 
-def translate_ids(
-    model: Seq2SeqAttn,
-    sources: list[list[int]],
-    beam_size: int = 5,
-    max_length: int = 250,
-    batch_size: int = 32,
-    n_best: int = 1,
-    min_length: int = 0,
-    length_penalty: float = 0.0,
-    progress: bool = False,
-) -> list[list[Hypothesis]]:
-    """Translate id sequences (without specials); per source its n-best list, in input order.
-
-    Runs the model in eval mode under inference_mode and restores its training flag after.
-    Beam size 1 without `min_length` uses greedy search, which gives the same result.
-    """
-    check_search_args(beam_size, max_length, n_best, min_length, length_penalty)
-    if batch_size < 1:
-        raise NmtError(f"batch size must be >= 1, got {batch_size}")
-    device = next(model.parameters()).device
-    order = sorted(range(len(sources)), key=lambda i: len(sources[i]), reverse=True)
-    batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
-    results: list[list[Hypothesis]] = [[] for _ in sources]
+@contextmanager
+def evaluating(model: Seq2SeqAttn) -> Iterator[None]:
+    """Dropout off and no autograd inside; the model's training flag is restored after."""
     was_training = model.training
     model.eval()
     try:
         with torch.inference_mode():
-            for batch in tqdm(batches, desc="translate", unit="batch", disable=not progress):
-                src, mask = pad_sources([sources[i] for i in batch], device)
-                if beam_size == 1 and min_length == 0:
-                    found = [[h] for h in greedy_search(model, src, mask, max_length)]
-                else:
-                    found = beam_search(
-                        model, src, mask, beam_size, max_length, n_best, min_length, length_penalty
-                    )
-                for i, hyps in zip(batch, found, strict=True):
-                    results[i] = hyps
+            yield
     finally:
         model.train(was_training)
+
+
+def length_batches(lengths: list[int], batch_size: int) -> list[list[int]]:
+    """Indices sorted by length (longest first, stable) and cut into batches."""
+    if batch_size < 1:
+        raise NmtError(f"batch size must be >= 1, got {batch_size}")
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i], reverse=True)
+    return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+
+
+def translate_ids(
+    model: Seq2SeqAttn,
+    sources: list[list[int]],
+    options: SearchOptions = SearchOptions(),
+    batch_size: int = 32,
+    on_batch: Callable[[int], None] | None = None,
+) -> list[list[Hypothesis]]:
+    """Translate id sequences (without specials); per source its n-best list, in input order.
+
+    `on_batch(n)` is called after each batch of n sentences (a progress bar's update).
+    Beam size 1 without min length or length penalty runs greedy search, which gives the
+    same result as the beam (tested) with less bookkeeping.
+    """
+    options.check()
+    o = options
+    device = next(model.parameters()).device
+    results: list[list[Hypothesis]] = [[] for _ in sources]
+    with evaluating(model):
+        for batch in length_batches([len(s) for s in sources], batch_size):
+            src, mask = pad_sources([sources[i] for i in batch], device)
+            limits = [o.limit(len(sources[i])) for i in batch]
+            if o.beam_size == 1 and o.min_length == 0 and o.length_penalty == 0:
+                found = [[h] for h in greedy_search(model, src, mask, limits)]
+            else:
+                found = beam_search(
+                    model, src, mask, o.beam_size, limits, o.n_best, o.min_length, o.length_penalty
+                )
+            for i, hyps in zip(batch, found, strict=True):
+                results[i] = hyps
+            if on_batch is not None:
+                on_batch(len(batch))
     return results
 
 
@@ -85,31 +127,10 @@ def translate_lines(
     src_tokenizer: TextTokenizer,
     tgt_tokenizer: TextTokenizer,
     lines: list[str],
-    beam_size: int = 5,
-    max_length: int = 250,
+    options: SearchOptions = SearchOptions(),
     batch_size: int = 32,
-    progress: bool = False,
 ) -> list[str]:
     """Translate text lines: the best hypothesis of each, decoded by the target tokenizer."""
     sources = [src_tokenizer.encode(line) for line in lines]
-    found = translate_ids(model, sources, beam_size, max_length, batch_size, progress=progress)
+    found = translate_ids(model, sources, options, batch_size)
     return [tgt_tokenizer.decode(hyps[0].tokens) for hyps in found]
-
-
-def _check_pairs(hyps: list[str], refs: list[str]) -> None:
-    if len(hyps) != len(refs):
-        raise NmtError(f"BLEU: {len(hyps)} hypotheses but {len(refs)} references")
-
-
-def bleu(hyps: list[str], refs: list[str]) -> BLEUScore:
-    """Corpus BLEU with sacrebleu's defaults (13a, mixed case, one reference); `force`
-    because seq2seq-attn corpora come pre-tokenised and the score is of the text as given."""
-    _check_pairs(hyps, refs)
-    return BLEU(force=True).corpus_score(hyps, [refs])
-
-
-def bleu_line(hyps: list[str], refs: list[str]) -> str:
-    """sacrebleu's score line followed by its signature, so that the figure is reproducible."""
-    _check_pairs(hyps, refs)
-    metric = BLEU(force=True)
-    return f"{metric.corpus_score(hyps, [refs])} {metric.get_signature()}"

@@ -1,0 +1,175 @@
+#!/usr/bin/env python
+"""Translation speed: sentences/s and target tokens/s, greedy vs beam 5, printed as a table.
+
+Input: the first 500 lines of the ende-demo validation source. The model (2 x 256 by
+default) is trained briefly with Adam on ende-demo train first, so that it ends its
+sentences the way a real model does (an untrained one runs every sentence to the length
+limit); `--train-steps 0` measures an untrained model instead. Translation is the code path
+of `nmt translate`: checkpoint -> load_model -> translate_ids (batched beam search).
+One timed run per search after a two-sentence warm-up.
+
+    python scripts/bench_translate.py                        # ~3.5 min on one CPU core
+    python scripts/bench_translate.py --run-dir runs/bench   # keep the model / reuse it
+    python scripts/bench_translate.py --device cuda --threads 0 --train-steps 1000
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from nmt.config import Config, from_dict
+from nmt.data.corpus import load_corpus
+from nmt.data.tokenizers import Tokenizer
+from nmt.model import Seq2SeqAttn
+from nmt.train.trainer import build_model, train
+from nmt.translate.run import load_model, read_lines
+from nmt.translate.translator import SearchOptions, translate_ids
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def bench_config(args: argparse.Namespace, run_dir: Path) -> Config:
+    """2 x 256 (default) on ende-demo with capped word vocabularies, Adam, autograd."""
+    d = args.data
+    # Validation on 100 validation lines that the benchmark does not translate.
+    run_dir.mkdir(parents=True, exist_ok=True)
+    val = {}
+    for side, name in (("src", "src-val.txt"), ("tgt", "targ-val.txt")):
+        lines = read_lines(d / name)[args.lines : args.lines + 100]
+        val[side] = run_dir / f"valid.{side}"
+        val[side].write_text("".join(x + "\n" for x in lines), encoding="utf-8")
+    return from_dict(
+        {
+            "data": {
+                "train_src": str(d / "src-train.txt"),
+                "train_tgt": str(d / "targ-train.txt"),
+                "valid_src": str(val["src"]),
+                "valid_tgt": str(val["tgt"]),
+                "tokenizer": "word",
+                "src_vocab_size": args.vocab,
+                "tgt_vocab_size": args.vocab,
+            },
+            "model": {"num_layers": args.layers, "rnn_size": args.rnn, "word_vec_size": args.rnn},
+            "train": {
+                "batch_size": 64,
+                "max_steps": max(args.train_steps, 1),
+                "optimizer": "adam",
+                "learning_rate": 0.001,
+                "device": args.device,
+                "executor": "autograd",
+                "log_every": 100,
+            },
+        },
+        "bench_translate",
+    )
+
+
+def get_model(args: argparse.Namespace, run_dir: Path) -> tuple[Seq2SeqAttn, Tokenizer, Tokenizer]:
+    """The model to time: --model, a checkpoint already in run_dir, a briefly trained one,
+    or (--train-steps 0) a freshly initialised one."""
+    device = torch.device(args.device)
+    ckpt = args.model or run_dir / "model.pt"
+    if ckpt.is_file():
+        print(f"using {ckpt}")
+        return load_model(ckpt, device)
+    cfg = bench_config(args, run_dir)
+    if args.train_steps == 0:
+        torch.manual_seed(cfg.train.seed)
+        corpus = load_corpus(cfg.data, run_dir, log=lambda s: None)
+        src_tok, tgt_tok = corpus.src_tokenizer, corpus.tgt_tokenizer
+        model = build_model(cfg, len(src_tok), len(tgt_tok), device)
+        print("untrained model (uniform initialisation +-0.1)")
+        return model.eval(), src_tok, tgt_tok
+    start = time.perf_counter()
+    train(cfg, run_dir, log=lambda s: print(f"  {s}"), progress=False)
+    print(f"trained {args.train_steps} steps in {time.perf_counter() - start:.0f} s")
+    return load_model(ckpt, device)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument(
+        "--data",
+        type=Path,
+        default=REPO.parent / "shared" / "corpora" / "ende-demo",
+        help="folder with src-train.txt, targ-train.txt, src-val.txt, targ-val.txt",
+    )
+    ap.add_argument("--model", type=Path, default=None, help="use this checkpoint, train none")
+    ap.add_argument("--run-dir", type=Path, default=None, help="train into / reuse (temp dir)")
+    ap.add_argument("--train-steps", type=int, default=200, help="0: untrained model")
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--rnn", type=int, default=256)
+    ap.add_argument("--vocab", type=int, default=10000, help="word vocabulary cap per side")
+    ap.add_argument("--lines", type=int, default=500, help="validation lines translated")
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--max-length", type=int, default=250)
+    ap.add_argument("--max-length-ratio", type=float, default=2.0, help="0: off")
+    ap.add_argument("--beams", default="1,5", help="comma list of beam sizes (1 = greedy)")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads (0: torch default); 1 by default, as on a machine whose cores are "
+        "busy with other work OpenMP threads mostly wait for each other",
+    )
+    ap.add_argument("--device", default="cpu")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model, src_tok, tgt_tok = get_model(args, args.run_dir or Path(tmp))
+    lines = read_lines(args.data / "src-val.txt")[: args.lines]
+    sources = [src_tok.encode(line) for line in lines]
+    src_tokens = sum(len(s) for s in sources)
+    print(
+        f"model {model.cfg.num_layers} x {model.cfg.rnn_size}, vocabularies "
+        f"{len(src_tok)} / {len(tgt_tok)}, {args.device}, {torch.get_num_threads()} threads, "
+        f"torch {torch.__version__}"
+    )
+    print(
+        f"input: {len(lines)} lines of {args.data / 'src-val.txt'} ({src_tokens} tokens), "
+        f"batch {args.batch_size}, max length {args.max_length}, "
+        f"ratio {args.max_length_ratio or 'off'}"
+    )
+
+    rows = []
+    for beam in (int(b) for b in args.beams.split(",")):
+        options = SearchOptions(
+            beam_size=beam, max_length=args.max_length, max_length_ratio=args.max_length_ratio
+        )
+        translate_ids(model, sources[:2], options, args.batch_size)  # warm-up
+        if args.device.startswith("cuda"):
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        found = translate_ids(model, sources, options, args.batch_size)
+        if args.device.startswith("cuda"):
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - start
+        best = [hyps[0] for hyps in found]
+        out_tokens = sum(len(h.tokens) for h in best)
+        rows.append(
+            (
+                "greedy" if beam == 1 else f"beam {beam}",
+                len(best) / seconds,
+                out_tokens / seconds,
+                out_tokens / len(best),
+                sum(not h.finished for h in best),
+                seconds,
+            )
+        )
+
+    print()
+    print("| search | sentences/s | target tokens/s | mean length | cut at limit | seconds |")
+    print("|---|---|---|---|---|---|")
+    for name, sps, tps, mean, cut, seconds in rows:
+        print(f"| {name} | {sps:.1f} | {tps:.0f} | {mean:.1f} | {cut} | {seconds:.1f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,399 @@
+"""`nmt translate` on a model trained for a few seconds on the toy corpus: beam vs greedy,
+n-best lists checked by gold scoring, replace-unk, attention files, stdin streaming, metrics,
+length options and the user errors. In-process (translate_file, typer's runner) except for the
+streaming test, which needs a real pipe.
+
+The model has small word vocabularies (60 / 80), so its outputs hold <unk> for the German
+number compounds: what replace-unk needs, and word tokens make a hypothesis fed back as a
+reference the same token sequence.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import queue
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from nmt.cli import app
+from nmt.config import from_dict
+from nmt.errors import NmtError
+from nmt.train.trainer import train
+from nmt.translate import run as run_module
+from nmt.translate.formats import read_attention
+from nmt.translate.metrics import bleu_line, chrf_line
+from nmt.translate.run import load_model, translate_file
+from nmt.translate.scoring import gold_scores
+from nmt.translate.translator import SearchOptions, translate_ids
+
+REPO = Path(__file__).resolve().parents[1]
+TOY = REPO / "data" / "toy"
+N_TEST = 60  # toy test sentences used (of 500), to keep the tests fast
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def toy_model(tmp_path_factory) -> Path:
+    """1 x 64, word vocabularies 60 / 80, Adam 3e-3, 300 steps: ~5 s, validation ppl ~3."""
+    tmp = tmp_path_factory.mktemp("toy_model")
+    for side in ("src", "tgt"):  # a small validation set: validation is not what is tested
+        lines = (TOY / f"valid.{side}").read_text(encoding="utf-8").splitlines(keepends=True)
+        (tmp / f"valid.{side}").write_text("".join(lines[:50]), encoding="utf-8")
+    cfg = from_dict(
+        {
+            "data": {
+                "train_src": str(TOY / "train.src"),
+                "train_tgt": str(TOY / "train.tgt"),
+                "valid_src": str(tmp / "valid.src"),
+                "valid_tgt": str(tmp / "valid.tgt"),
+                "tokenizer": "word",
+                "src_vocab_size": 60,
+                "tgt_vocab_size": 80,
+            },
+            "model": {"num_layers": 1, "rnn_size": 64, "word_vec_size": 64, "dropout": 0.0},
+            "train": {
+                "batch_size": 64,
+                "max_steps": 300,
+                "optimizer": "adam",
+                "learning_rate": 0.003,
+                "device": "cpu",
+                "executor": "autograd",
+            },
+        }
+    )
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matrices: a second thread only waits (or contends)
+    try:
+        train(cfg, tmp / "run", log=lambda _: None, progress=False)
+    finally:
+        torch.set_num_threads(threads)
+    return tmp / "run" / "model.pt"
+
+
+@pytest.fixture(scope="session")
+def toy_test(tmp_path_factory) -> tuple[Path, Path]:
+    """The first N_TEST lines of the toy test set: (source file, reference file)."""
+    tmp = tmp_path_factory.mktemp("toy_test")
+    paths = []
+    for side in ("src", "tgt"):
+        lines = (TOY / f"test.{side}").read_text(encoding="utf-8").splitlines(keepends=True)
+        path = tmp / f"test.{side}"
+        path.write_text("".join(lines[:N_TEST]), encoding="utf-8")
+        paths.append(path)
+    return paths[0], paths[1]
+
+
+def lines_of(path: Path) -> list[str]:
+    return path.read_text(encoding="utf-8").splitlines()
+
+
+def parse_nbest(text: str) -> list[tuple[int, str, float]]:
+    rows = []
+    for line in text.splitlines():
+        index, hyp, score = line.split(" ||| ")
+        rows.append((int(index), hyp, float(score)))
+    return rows
+
+
+def invoke(*args: str, input: str | None = None):
+    return CliRunner().invoke(app, ["translate", *args], input=input)
+
+
+def assert_one_line_error(result, *needles: str) -> None:
+    assert result.exit_code == 2, (result.stdout, result.stderr)
+    lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+# ---- search quality on a trained model ------------------------------------------------------
+
+
+def test_beam_never_scores_below_greedy(toy_model, toy_test):
+    model, src_tok, tgt_tok = load_model(toy_model, torch.device("cpu"))
+    sources = [src_tok.encode(line) for line in lines_of(toy_test[0])]
+    greedy = translate_ids(model, sources, SearchOptions(1, 60), batch_size=16)
+    beam = translate_ids(model, sources, SearchOptions(5, 60), batch_size=16)
+    better = 0
+    for (g,), (b,) in zip(greedy, beam, strict=True):
+        assert g.finished and b.finished  # the trained model ends its sentences
+        assert b.score >= g.score - 1e-4
+        better += b.score > g.score + 1e-4
+    # the scores are the model's: teacher forcing the hypotheses gives them back
+    gold = gold_scores(model, sources, [b.tokens for (b,) in beam], batch_size=7)
+    assert gold.scores == pytest.approx([b.score for (b,) in beam], abs=1e-4)
+    print(f"beam 5 beats greedy on {better} of {len(sources)} sentences")
+
+
+def test_batched_equals_one_sentence_at_a_time(toy_model, toy_test):
+    model, src_tok, _ = load_model(toy_model, torch.device("cpu"))
+    sources = [src_tok.encode(line) for line in lines_of(toy_test[0])[:30]]
+    options = SearchOptions(4, 60, n_best=2)
+    batched = translate_ids(model, sources, options, batch_size=16)
+    alone = translate_ids(model, sources, options, batch_size=1)
+    for nbest, single in zip(batched, alone, strict=True):
+        assert [h.tokens for h in nbest] == [h.tokens for h in single]
+        assert [h.score for h in nbest] == pytest.approx([h.score for h in single], abs=1e-4)
+
+
+def test_nbest_lists_match_gold_scores(toy_model, toy_test, tmp_path, capsys):
+    src = tmp_path / "src.txt"
+    src.write_text("".join(line + "\n" for line in lines_of(toy_test[0])[:20]), encoding="utf-8")
+    out = tmp_path / "nbest.txt"
+    best = translate_file(
+        toy_model,
+        src,
+        output=out,
+        search=SearchOptions(5, 60, n_best=3),
+        device="cpu",
+        progress=False,
+    )
+    rows = parse_nbest(out.read_text(encoding="utf-8"))
+    assert [i for i, _, _ in rows] == [i for i in range(20) for _ in range(3)]
+    for i in range(20):
+        hyps = rows[3 * i : 3 * i + 3]
+        assert len({h for _, h, _ in hyps}) == 3  # distinct
+        scores = [s for _, _, s in hyps]
+        assert scores == sorted(scores, reverse=True)  # best first
+        assert best[i] == hyps[0][1]
+    # Feed every hypothesis back as a reference of its source: gold scoring gives its score.
+    rep_src, rep_ref = tmp_path / "rep.src", tmp_path / "rep.ref"
+    sources = lines_of(src)
+    rep_src.write_text("".join(sources[i] + "\n" for i, _, _ in rows), encoding="utf-8")
+    rep_ref.write_text("".join(h + "\n" for _, h, _ in rows), encoding="utf-8")
+    capsys.readouterr()
+    translate_file(
+        toy_model,
+        rep_src,
+        output=tmp_path / "ignored.txt",
+        ref=rep_ref,
+        search=SearchOptions(1, 60),
+        score_gold=True,
+        device="cpu",
+        progress=False,
+    )
+    err = capsys.readouterr().err.splitlines()
+    gold = [line for line in err if line.startswith("GOLD ") and " ||| " in line]
+    assert len(gold) == len(rows)
+    for k, (line, (_, hyp, score)) in enumerate(zip(gold, rows, strict=True)):
+        head, ref, value = line.split(" ||| ")
+        assert head == f"GOLD {k}" and ref == hyp
+        assert float(value) == pytest.approx(score, abs=3e-4)
+    (ppl_line,) = [line for line in err if line.startswith("GOLD PPL = ")]
+    tokens = sum(len(h.split()) + 1 for _, h, _ in rows)
+    expected = math.exp(-sum(s for _, _, s in rows) / tokens)
+    assert float(ppl_line.split()[3]) == pytest.approx(expected, rel=1e-3)
+    assert f"over {tokens} reference tokens" in ppl_line
+
+
+# ---- replace-unk and attention --------------------------------------------------------------
+
+
+def test_replace_unk_and_attention_file(toy_model, toy_test, tmp_path):
+    src = toy_test[0]
+    sources = [line.split() for line in lines_of(src)]
+    common = {"search": SearchOptions(3, 60), "device": "cpu", "progress": False}
+    plain = translate_file(toy_model, src, output=tmp_path / "plain.txt", **common)
+    att = tmp_path / "att.jsonl"
+    copied = translate_file(
+        toy_model, src, output=tmp_path / "copy.txt", replace_unk=True, attention=att, **common
+    )
+    table_file = tmp_path / "table.txt"
+    words = sorted({w for s in sources for w in s})
+    table_file.write_text("".join(f"{w}|||[{w.upper()}]\n" for w in words), encoding="utf-8")
+    mapped = translate_file(
+        toy_model,
+        src,
+        output=tmp_path / "map.txt",
+        replace_unk=True,
+        phrase_table=table_file,
+        **common,
+    )
+    assert lines_of(tmp_path / "copy.txt") == copied
+    replaced = 0
+    for i, (p, c, m, source) in enumerate(zip(plain, copied, mapped, sources, strict=True)):
+        record = read_attention(att, i)
+        assert record["source"] == ["<s>", *source, "</s>"]
+        assert record["target"] == [*c.split(), "</s>"]  # the output pieces, as written
+        assert record["translation"] == c
+        weights = torch.tensor(record["attention"])
+        assert weights.shape == (len(c.split()) + 1, len(source) + 2)
+        torch.testing.assert_close(weights.sum(1), torch.ones(len(weights)), atol=1e-4, rtol=0)
+        for j, (pw, cw, mw) in enumerate(zip(p.split(), c.split(), m.split(), strict=True)):
+            if pw == "<unk>":
+                word = source[int(weights[j, 1:-1].argmax())]  # most attended source word
+                assert cw == word and mw == f"[{word.upper()}]"
+                replaced += 1
+            else:
+                assert pw == cw == mw
+    assert replaced >= N_TEST // 2  # the small vocabulary makes <unk> common
+
+
+def test_replace_unk_needs_word_vocabularies(toy_model, toy_test, monkeypatch):
+    def as_sentencepiece(path, device):
+        model, src_tok, tgt_tok = load_model(path, device)
+        tgt_tok.kind = "sentencepiece"
+        return model, src_tok, tgt_tok
+
+    monkeypatch.setattr(run_module, "load_model", as_sentencepiece)
+    with pytest.raises(NmtError, match="--replace-unk needs word vocabularies"):
+        translate_file(toy_model, toy_test[0], replace_unk=True, device="cpu", progress=False)
+
+
+# ---- streaming, metrics, lengths --------------------------------------------------------------
+
+
+def test_stdin_streams_each_batch(toy_model, toy_test):
+    """Translations of a batch come out while stdin is still open, identical to a file run."""
+    lines = lines_of(toy_test[0])[:3]
+    args = ["--beam-size", "2", "--max-length", "40", "--batch-size", "2", "--device", "cpu"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "nmt", "translate", "-m", str(toy_model), "--src", "-", *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    got: queue.Queue[str] = queue.Queue()
+    reader = threading.Thread(target=lambda: [got.put(x) for x in proc.stdout], daemon=True)
+    reader.start()
+    try:
+        proc.stdin.write(lines[0] + "\n" + lines[1] + "\n")
+        proc.stdin.flush()
+        first = [got.get(timeout=120) for _ in range(2)]
+        assert proc.poll() is None  # still running: the batch was written before EOF
+        proc.stdin.write(lines[2] + "\n")
+        proc.stdin.close()
+        assert proc.wait(timeout=120) == 0, proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    reader.join(timeout=10)
+    rest = []
+    while not got.empty():
+        rest.append(got.get())
+    result = invoke("-m", str(toy_model), "--src", str(toy_test[0]), *args, "--no-progress")
+    expected = result.stdout.splitlines()[:3]
+    assert [x.rstrip("\n") for x in first + rest] == expected
+    assert "translate" not in proc.stderr.read()  # no progress bar for stdin
+
+
+def test_stdin_through_the_runner_with_metrics(toy_model, toy_test, tmp_path):
+    refs = lines_of(toy_test[1])[:5]
+    ref = tmp_path / "ref.txt"
+    ref.write_text("".join(r + "\n" for r in refs), encoding="utf-8")
+    text = "".join(line + "\n" for line in lines_of(toy_test[0])[:5])
+    result = invoke(
+        "-m", str(toy_model), "--src", "-", "--ref", str(ref), "--beam-size", "2", input=text
+    )
+    assert result.exit_code == 0, result.stderr
+    hyps = result.stdout.splitlines()
+    assert len(hyps) == 5
+    err = result.stderr.splitlines()
+    assert bleu_line(hyps, refs) in err
+    assert chrf_line(hyps, refs) in err
+    assert any(line.startswith("chrF2 = ") and "nrefs:1|" in line for line in err)
+
+
+def test_max_length_ratio_caps_outputs(toy_model, toy_test):
+    args = ["-m", str(toy_model), "--src", str(toy_test[0]), "--beam-size", "3", "--no-progress"]
+    free = invoke(*args).stdout.splitlines()
+    capped = invoke(*args, "--max-length-ratio", "0.5").stdout.splitlines()
+    sources = lines_of(toy_test[0])
+    assert len(free) == len(capped) == len(sources)
+    limits = [math.ceil(0.5 * len(s.split())) for s in sources]
+    assert all(len(c.split()) <= n for c, n in zip(capped, limits, strict=True))
+    assert any(len(f.split()) > n for f, n in zip(free, limits, strict=True))  # it bites
+    tight = invoke(*args, "--max-length-ratio", "0.5", "--max-length", "2").stdout.splitlines()
+    assert all(len(t.split()) <= 2 for t in tight)
+
+
+def test_long_lines_are_translated_or_truncated_with_a_warning(toy_model, tmp_path):
+    src = tmp_path / "long.txt"
+    long_line = " ".join(["seven hundred and twelve cats ,"] * 60)  # 360 tokens
+    src.write_text(f"{long_line}\none .\n", encoding="utf-8")
+    args = ["-m", str(toy_model), "--beam-size", "2", "--max-length", "8", "--no-progress"]
+    full = invoke(*args, "--src", str(src))
+    assert full.exit_code == 0 and len(full.stdout.splitlines()) == 2
+    cut = invoke(*args, "--src", str(src), "--max-src-length", "12")
+    assert cut.exit_code == 0, cut.stderr
+    assert "line 1: 360 source tokens, translating the first 12" in cut.stderr
+    assert "line 2" not in cut.stderr
+    head = tmp_path / "head.txt"
+    head.write_text(" ".join(long_line.split()[:12]) + "\none .\n", encoding="utf-8")
+    assert cut.stdout == invoke(*args, "--src", str(head)).stdout
+
+
+def test_help_lists_the_options():
+    result = invoke("--help")
+    for option in [
+        "--beam-size",
+        "--max-length",
+        "--max-length-ratio",
+        "--min-length",
+        "--n-best",
+        "--length-penalty",
+        "--replace-unk",
+        "--phrase-table",
+        "--score-gold",
+        "--attention",
+        "--batch-size",
+        "--max-src-length",
+        "--ref",
+    ]:
+        assert option in result.stdout, option
+
+
+@pytest.mark.parametrize(
+    ("extra", "needles"),
+    [
+        (["--n-best", "6"], ["n_best", "beam size (5)"]),
+        (["--beam-size", "0"], ["beam size must be >= 1"]),
+        (["--max-length-ratio", "-1"], ["max length ratio"]),
+        (["--score-gold"], ["--score-gold needs --ref"]),
+        (["--phrase-table", "t.txt"], ["--phrase-table", "--replace-unk"]),
+        (["--batch-size", "0"], ["batch size"]),
+        (["--max-src-length", "-3"], ["max source length"]),
+    ],
+)
+def test_bad_options_are_one_line_errors(toy_model, toy_test, extra, needles):
+    result = invoke("-m", str(toy_model), "--src", str(toy_test[0]), *extra)
+    assert_one_line_error(result, *needles)
+
+
+def test_bad_inputs_are_one_line_errors(toy_model, toy_test, tmp_path):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("", encoding="utf-8")
+    base = ["-m", str(toy_model), "--no-progress"]
+    assert_one_line_error(invoke(*base, "--src", str(empty)), "empty.txt", "no lines")
+    assert_one_line_error(invoke(*base, "--src", "-", input=""), "stdin", "no lines")
+    absent = tmp_path / "absent.txt"
+    assert_one_line_error(invoke(*base, "--src", str(absent)), "absent.txt", "not found")
+    short_ref = tmp_path / "ref.txt"
+    short_ref.write_text("eins .\n", encoding="utf-8")
+    result = invoke(*base, "--src", str(toy_test[0]), "--ref", str(short_ref))
+    assert_one_line_error(result, "ref.txt", "1 lines", f"has {N_TEST}")
+    result = invoke(*base, "--src", "-", "--ref", str(short_ref), input="one .\ntwo .\n")
+    assert result.exit_code == 2 and "but stdin gave 2" in result.stderr
+    bad_table = tmp_path / "table.txt"
+    bad_table.write_text("no separator here\n", encoding="utf-8")
+    result = invoke(
+        *base, "--src", str(toy_test[0]), "--replace-unk", "--phrase-table", str(bad_table)
+    )
+    assert_one_line_error(result, "table.txt: line 1")
