@@ -115,4 +115,5 @@ def test_reference_lists_every_key():
 
 def test_readme_config_reference_is_current():
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
-    assert reference_markdown().rstrip() in readme, "regenerate the README's config reference"
+    hint = "run: python scripts/config_reference.py --write"
+    assert reference_markdown().rstrip() in readme, hint

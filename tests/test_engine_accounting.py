@@ -17,15 +17,6 @@ CFG = ModelConfig(num_layers=2, rnn_size=6, word_vec_size=5, dropout=0.3, bidire
 SRC_V, TGT_V, BATCH, MAX_SRC, MAX_TGT = 11, 13, 3, 4, 5
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny ops: OpenMP threads only add contention on a shared machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def full_length_batch() -> Batch:
     g = torch.Generator().manual_seed(0)
     return Batch(

@@ -15,15 +15,6 @@ from nmt.model import Seq2SeqAttn
 B, S, T = 3, 5, 4  # one source length per batch; targets padded
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny ops: OpenMP threads only add contention on a shared machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def make_batch(seed: int = 0, src_vocab: int = 11, tgt_vocab: int = 13) -> Batch:
     g = torch.Generator().manual_seed(seed)
     src = torch.randint(4, src_vocab, (B, S), generator=g)

@@ -15,15 +15,6 @@ from nmt.engine.nodes import MM, Split
 from nmt.model import Seq2SeqAttn
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny ops: OpenMP threads only add contention on a shared machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def random_corpus(n: int, vocab: int, seed: int) -> list[Batch]:
     """Batches of different source and target lengths (targets padded)."""
     g = torch.Generator().manual_seed(seed)

@@ -45,15 +45,6 @@ train:
 """
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny ops: OpenMP threads only add contention on a shared machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.fixture(scope="module")
 def tiny_config(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("memreport") / "tiny.yaml"

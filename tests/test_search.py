@@ -33,15 +33,6 @@ def random_sources(lengths: list[int], seed: int = 7) -> list[list[int]]:
     return [torch.randint(4, V, (n,), generator=g).tolist() for n in lengths]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny tensors: extra threads only contend with the other processes on the machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def copy_model(one_thread) -> Seq2SeqAttn:
     """A 1 x 32 model trained ~1 s to copy its source: peaked, realistic distributions."""

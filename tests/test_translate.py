@@ -38,14 +38,6 @@ TOY = REPO / "data" / "toy"
 N_TEST = 60  # toy test sentences used (of 500), to keep the tests fast
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="session")
 def toy_model(tmp_path_factory) -> Path:
     """1 x 64, word vocabularies 60 / 80, Adam 3e-3, 300 steps: ~5 s, validation ppl ~3."""
