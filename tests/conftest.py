@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -14,3 +16,25 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+TOY = Path(__file__).resolve().parents[1] / "data" / "toy"
+
+
+def write_toy_config(path: Path, model: str, train: str, vocab: int = 60) -> Path:
+    """A YAML config on the bundled toy corpus (word vocabularies of `vocab`) with the given
+    `model:` and `train:` flow mappings, written to `path`."""
+    path.write_text(
+        f"""data:
+  train_src: {TOY / "train.src"}
+  train_tgt: {TOY / "train.tgt"}
+  valid_src: {TOY / "valid.src"}
+  valid_tgt: {TOY / "valid.tgt"}
+  src_vocab_size: {vocab}
+  tgt_vocab_size: {vocab}
+model: {{{model}}}
+train: {{{train}}}
+""",
+        encoding="utf-8",
+    )
+    return path

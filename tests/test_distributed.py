@@ -13,30 +13,19 @@ from pathlib import Path
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-TOY = REPO / "data" / "toy"
+from tests.conftest import write_toy_config
+
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 
 
 def config(tmp_path: Path, executor: str, max_steps: int = 10) -> Path:
-    path = tmp_path / f"{executor}.yaml"
     # batch 33: the two shards differ in size (17 + 16) and in target length
-    path.write_text(
-        f"""
-data:
-  train_src: {TOY / "train.src"}
-  train_tgt: {TOY / "train.tgt"}
-  valid_src: {TOY / "valid.src"}
-  valid_tgt: {TOY / "valid.tgt"}
-  src_vocab_size: 60
-  tgt_vocab_size: 60
-model: {{num_layers: 2, rnn_size: 12, word_vec_size: 8, dropout: 0.0, bidirectional: true}}
-train: {{batch_size: 33, max_steps: {max_steps}, device: cpu, dtype: float64, log_every: 1,
-        executor: {executor}}}
-""",
-        encoding="utf-8",
+    return write_toy_config(
+        tmp_path / f"{executor}.yaml",
+        "num_layers: 2, rnn_size: 12, word_vec_size: 8, dropout: 0.0, bidirectional: true",
+        f"batch_size: 33, max_steps: {max_steps}, device: cpu, dtype: float64, log_every: 1, "
+        f"executor: {executor}",
     )
-    return path
 
 
 def torchrun(*args: str) -> list[str]:

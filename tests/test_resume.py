@@ -17,30 +17,18 @@ from nmt.config import load_config
 from nmt.errors import NmtError
 from nmt.train.checkpoint import load_checkpoint
 from nmt.train.trainer import Trainer
+from tests.conftest import write_toy_config
 
-REPO = Path(__file__).resolve().parents[1]
-TOY = REPO / "data" / "toy"
 STEPS = 200  # 79 batches an epoch at batch 256: the runs cross two epoch boundaries
 
 
 def config(tmp_path: Path) -> Path:
-    path = tmp_path / "resume.yaml"
-    path.write_text(
-        f"""
-data:
-  train_src: {TOY / "train.src"}
-  train_tgt: {TOY / "train.tgt"}
-  valid_src: {TOY / "valid.src"}
-  valid_tgt: {TOY / "valid.tgt"}
-  src_vocab_size: 60
-  tgt_vocab_size: 60
-model: {{num_layers: 2, rnn_size: 12, word_vec_size: 8, dropout: 0.3}}
-train: {{batch_size: 256, max_steps: {STEPS}, optimizer: adam, learning_rate: 0.01,
-        device: cpu, log_every: 1, valid_every: 30}}
-""",
-        encoding="utf-8",
+    return write_toy_config(
+        tmp_path / "resume.yaml",
+        "num_layers: 2, rnn_size: 12, word_vec_size: 8, dropout: 0.3",
+        f"batch_size: 256, max_steps: {STEPS}, optimizer: adam, learning_rate: 0.01, "
+        "device: cpu, log_every: 1, valid_every: 30",
     )
-    return path
 
 
 def start(*args: str, env: dict | None = None) -> subprocess.Popen:
