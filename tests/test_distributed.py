@@ -28,6 +28,10 @@ def config(tmp_path: Path, executor: str, max_steps: int = 10) -> Path:
     )
 
 
+def one_process(*args: str) -> list[str]:
+    return [sys.executable, "-m", "nmt", "train", "--no-progress", *args]
+
+
 def torchrun(*args: str) -> list[str]:
     return [
         sys.executable,
@@ -48,17 +52,7 @@ def torchrun(*args: str) -> list[str]:
 def test_two_ranks_equal_one_process(tmp_path, executor):
     cfg = config(tmp_path, executor)
     single = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "nmt",
-            "train",
-            "--no-progress",
-            "--config",
-            str(cfg),
-            "--out",
-            str(tmp_path / "one"),
-        ],
+        one_process("--config", str(cfg), "--out", str(tmp_path / "one")),
         capture_output=True,
         text=True,
         env=ENV,
@@ -156,19 +150,7 @@ def test_two_ranks_resume_exactly_with_dropout(tmp_path):
     for key, value in a["model"].items():
         assert torch.equal(value, b["model"][key]), key
     single = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "nmt",
-            "train",
-            "--no-progress",
-            "--config",
-            str(cfg),
-            "--out",
-            str(tmp_path / "split"),
-            "--resume",
-            str(last),
-        ],
+        one_process("--config", str(cfg), "--out", str(tmp_path / "split"), "--resume", str(last)),
         capture_output=True,
         text=True,
         env=ENV,
