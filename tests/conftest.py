@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,23 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+# The engine's equivalence and sharing tests run here on the CPU; on a GPU machine,
+# NMT_TEST_DEVICE=cuda runs the same tests on CUDA (scripts/gpu_check.sh does).
+TEST_DEVICE = torch.device(os.environ.get("NMT_TEST_DEVICE", "cpu"))
+
+
+@pytest.fixture
+def deterministic():
+    """Bitwise comparisons on CUDA need deterministic kernels (index_add_, cuBLAS)."""
+    if TEST_DEVICE.type != "cuda":
+        yield
+        return
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    yield
+    torch.use_deterministic_algorithms(False)
 
 
 TOY = Path(__file__).resolve().parents[1] / "data" / "toy"

@@ -11,6 +11,7 @@ from nmt.engine import planner
 from nmt.engine.clones import CloneExecutor
 from nmt.errors import NmtError
 from nmt.model import Seq2SeqAttn
+from tests.conftest import TEST_DEVICE
 
 B, S, T = 3, 5, 4  # one source length per batch; targets padded
 
@@ -21,13 +22,13 @@ def make_batch(seed: int = 0, src_vocab: int = 11, tgt_vocab: int = 13) -> Batch
     tgt_in = torch.randint(4, tgt_vocab, (B, T), generator=g)
     tgt_out = torch.randint(4, tgt_vocab, (B, T), generator=g)
     tgt_in[1, 3:], tgt_out[1, 2:] = 0, 0  # a shorter sentence: PAD must weigh nothing
-    return Batch(src, tgt_in, tgt_out)
+    return Batch(src, tgt_in, tgt_out).to(TEST_DEVICE)
 
 
 def make_model(**kw) -> Seq2SeqAttn:
     cfg = ModelConfig(**{"num_layers": 2, "rnn_size": 6, "word_vec_size": 5, "dropout": 0.3, **kw})
     torch.manual_seed(1)
-    return Seq2SeqAttn(cfg, 11, 13).double().train()
+    return Seq2SeqAttn(cfg, 11, 13).double().to(TEST_DEVICE).train()
 
 
 def autograd_grads(model: Seq2SeqAttn, batch: Batch) -> tuple[float, dict[str, torch.Tensor]]:

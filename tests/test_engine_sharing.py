@@ -13,6 +13,7 @@ from nmt.engine import planner
 from nmt.engine.clones import CloneExecutor
 from nmt.engine.nodes import MM, Split
 from nmt.model import Seq2SeqAttn
+from tests.conftest import TEST_DEVICE
 
 
 def random_corpus(n: int, vocab: int, seed: int) -> list[Batch]:
@@ -37,13 +38,13 @@ def random_corpus(n: int, vocab: int, seed: int) -> list[Batch]:
 
 
 @pytest.mark.parametrize("bidirectional", [False, True])
-def test_policies_give_bitwise_identical_parameters(bidirectional: bool) -> None:
+def test_policies_give_bitwise_identical_parameters(bidirectional: bool, deterministic) -> None:
     cfg = ModelConfig(
         num_layers=2, rnn_size=8, word_vec_size=6, dropout=0.3, bidirectional=bidirectional
     )
     torch.manual_seed(0)
-    start = Seq2SeqAttn(cfg, 17, 19).train()
-    batches = random_corpus(5, 17, seed=1)
+    start = Seq2SeqAttn(cfg, 17, 19).to(TEST_DEVICE).train()
+    batches = [b.to(TEST_DEVICE) for b in random_corpus(5, 17, seed=1)]
     results = {}
     for policy in ("none", "attention", "all"):
         model = copy.deepcopy(start)
