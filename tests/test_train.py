@@ -122,3 +122,30 @@ def test_failed_write_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
     monkeypatch.undo()
     assert torch.equal(load_checkpoint(path)["model"]["w"], torch.ones(2))
     assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]
+
+
+def test_run_leaves_a_log_and_metrics_to_plot(tmp_path, monkeypatch):
+    import json
+    import subprocess
+    import sys
+
+    from nmt.train.runlog import read_metrics
+
+    monkeypatch.chdir(REPO)
+    run = tmp_path / "run"
+    trainer = toy_trainer(run, "train.max_steps=12", "train.log_every=4", "train.valid_every=6")
+    trainer.run()
+    log = (run / "train.log").read_text(encoding="utf-8")
+    assert "validation perplexity" in log and "done: 12 steps" in log
+    records = read_metrics(run)
+    assert [r["step"] for r in records if r["kind"] == "train"] == [4, 8, 12]
+    assert [r["step"] for r in records if r["kind"] == "valid"] == [6, 12]
+    assert all(r["tok_s"] > 0 and math.isfinite(r["ppl"]) for r in records if r["kind"] == "train")
+    with open(run / "metrics.jsonl", "a", encoding="utf-8") as handle:  # a resumed run re-logs
+        handle.write(json.dumps({**records[-1], "ppl": 1.5}) + "\n")
+    assert len(read_metrics(run)) == len(records) and read_metrics(run)[-1]["ppl"] == 1.5
+    out = tmp_path / "curves.png"
+    plot = [sys.executable, str(REPO / "scripts" / "plot_training.py"), str(run), "--out", str(out)]
+    proc = subprocess.run(plot, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

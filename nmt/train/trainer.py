@@ -28,6 +28,7 @@ from nmt.model import Seq2SeqAttn
 from nmt.train import distributed as dd
 from nmt.train.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from nmt.train.executors import make_executor
+from nmt.train.runlog import RunLog
 from nmt.train.schedule import LearningRateSchedule, make_optimizer, set_learning_rate
 
 Log = Callable[[str], None]
@@ -135,8 +136,10 @@ class Trainer:
         self.dist, self.device = dd.init_distributed(device)
         if not self.dist.is_main:  # one voice: rank 0 logs, shows progress, writes files
             log, progress = (lambda message: None), False
-        self.cfg, self.out_dir, self.log, self.progress = cfg, Path(out_dir), log, progress
+        run_log = RunLog(Path(out_dir) if self.dist.is_main else None, log)
+        self.cfg, self.out_dir, self.log, self.progress = cfg, Path(out_dir), run_log, progress
         torch.manual_seed(cfg.train.seed)
+        log = run_log
         checkpoint = load_checkpoint(resume) if resume else None
         tokenizers = None
         if checkpoint is not None:
@@ -251,6 +254,14 @@ class Trainer:
         if best:
             s.best_valid_ppl = ppl
         self.save(best)
+        self.log.metrics(
+            kind="valid",
+            step=s.step,
+            epoch=s.epoch,
+            ppl=ppl,
+            best=best,
+            lr=self.schedule.learning_rate,
+        )
         self.log(
             f"step {s.step} epoch {s.epoch}: validation perplexity {ppl:.3f}"
             + (" (best, saved model.pt)" if best else "")
@@ -361,6 +372,23 @@ class Trainer:
         )
         return s
 
+    def _log_window(self, window: list) -> None:
+        """A metrics record for the steps since the last one (not the epoch's running mean)."""
+        loss, tokens, since = window
+        now = time.perf_counter()
+        avg = loss / max(tokens, 1)
+        s = self.state
+        self.log.metrics(
+            kind="train",
+            step=s.step,
+            epoch=s.epoch,
+            loss=avg,
+            ppl=math.exp(min(avg, 100)),
+            tok_s=tokens / max(now - since, 1e-9),
+            lr=self.schedule.learning_rate,
+        )
+        window[:] = [0.0, 0, now]
+
     def _run_epoch(self) -> None:
         cfg, s = self.cfg.train, self.state
         order = epoch_order(len(self.train_batches), cfg.seed, s.epoch)
@@ -374,6 +402,7 @@ class Trainer:
             mininterval=1.0,
         )
         total_loss, total_tokens, start = 0.0, 0, time.perf_counter()
+        window = [0.0, 0, start]  # loss, tokens, time since the last progress point
         for index in bar:
             batch = self.train_batches[index].to(self.device)
             loss = self.train_step(batch)
@@ -383,9 +412,12 @@ class Trainer:
                 continue
             total_loss += loss
             total_tokens += batch.n_tokens
+            window[0] += loss
+            window[1] += batch.n_tokens
             elapsed = max(time.perf_counter() - start, 1e-9)
             if s.step % cfg.log_every == 0 or s.position == len(self.train_batches):
                 avg = total_loss / max(total_tokens, 1)
+                self._log_window(window)
                 bar.set_postfix(
                     loss=f"{avg:.3f}",
                     ppl=f"{math.exp(min(avg, 100)):.2f}",
