@@ -171,6 +171,13 @@ def resume_with_other_vocabulary(tmp: Path):
     return args, ["last.pt", "data.tgt_vocab_size=40", "50"]
 
 
+def translate_undecodable_input(tmp: Path):
+    _, out = trained_run(tmp)
+    src = write(tmp / "in.src", b"fine line\nstill fine\n\xc3\x28 broken\n")
+    args = ["translate", "--model", str(out / "model.pt"), "--src", src, "--no-progress"]
+    return args, ["in.src", "line 3", "UTF-8"]
+
+
 def set_unknown_key(tmp: Path):
     cfg = write_config(tmp)
     return ["train", "--config", str(cfg), "--set", "train.lr=3"], ["--set", "train.lr"]
@@ -196,6 +203,7 @@ CASES = [
     truncated_checkpoint,
     resume_with_other_model,
     resume_with_other_vocabulary,
+    translate_undecodable_input,
     set_unknown_key,
     set_unparsable_value,
 ]

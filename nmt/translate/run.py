@@ -54,14 +54,21 @@ def load_model(path: Path, device: torch.device) -> tuple[Seq2SeqAttn, Tokenizer
 def read_lines(path: Path) -> list[str]:
     """All lines of a UTF-8 text file, without their line ends."""
     try:
-        with open(path, encoding="utf-8") as handle:
-            return [line.rstrip("\r\n") for line in handle]
+        with open(path, "rb") as handle:
+            raw = handle.read().split(b"\n")
     except FileNotFoundError:
         raise NmtError(f"{path}: file not found") from None
-    except UnicodeDecodeError as exc:
-        raise NmtError(f"{path}: not valid UTF-8 (byte {exc.start})") from None
     except OSError as exc:
         raise NmtError(f"{path}: cannot read ({exc.strerror})") from None
+    if raw and raw[-1] == b"":
+        raw.pop()  # the final line end
+    lines = []
+    for number, line in enumerate(raw, start=1):
+        try:
+            lines.append(line.decode("utf-8").rstrip("\r"))
+        except UnicodeDecodeError as exc:
+            raise NmtError(f"{path}: line {number} is not valid UTF-8 (byte {exc.start})") from None
+    return lines
 
 
 def stdin_lines() -> Iterator[str]:
