@@ -42,7 +42,8 @@ SetOpt = Annotated[
 def train(
     config: ConfigOpt,
     out: Annotated[
-        Path | None, typer.Option(help="Run directory (default runs/<config name>).")
+        Path | None,
+        typer.Option(help="Run directory (default: the --resume file's, else runs/<config name>)."),
     ] = None,
     set_: SetOpt = None,
     preallocate: Annotated[
@@ -70,7 +71,8 @@ def train(
         if preallocate is not None:
             overrides.append(f"train.preallocate={'true' if preallocate else 'false'}")
         cfg = load_config(config, overrides)
-        out_dir = out or Path("runs") / config.stem
+        # a resumed run continues in its own directory unless told otherwise
+        out_dir = out or (resume.parent if resume else Path("runs") / config.stem)
         if resume is None and not force and (out_dir / "last.pt").exists():
             raise NmtError(
                 f"{out_dir}: already holds a run (last.pt); pass --resume "

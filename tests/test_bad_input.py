@@ -237,3 +237,20 @@ def test_resume_continues_a_finished_short_run(tmp_path):
     )
     assert result.exit_code == 0, result.output
     assert torch.load(out / "last.pt", weights_only=True)["step"] == 4
+
+
+def test_resume_defaults_to_the_checkpoint_directory(tmp_path):
+    cfg, out = trained_run(tmp_path)
+    result = run(
+        "train",
+        "--config",
+        str(cfg),
+        "--no-progress",
+        "--resume",
+        str(out / "last.pt"),
+        "--set",
+        "train.max_steps=3",
+    )
+    assert result.exit_code == 0, result.output
+    assert torch.load(out / "last.pt", weights_only=True)["step"] == 3
+    assert not (Path("runs") / cfg.stem).exists()
