@@ -159,11 +159,7 @@ class CloneExecutor:
         for t in range(T):
             g = dec[t]
             g.set_inputs([tin[t], *feed, context, *states])
-            if tr is None:
-                g.forward()
-            else:
-                tr.begin(f"dec[{t}]:fwd")
-                g.forward_traced(tr)
+            _forward(g, tr, "dec", t)
             outs = g.outputs()
             states = outs[:n_state]
             if feed:
@@ -180,11 +176,7 @@ class CloneExecutor:
             if tr is not None:
                 tr.touch(out_t)  # the generator reads this clone's output now
             out_grad.add_(self.generator.step(out_t, tout[t], valid[t], weight[t], loss))
-            if tr is None:
-                ig = g.backward([*grads, out_grad])
-            else:
-                tr.begin(f"dec[{t}]:bwd")
-                ig = g.backward_traced(tr, [*grads, out_grad])
+            ig = _backward(g, [*grads, out_grad], tr, "dec", t)
             enc_acc.add_(ig["context"])
             if self.cfg.input_feed:
                 out_grad.copy_(ig["feed"])
@@ -218,11 +210,7 @@ class CloneExecutor:
         for t in order:
             g = clones[t]
             g.set_inputs([src_t[t], *states])
-            if tr is None:
-                g.forward()
-            else:
-                tr.begin(f"{name}[{t}]:fwd")
-                g.forward_traced(tr)
+            _forward(g, tr, name, t)
             states = g.outputs()
             getattr(context[:, t], into)(states[self._top])
         return states
@@ -240,11 +228,7 @@ class CloneExecutor:
         for t in order:
             g = clones[t]
             top.add_(enc_acc[:, t])
-            if tr is None:
-                ig = g.backward(grads)
-            else:
-                tr.begin(f"{name}[{t}]:bwd")
-                ig = g.backward_traced(tr, grads)
+            ig = _backward(g, grads, tr, name, t)
             for k, state in enumerate(self._states):
                 grads[k].copy_(ig[state])
 
@@ -274,3 +258,22 @@ class CloneExecutor:
         ]
         owned += [("loop", "loop", role, t) for role, t in self.loop.items()]
         return records_for(owned)
+
+
+def _forward(g: Graph, tr: Tracer | None, kind: str, t: int) -> None:
+    """One clone's forward; traced (phase "kind[t]:fwd") only while the planner probes."""
+    if tr is None:
+        g.forward()
+    else:
+        tr.begin(f"{kind}[{t}]:fwd")
+        g.forward_traced(tr)
+
+
+def _backward(
+    g: Graph, grads: list[Tensor], tr: Tracer | None, kind: str, t: int
+) -> dict[str, Tensor]:
+    """One clone's backward; traced (phase "kind[t]:bwd") only while the planner probes."""
+    if tr is None:
+        return g.backward(grads)
+    tr.begin(f"{kind}[{t}]:bwd")
+    return g.backward_traced(tr, grads)
