@@ -24,11 +24,11 @@ from torch.utils._pytree import tree_flatten
 
 from nmt.config import Config, ModelConfig, TrainConfig
 from nmt.data.batching import Batch
+from nmt.devices import DTYPES
 from nmt.engine import planner
 from nmt.engine.accounting import MODEL_ROLES, BufferRecord, account, summarize
 from nmt.model import Seq2SeqAttn
 from nmt.train.schedule import make_optimizer
-from nmt.train.trainer import DTYPES
 
 CLONE_POLICIES = ("none", "attention", "all")
 POLICIES = (*CLONE_POLICIES, "autograd")

@@ -23,6 +23,7 @@ from nmt.config import Config
 from nmt.data.batching import Batch, epoch_order, make_batches
 from nmt.data.corpus import Corpus, load_corpus
 from nmt.data.tokenizers import tokenizer_from_state
+from nmt.devices import DTYPES, resolve_device
 from nmt.errors import NmtError
 from nmt.model import Seq2SeqAttn
 from nmt.train import distributed as dd
@@ -32,20 +33,6 @@ from nmt.train.runlog import RunLog
 from nmt.train.schedule import LearningRateSchedule, make_optimizer, set_learning_rate
 
 Log = Callable[[str], None]
-DTYPES = {"float32": torch.float32, "float64": torch.float64}
-
-
-def resolve_device(name: str) -> torch.device:
-    """`auto` picks CUDA when available; an explicit CUDA device must exist."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise NmtError(f"key 'train.device': unknown device {name!r}") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise NmtError(f"key 'train.device': {name!r} requested but CUDA is not available")
-    return device
 
 
 class TrainingInterrupted(Exception):

@@ -20,10 +20,10 @@ from tqdm import tqdm
 
 from nmt.config import from_dict
 from nmt.data.tokenizers import Tokenizer, tokenizer_from_state
+from nmt.devices import resolve_device
 from nmt.errors import NmtError
 from nmt.model import Seq2SeqAttn
 from nmt.train.checkpoint import load_checkpoint
-from nmt.train.trainer import resolve_device
 from nmt.translate import unk
 from nmt.translate.formats import attention_record, nbest_line
 from nmt.translate.metrics import bleu_line, chrf_line
