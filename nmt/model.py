@@ -196,3 +196,20 @@ class Seq2SeqAttn(nn.Module):
         """Summed negative log-likelihood of the non-PAD target tokens."""
         logp = self.log_probs(self.forward(src, tgt_in))
         return F.nll_loss(logp.flatten(0, 1), tgt_out.flatten(), ignore_index=PAD, reduction="sum")
+
+
+def build_model(
+    model_cfg: ModelConfig,
+    src_vocab: int,
+    tgt_vocab: int,
+    *,
+    device: torch.device | str,
+    dtype: torch.dtype,
+) -> Seq2SeqAttn:
+    """The one way to make a model. Its weights are drawn on the CPU in float32 from the
+    global RNG and then moved, so one seed gives the same weights on every device and dtype;
+    on `meta` it is built there (nothing is allocated, the weights are not drawn)."""
+    if torch.device(device).type == "meta":
+        with torch.device("meta"):
+            return Seq2SeqAttn(model_cfg, src_vocab, tgt_vocab).to(dtype=dtype)
+    return Seq2SeqAttn(model_cfg, src_vocab, tgt_vocab).to(device=device, dtype=dtype)

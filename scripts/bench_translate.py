@@ -25,8 +25,9 @@ import torch
 from nmt.config import Config, from_dict
 from nmt.data.corpus import load_corpus
 from nmt.data.tokenizers import Tokenizer
-from nmt.model import Seq2SeqAttn
-from nmt.train.trainer import build_model, train
+from nmt.devices import DTYPES
+from nmt.model import Seq2SeqAttn, build_model
+from nmt.train.trainer import train
 from nmt.translate.run import load_model, read_lines
 from nmt.translate.translator import SearchOptions, translate_ids
 
@@ -82,7 +83,8 @@ def get_model(args: argparse.Namespace, run_dir: Path) -> tuple[Seq2SeqAttn, Tok
         torch.manual_seed(cfg.train.seed)
         corpus = load_corpus(cfg.data, run_dir, log=lambda s: None)
         src_tok, tgt_tok = corpus.src_tokenizer, corpus.tgt_tokenizer
-        model = build_model(cfg, len(src_tok), len(tgt_tok), device)
+        dtype = DTYPES[cfg.train.dtype]
+        model = build_model(cfg.model, len(src_tok), len(tgt_tok), device=device, dtype=dtype)
         print("untrained model (uniform initialisation +-0.1)")
         return model.eval(), src_tok, tgt_tok
     start = time.perf_counter()

@@ -25,7 +25,7 @@ from nmt.data.corpus import Corpus, load_corpus
 from nmt.data.tokenizers import tokenizer_from_state
 from nmt.devices import DTYPES, resolve_device
 from nmt.errors import NmtError
-from nmt.model import Seq2SeqAttn
+from nmt.model import Seq2SeqAttn, build_model
 from nmt.train import distributed as dd
 from nmt.train.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from nmt.train.executors import make_executor
@@ -102,11 +102,6 @@ def evaluate(
     return math.exp(min(total / max(tokens, 1), 100.0))
 
 
-def build_model(cfg: Config, src_vocab: int, tgt_vocab: int, device: torch.device) -> Seq2SeqAttn:
-    model = Seq2SeqAttn(cfg.model, src_vocab, tgt_vocab)
-    return model.to(device=device, dtype=DTYPES[cfg.train.dtype])
-
-
 class Trainer:
     """Owns the objects of one run; `run()` trains until the epochs or `max_steps` end."""
 
@@ -141,7 +136,9 @@ class Trainer:
         if self.dist.is_main:
             dd.barrier(self.dist)
         src_vocab, tgt_vocab = len(self.corpus.src_tokenizer), len(self.corpus.tgt_tokenizer)
-        self.model = build_model(cfg, src_vocab, tgt_vocab, self.device)
+        self.model = build_model(
+            cfg.model, src_vocab, tgt_vocab, device=self.device, dtype=DTYPES[cfg.train.dtype]
+        )
         if self.dist.rank > 0:  # same initial weights everywhere, own dropout masks per rank
             torch.manual_seed(cfg.train.seed + self.dist.rank)
         self.optimizer = make_optimizer(cfg.train, list(self.model.parameters()))

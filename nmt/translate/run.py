@@ -22,7 +22,7 @@ from nmt.config import from_dict
 from nmt.data.tokenizers import Tokenizer, tokenizer_from_state
 from nmt.devices import resolve_device
 from nmt.errors import NmtError
-from nmt.model import Seq2SeqAttn
+from nmt.model import Seq2SeqAttn, build_model
 from nmt.train.checkpoint import load_checkpoint
 from nmt.translate import unk
 from nmt.translate.formats import attention_record, nbest_line
@@ -41,14 +41,13 @@ def load_model(path: Path, device: torch.device) -> tuple[Seq2SeqAttn, Tokenizer
     cfg = from_dict(ckpt["config"], f"{path} (config)")
     src_tok = tokenizer_from_state(ckpt["src_tokenizer"])
     tgt_tok = tokenizer_from_state(ckpt["tgt_tokenizer"])
-    model = Seq2SeqAttn(cfg.model, len(src_tok), len(tgt_tok))
     dtype = next(iter(ckpt["model"].values())).dtype
-    model.to(dtype=dtype)
+    model = build_model(cfg.model, len(src_tok), len(tgt_tok), device=device, dtype=dtype)
     try:
         model.load_state_dict(ckpt["model"])
     except RuntimeError:
         raise NmtError(f"{path}: model weights do not match the stored config") from None
-    return model.to(device).eval(), src_tok, tgt_tok
+    return model.eval(), src_tok, tgt_tok
 
 
 def read_lines(path: Path) -> list[str]:
