@@ -20,6 +20,8 @@ import yaml
 
 from nmt.errors import NmtError
 
+GRAPH_KINDS = ("structure", "size", "rate", "none")
+
 
 def _opt(
     default: Any,
@@ -29,9 +31,30 @@ def _opt(
     max: float | None = None,
     min_exclusive: bool = False,
     doc: str = "",
+    graph: str = "structure",
+    probe: Any = None,
+    shape: bool = False,
 ) -> Any:
-    """A dataclass field whose metadata carries its validation rule and its documentation."""
-    meta = {"choices": choices, "min": min, "max": max, "min_exclusive": min_exclusive, "doc": doc}
+    """A dataclass field whose metadata carries its validation rule and its documentation,
+    and, for the model, what it does to the clone graph (`graph_structure`) and whether it
+    fixes parameter or vocabulary shapes (`shape_keys`: a resumed run may not change it).
+
+    graph: "structure" (the value decides which nodes exist: the default, so that a new
+    field counts until marked otherwise), "size" (a pure size; the planner's probe uses
+    `probe`), "rate" (only on/off decides the nodes; the probe uses `probe` when on) or
+    "none" (no bearing on the graph)."""
+    if graph not in GRAPH_KINDS or (graph in ("size", "rate")) != (probe is not None):
+        raise TypeError(f"graph={graph!r} with probe={probe!r}")
+    meta = {
+        "choices": choices,
+        "min": min,
+        "max": max,
+        "min_exclusive": min_exclusive,
+        "doc": doc,
+        "graph": graph,
+        "probe": probe,
+        "shape": shape,
+    }
     return field(default=default, metadata=meta)
 
 
@@ -44,24 +67,44 @@ class DataConfig:
     tokenizer: str = _opt(
         "word",
         choices=("word", "sentencepiece"),
+        shape=True,
         doc="word: whitespace tokens (seq2seq-attn); sentencepiece: subwords",
     )
-    src_vocab_size: int = _opt(50000, min=5, doc="source vocabulary size (specials included)")
-    tgt_vocab_size: int = _opt(50000, min=5, doc="target vocabulary size (specials included)")
-    joint_vocab: bool = _opt(False, doc="sentencepiece only: one model for both languages")
+    src_vocab_size: int = _opt(
+        50000, min=5, shape=True, doc="source vocabulary size (specials included)"
+    )
+    tgt_vocab_size: int = _opt(
+        50000, min=5, shape=True, doc="target vocabulary size (specials included)"
+    )
+    joint_vocab: bool = _opt(
+        False, shape=True, doc="sentencepiece only: one model for both languages"
+    )
     max_src_len: int = _opt(50, min=1, doc="drop pairs whose source has more tokens")
     max_tgt_len: int = _opt(50, min=1, doc="drop pairs whose target has more tokens")
 
 
 @dataclass
 class ModelConfig:
-    num_layers: int = _opt(2, min=1, doc="LSTM layers in encoder and decoder")
-    rnn_size: int = _opt(500, min=1, doc="LSTM hidden size")
-    word_vec_size: int = _opt(500, min=1, doc="word embedding size")
-    dropout: float = _opt(0.3, min=0.0, max=0.99, doc="dropout between layers and on the output")
-    input_feed: bool = _opt(True, doc="feed the previous attentional output to the decoder")
-    bidirectional: bool = _opt(False, doc="add a backward encoder LSTM (states summed)")
-    param_init: float = _opt(0.1, min=0.0, doc="uniform initialisation range +-param_init")
+    num_layers: int = _opt(2, min=1, shape=True, doc="LSTM layers in encoder and decoder")
+    rnn_size: int = _opt(500, min=1, graph="size", probe=3, shape=True, doc="LSTM hidden size")
+    word_vec_size: int = _opt(
+        500, min=1, graph="size", probe=2, shape=True, doc="word embedding size"
+    )
+    dropout: float = _opt(
+        0.3,
+        min=0.0,
+        max=0.99,
+        graph="rate",
+        probe=0.5,
+        doc="dropout between layers and on the output",
+    )
+    input_feed: bool = _opt(
+        True, shape=True, doc="feed the previous attentional output to the decoder"
+    )
+    bidirectional: bool = _opt(False, shape=True, doc="add a backward encoder LSTM (states summed)")
+    param_init: float = _opt(
+        0.1, min=0.0, graph="none", doc="uniform initialisation range +-param_init"
+    )
 
 
 @dataclass
@@ -117,6 +160,32 @@ DATA_FILE_KEYS = ("train_src", "train_tgt", "valid_src", "valid_tgt")
 def all_keys() -> list[str]:
     """Every valid dotted key, e.g. `train.batch_size`."""
     return [f"{s}.{f.name}" for s, cls in SECTIONS.items() for f in dataclasses.fields(cls)]
+
+
+def shape_keys() -> tuple[str, ...]:
+    """Dotted keys of the fields that fix parameter or vocabulary shapes (marked `shape`)."""
+    return tuple(
+        f"{s}.{f.name}"
+        for s, cls in SECTIONS.items()
+        for f in dataclasses.fields(cls)
+        if f.metadata.get("shape")
+    )
+
+
+def graph_structure(cfg: ModelConfig) -> ModelConfig:
+    """The smallest model config with the clone graph of `cfg`: the planner's cache key and
+    its probe. Sizes take their probe value, rates their probe value when on (0 when off),
+    fields of no bearing their default; every other field, unmarked ones included, its own."""
+    changes = {}
+    for f in dataclasses.fields(cfg):
+        kind = f.metadata.get("graph", "structure")
+        if kind == "size":
+            changes[f.name] = f.metadata["probe"]
+        elif kind == "rate":
+            changes[f.name] = f.metadata["probe"] if getattr(cfg, f.name) > 0 else 0.0
+        elif kind == "none":
+            changes[f.name] = f.default
+    return dataclasses.replace(cfg, **changes)
 
 
 def _suggest(key: str, candidates: list[str]) -> str:

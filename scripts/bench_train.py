@@ -22,8 +22,9 @@ from tqdm import tqdm
 from nmt.config import DataConfig, ModelConfig
 from nmt.data.batching import epoch_order, make_batches
 from nmt.data.corpus import load_corpus
+from nmt.engine import planner
 from nmt.engine.clones import CloneExecutor
-from nmt.model import Seq2SeqAttn
+from nmt.model import build_model
 from nmt.train.executors import AutogradExecutor
 
 REPO = Path(__file__).resolve().parents[1]
@@ -70,11 +71,12 @@ def main() -> None:
     runners = {}
     for name in args.executors.split(","):
         torch.manual_seed(3435)
-        model = Seq2SeqAttn(cfg, sv, tv).to(args.device).train()
+        model = build_model(cfg, sv, tv, device=args.device, dtype=torch.float32).train()
         if name == "autograd":
             executor = AutogradExecutor(model)
         else:
-            executor = CloneExecutor(model, data_cfg.max_src_len, data_cfg.max_tgt_len, name)
+            plan = planner.plan(cfg, name)
+            executor = CloneExecutor(model, data_cfg.max_src_len, data_cfg.max_tgt_len, plan)
         runners[name] = (model, executor, torch.optim.SGD(model.parameters(), lr=1.0))
 
     def sync() -> None:

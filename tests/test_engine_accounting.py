@@ -29,7 +29,7 @@ def full_length_batch() -> Batch:
 def live_executor(policy: str) -> tuple[Seq2SeqAttn, CloneExecutor]:
     torch.manual_seed(0)
     model = Seq2SeqAttn(CFG, SRC_V, TGT_V).train()
-    executor = CloneExecutor(model, MAX_SRC, MAX_TGT, policy)
+    executor = CloneExecutor(model, MAX_SRC, MAX_TGT, planner.plan(CFG, policy))
     executor.forward_backward(full_length_batch())
     return model, executor
 

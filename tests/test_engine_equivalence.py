@@ -40,10 +40,11 @@ def autograd_grads(model: Seq2SeqAttn, batch: Batch) -> tuple[float, dict[str, t
 
 
 def clone_grads(
-    model: Seq2SeqAttn, batch: Batch, policy: str = "all", **kw
+    model: Seq2SeqAttn, batch: Batch, policy: str = "all", plan: planner.SharingPlan | None = None
 ) -> tuple[float, dict[str, torch.Tensor]]:
     model.zero_grad(set_to_none=True)
-    executor = CloneExecutor(model, S - 2, T - 1, policy, **kw)
+    plan = plan or planner.plan(model.cfg, policy)
+    executor = CloneExecutor(model, S - 2, T - 1, plan)
     torch.manual_seed(5)  # the same dropout masks as the autograd run
     loss = executor.forward_backward(batch)
     return loss, {n: p.grad.clone() for n, p in model.named_parameters()}
@@ -82,7 +83,7 @@ def test_gradients_accumulate_into_existing_grads() -> None:
     model = make_model()
     batch = make_batch()
     _, once = clone_grads(model, batch)
-    executor = CloneExecutor(model, S - 2, T - 1, "all")
+    executor = CloneExecutor(model, S - 2, T - 1, planner.plan(model.cfg, "all"))
     torch.manual_seed(5)
     executor.forward_backward(batch)  # on top of the grads left by clone_grads
     twice = {n: p.grad for n, p in model.named_parameters()}
@@ -104,9 +105,10 @@ def test_a_wrong_share_gives_wrong_gradients(slot: tuple[str, str]) -> None:
 
 def test_too_long_batch_and_bad_policy_are_user_errors() -> None:
     model = make_model()
+    plan = planner.plan(model.cfg, "all")
     with pytest.raises(NmtError, match="encoder clones"):
-        CloneExecutor(model, S - 3, T - 1).forward_backward(make_batch())
+        CloneExecutor(model, S - 3, T - 1, plan).forward_backward(make_batch())
     with pytest.raises(NmtError, match="decoder clones"):
-        CloneExecutor(model, S - 2, T - 2).forward_backward(make_batch())
+        CloneExecutor(model, S - 2, T - 2, plan).forward_backward(make_batch())
     with pytest.raises(NmtError, match="policy"):
-        CloneExecutor(model, S - 2, T - 1, "some")
+        planner.plan(model.cfg, "some")

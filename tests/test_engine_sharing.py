@@ -48,7 +48,7 @@ def test_policies_give_bitwise_identical_parameters(bidirectional: bool, determi
     results = {}
     for policy in ("none", "attention", "all"):
         model = copy.deepcopy(start)
-        executor = CloneExecutor(model, 6, 6, policy)
+        executor = CloneExecutor(model, 6, 6, planner.plan(cfg, policy))
         opt = torch.optim.SGD(model.parameters(), lr=0.5)
         torch.manual_seed(42)
         losses = []
@@ -114,7 +114,7 @@ def test_all_plan_covers_pr46(layers: int, bidirectional: bool) -> None:
     )
     shared = planner.plan(cfg, "all").shared
     model = Seq2SeqAttn(cfg, 7, 7)
-    executor = CloneExecutor(model, 2, 2, "none")
+    executor = CloneExecutor(model, 2, 2, planner.plan(cfg, "none"))
     nodes = {n.name: n for _, g in executor.clone_graphs() for n in g.nodes}
     for name, role in pr46_slots(layers):
         if role is None:  # nothing to share: no storage of its own for the gradient
@@ -155,7 +155,7 @@ def test_attention_plan_is_exactly_the_two_products() -> None:
 def test_analysis_sees_through_views(monkeypatch: pytest.MonkeyPatch) -> None:
     """Split's outputs are views of the gate sum. Pretend Split's backward read them: the
     gate sum's own buffer must then become unshareable (storage identity, not names)."""
-    structure = (1, True, False, True)
+    structure = ModelConfig(num_layers=1, input_feed=True, bidirectional=False, dropout=0.3)
     safe, _, _, _ = planner.analyse(structure)
     assert ("l0.gates", "output") in safe
     monkeypatch.setattr(Split, "BWD_READS_OUTPUT", True)
@@ -166,7 +166,7 @@ def test_analysis_sees_through_views(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_attention_policy_shares_across_decoder_clones_only() -> None:
     cfg = ModelConfig(num_layers=1, rnn_size=4, word_vec_size=3)
-    executor = CloneExecutor(Seq2SeqAttn(cfg, 7, 7), 3, 3, "attention")
+    executor = CloneExecutor(Seq2SeqAttn(cfg, 7, 7), 3, 3, planner.plan(cfg, "attention"))
     mms = [n for _, g in executor.clone_graphs() for n in g.nodes if isinstance(n, MM)]
     assert len(mms) == 2 * executor.n_dec
     by_name = {}

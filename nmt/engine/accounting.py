@@ -9,51 +9,19 @@ and reports what it would hold without allocating any of it.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from nmt.config import ModelConfig
+from nmt.data.batching import Batch
+from nmt.engine import planner
+from nmt.engine.clones import CloneExecutor
+from nmt.engine.records import BufferRecord
+from nmt.model import build_model
 
 MODEL_ROLES = ("param", "grad")
-
-
-@dataclass(frozen=True)
-class BufferRecord:
-    """One (clone, node, role) buffer. `bytes` is its storage's size (storages only grow);
-    records with the same `storage_key` are one storage, `shared_by` clones reference it."""
-
-    clone: str  # "enc[3]", "enc_bwd[0]", "dec[7]", "generator", "loop", "model"
-    node: str
-    role: str  # output, grad_input[i], grad_output_acc, mask, encoder_acc, param, grad, ...
-    shape: tuple[int, ...]
-    bytes: int
-    shared_by: int
-    storage_key: str
-
-
-def records_for(owned: Iterable[tuple[str, str, str, Tensor]]) -> list[BufferRecord]:
-    """Records of (clone, node, role, tensor) entries; one tensor object = one storage."""
-    owned = list(owned)
-    first: dict[int, str] = {}
-    users: dict[int, set[str]] = {}
-    for clone, node, role, t in owned:
-        first.setdefault(id(t), f"{clone}:{node}:{role}")
-        users.setdefault(id(t), set()).add(clone)
-    return [
-        BufferRecord(
-            clone,
-            node,
-            role,
-            tuple(t.shape),
-            t.untyped_storage().nbytes(),
-            len(users[id(t)]),
-            first[id(t)] if len(users[id(t)]) == 1 else f"shared:{node}:{role}",
-        )
-        for clone, node, role, t in owned
-    ]
 
 
 def model_records(model: torch.nn.Module) -> list[BufferRecord]:
@@ -119,19 +87,16 @@ def account(
 ) -> list[BufferRecord]:
     """The executor's buffers (and the model's parameters and gradients, clone "model") after
     one training step at maximum lengths, computed on the meta device: nothing is allocated."""
-    from nmt.data.batching import Batch
-    from nmt.engine.clones import CloneExecutor
-    from nmt.model import Seq2SeqAttn
-
+    model = build_model(model_cfg, src_vocab, tgt_vocab, device="meta", dtype=dtype)
     with torch.device("meta"):
-        model = Seq2SeqAttn(model_cfg, src_vocab, tgt_vocab).to(dtype)
         batch = Batch(
             torch.zeros(batch_size, max_src_len + 2, dtype=torch.long),
             torch.zeros(batch_size, max_tgt_len + 1, dtype=torch.long),
             torch.zeros(batch_size, max_tgt_len + 1, dtype=torch.long),
         )
     model.train()
-    executor = CloneExecutor(model, max_src_len, max_tgt_len, policy, device="meta")
+    plan = planner.plan(model_cfg, policy)
+    executor = CloneExecutor(model, max_src_len, max_tgt_len, plan, device="meta")
     with _SizesOnly():
-        executor._step(batch)
+        executor.step(batch)
     return executor.buffers() + model_records(model)

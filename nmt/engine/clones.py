@@ -16,35 +16,28 @@ from torch import Tensor
 
 from nmt.data.batching import Batch
 from nmt.data.vocab import PAD
-from nmt.engine import planner
-from nmt.engine.accounting import BufferRecord, records_for
 from nmt.engine.generator import Generator
 from nmt.engine.graph import Graph, Tracer
 from nmt.engine.node import resized
+from nmt.engine.records import BufferRecord, records_for
 from nmt.engine.seq2seq import decoder_graph, encoder_graph
+from nmt.engine.sharing import SharingPlan
 from nmt.errors import NmtError
 from nmt.model import Seq2SeqAttn
 
-POLICIES = ("none", "attention", "all")
-
 
 class CloneExecutor:
-    """Trains a Seq2SeqAttn with cloned graphs and (optionally) shared clone buffers."""
+    """Trains a Seq2SeqAttn with cloned graphs; the buffers `plan` names are shared by all
+    clones (the planner finds the plan, `nmt.engine.planner.plan(model.cfg, policy)`)."""
 
     def __init__(
         self,
         model: Seq2SeqAttn,
         max_src_len: int,
         max_tgt_len: int,
-        policy: str = "all",
+        plan: SharingPlan,
         device: torch.device | str | None = None,
-        *,
-        plan: planner.SharingPlan | None = None,
     ):
-        if policy not in POLICIES:
-            raise NmtError(
-                f"preallocation policy must be one of {', '.join(POLICIES)}, got {policy!r}"
-            )
         param = model.generator.weight
         self.device = torch.device(device) if device is not None else param.device
         if param.device.type != self.device.type:
@@ -63,7 +56,7 @@ class CloneExecutor:
             "dec": [decoder_graph(model, dev, dt) for _ in range(self.n_dec)],
         }
         self.generator = Generator(model, dev, dt)
-        self.plan = plan if plan is not None else planner.plan(model.cfg, policy)
+        self.plan = plan
         self.policy = self.plan.policy
         self.shared = self._share(self.plan)
         L = self.cfg.num_layers
@@ -87,7 +80,7 @@ class CloneExecutor:
             self.loop[r] = torch.empty(0, device=dev, dtype=torch.long)
         self.loop["loss"] = torch.zeros((), device=dev, dtype=torch.float64)
 
-    def _share(self, plan: planner.SharingPlan) -> dict[tuple[str, str], Tensor]:
+    def _share(self, plan: SharingPlan) -> dict[tuple[str, str], Tensor]:
         """Point the same node of every clone at one tensor for each shared (node, role)."""
         shared: dict[tuple[str, str], Tensor] = {}
         for graphs in self.clones.values():
@@ -109,10 +102,13 @@ class CloneExecutor:
 
         Dropout is used iff model.training, with masks drawn in the order of
         Seq2SeqAttn.forward (encoder, backward encoder, then decoder positions)."""
-        return float(self._step(batch))
+        return float(self.step(batch))
 
     @torch.no_grad()
-    def _step(self, batch: Batch, tr: Tracer | None = None) -> Tensor:
+    def step(self, batch: Batch, tr: Tracer | None = None) -> Tensor:
+        """forward_backward's step, returning the summed NLL as the loop's 0-dim float64
+        buffer (no device sync). `tr`: a Tracer that records what each clone call touches
+        (the planner's probe)."""
         src, tgt_in, tgt_out = batch.src, batch.tgt_in, batch.tgt_out
         B, S = src.shape
         T = tgt_in.shape[1]

@@ -4,9 +4,10 @@ Rule (seq2seq-attn, OpenNMT): a clone's buffer may be one tensor for all clones 
 whole life lies inside ONE forward() or ONE backward() call of its clone: written and read
 there, and by the training loop only right after that call, before the next clone runs.
 
-The facts come from running one step of a tiny model of the same structure on the CPU with
-no sharing and a Tracer: every node reports what it touches (its inputs and output in
-forward; its grad_output, its grad_input and what its backward reads - inputs, output, own
+The facts come from running one step of a tiny model of the same structure
+(`nmt.config.graph_structure`, also the plans' cache key) on the CPU with no sharing and
+a Tracer: every node reports what it touches (its inputs and output in forward; its
+grad_output, its grad_input and what its backward reads - inputs, output, own
 mask - in backward), the loop reports what it reads between clone calls, and storages are
 compared by data pointer, so a view is the tensor it views. A buffer touched in two phases
 (a sigmoid output read again by its backward, an i2h input, a state that leaves the clone)
@@ -19,76 +20,41 @@ output and grad_input (seq2seq-attn PR #45); "all" shares every buffer found saf
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import Any
 
 import torch
 
-from nmt.config import ModelConfig
+from nmt.config import ModelConfig, graph_structure
+from nmt.data.batching import Batch
+from nmt.engine.clones import CloneExecutor
+from nmt.engine.graph import Tracer
+from nmt.engine.nodes import MM
+from nmt.engine.sharing import SharingPlan, Slot
 from nmt.errors import NmtError
+from nmt.model import build_model
 
-Slot = tuple[str, str]  # (node name, role)
-
-
-@dataclass(frozen=True)
-class SharingPlan:
-    policy: str
-    shared: frozenset[Slot]
-    safe: frozenset[Slot] = frozenset()  # what the analysis found shareable
-    unsafe: dict[Slot, str] = field(default_factory=dict, compare=False)  # slot -> why not
-    probe_bytes: dict[Slot, int] = field(default_factory=dict, compare=False)  # per clone
-
-    def forcing(self, slots: set[Slot] | frozenset[Slot]) -> SharingPlan:
-        """The same plan with `slots` shared regardless of safety (tests use it to show
-        that a wrong share does change the gradients)."""
-        return dataclasses.replace(self, shared=self.shared | frozenset(slots))
-
-    def share_fraction(self, records: list | None = None) -> float:
-        """Fraction of the clones' buffer bytes that this plan shares. `records`: BufferRecords
-        of an executor or `account(...)` WITHOUT sharing (policy "none"); default: the
-        probe's tiny sizes."""
-        if records is None:
-            sizes = self.probe_bytes
-            total = sum(sizes.values())
-            shared = sum(b for s, b in sizes.items() if s in self.shared)
-        else:
-            clone_recs = [r for r in records if "[" in r.clone]
-            total = sum(r.bytes for r in clone_recs)
-            shared = sum(r.bytes for r in clone_recs if (r.node, r.role) in self.shared)
-        return shared / total if total else 0.0
-
-    def summary(self, records: list | None = None) -> str:
-        """One line in the spirit of OpenNMT's memory optimizer log."""
-        return (
-            f"preallocation '{self.policy}': sharing {self.share_fraction(records):.0%} "
-            f"of output/gradInput tensors memory between clones "
-            f"({len(self.shared)} of {len(self.safe) + len(self.unsafe)} node buffers)"
-        )
-
-    def table(self) -> str:
-        """Every (node, role) with its decision and, when not shared, the reason."""
-        lines = []
-        for slot in sorted(self.safe | set(self.unsafe)):
-            what = "shared" if slot in self.shared else self.unsafe.get(slot, "safe, not shared")
-            lines.append(f"{slot[0]:<20} {slot[1]:<16} {what}")
-        return "\n".join(lines)
+StructureKey = tuple[tuple[str, Any], ...]  # (field, value) of every field, normalised
 
 
-def _structure(cfg: ModelConfig) -> tuple[int, bool, bool, bool]:
-    return (cfg.num_layers, cfg.input_feed, cfg.bidirectional, cfg.dropout > 0)
+def structure_key(model_cfg: ModelConfig) -> StructureKey:
+    """The plans' cache key: every field of `graph_structure(model_cfg)`, so a model field is
+    part of it unless the config marks it as a size, a rate or of no bearing on the graph."""
+    probe = graph_structure(model_cfg)
+    return tuple((f.name, getattr(probe, f.name)) for f in dataclasses.fields(probe))
 
 
 def plan(model_cfg: ModelConfig, policy: str = "all") -> SharingPlan:
-    """The sharing plan for models of this structure (layers, input feed, bidirectional,
-    dropout on/off; sizes do not matter)."""
+    """The sharing plan for models of this graph structure (sizes do not matter, nor
+    rates beyond on/off: see `nmt.config.graph_structure`)."""
     if policy not in ("none", "attention", "all"):
         raise NmtError(f"preallocation policy must be none, attention or all, got {policy!r}")
-    return _plan(_structure(model_cfg), policy)
+    return _plan(structure_key(model_cfg), policy)
 
 
 @lru_cache(maxsize=32)
-def _plan(structure: tuple[int, bool, bool, bool], policy: str) -> SharingPlan:
-    safe, unsafe, sizes, mm = analyse(structure)
+def _plan(key: StructureKey, policy: str) -> SharingPlan:
+    safe, unsafe, sizes, mm = analyse(ModelConfig(**dict(key)))
     if policy == "none":
         shared: frozenset[Slot] = frozenset()
     elif policy == "all":
@@ -100,44 +66,30 @@ def _plan(structure: tuple[int, bool, bool, bool], policy: str) -> SharingPlan:
     return SharingPlan(policy, shared, safe, unsafe, sizes)
 
 
-def _probe(structure: tuple[int, bool, bool, bool]):
-    """A tiny float32 CPU executor without sharing, of the given structure, in training mode."""
-    from nmt.engine.clones import CloneExecutor
-    from nmt.model import Seq2SeqAttn
-
-    layers, input_feed, bidirectional, dropout = structure
-    cfg = ModelConfig(
-        num_layers=layers,
-        rnn_size=3,
-        word_vec_size=2,
-        dropout=0.5 if dropout else 0.0,
-        input_feed=input_feed,
-        bidirectional=bidirectional,
-    )
-    model = Seq2SeqAttn(cfg, 7, 7).to(device="cpu", dtype=torch.float32).train()
+def _probe(model_cfg: ModelConfig) -> CloneExecutor:
+    """A tiny float32 CPU executor without sharing, of `model_cfg`'s graph structure, in
+    training mode."""
+    model = build_model(graph_structure(model_cfg), 7, 7, device="cpu", dtype=torch.float32)
     empty = SharingPlan("none", frozenset())
-    return CloneExecutor(model, max_src_len=1, max_tgt_len=2, plan=empty, device="cpu")
+    return CloneExecutor(model.train(), max_src_len=1, max_tgt_len=2, plan=empty, device="cpu")
 
 
 def analyse(
-    structure: tuple[int, bool, bool, bool],
+    model_cfg: ModelConfig,
 ) -> tuple[frozenset[Slot], dict[Slot, str], dict[Slot, int], frozenset[Slot]]:
-    """Run the traced tiny step; return (safe slots, {unsafe slot: reason}, probe bytes per
-    clone, the attention matrix products' slots). The global RNG is left untouched."""
-    from nmt.data.batching import Batch
-    from nmt.engine.graph import Tracer
-    from nmt.engine.nodes import MM
-
+    """Run the traced tiny step on a probe of `model_cfg`'s structure; return (safe slots,
+    {unsafe slot: reason}, probe bytes per clone, the attention matrix products' slots).
+    The global RNG is left untouched."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        executor = _probe(structure)
+        executor = _probe(model_cfg)
         batch = Batch(
             torch.tensor([[2, 5, 3], [2, 6, 3]]),
             torch.tensor([[2, 4, 5], [2, 6, 3]]),
             torch.tensor([[4, 5, 3], [6, 3, 0]]),
         )
         tracer = Tracer()
-        executor._step(batch, tracer)
+        executor.step(batch, tracer)
 
     reasons: dict[Slot, str] = {}
     sizes: dict[Slot, int] = {}

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from nmt.config import TrainConfig
+from nmt.engine import planner
 from nmt.engine.accounting import summarize
 from nmt.engine.clones import CloneExecutor
 from nmt.engine.node import flat
@@ -63,7 +64,8 @@ def held_storage_bytes(executor: CloneExecutor, model: Seq2SeqAttn) -> int:
 
 
 def _clone_step(setting: Setting, policy: str, model: Seq2SeqAttn, device: torch.device):
-    executor = CloneExecutor(model, setting.max_src_len, setting.max_tgt_len, policy, device)
+    plan = planner.plan(setting.model, policy)
+    executor = CloneExecutor(model, setting.max_src_len, setting.max_tgt_len, plan, device)
     executor.forward_backward(setting.full_batch(device))
     return executor
 

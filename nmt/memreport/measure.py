@@ -26,8 +26,9 @@ from nmt.config import Config, ModelConfig, TrainConfig
 from nmt.data.batching import Batch
 from nmt.devices import DTYPES
 from nmt.engine import planner
-from nmt.engine.accounting import MODEL_ROLES, BufferRecord, account, summarize
-from nmt.model import Seq2SeqAttn
+from nmt.engine.accounting import MODEL_ROLES, account, summarize
+from nmt.engine.records import BufferRecord
+from nmt.model import Seq2SeqAttn, build_model
 from nmt.train.schedule import make_optimizer
 
 CLONE_POLICIES = ("none", "attention", "all")
@@ -96,9 +97,9 @@ class Setting:
 
     def build_model(self, device: torch.device | str) -> Seq2SeqAttn:
         """The model in training mode, with gradients allocated (as from the second step on)."""
-        with torch.device(device):
-            model = Seq2SeqAttn(self.model, self.src_vocab, self.tgt_vocab)
-        model = model.to(dtype=self.torch_dtype).train()
+        model = build_model(
+            self.model, self.src_vocab, self.tgt_vocab, device=device, dtype=self.torch_dtype
+        ).train()
         for p in model.parameters():
             p.grad = torch.zeros_like(p)
         return model

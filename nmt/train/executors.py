@@ -10,6 +10,8 @@ from typing import Protocol
 
 from nmt.config import Config
 from nmt.data.batching import Batch
+from nmt.engine import planner
+from nmt.engine.clones import CloneExecutor
 from nmt.model import Seq2SeqAttn
 
 
@@ -30,13 +32,11 @@ class AutogradExecutor:
 
 
 def make_executor(cfg: Config, model: Seq2SeqAttn) -> Executor:
-    """The executor the config asks for (`train.executor`, `train.preallocate`, scope)."""
+    """The executor the config asks for (`train.executor`, `train.preallocate`, scope); the
+    clone executor gets the planner's sharing plan for the model's structure."""
     if cfg.train.executor == "autograd":
         return AutogradExecutor(model)
-    from nmt.engine.clones import CloneExecutor
-
     policy = cfg.train.prealloc_scope if cfg.train.preallocate else "none"
+    plan = planner.plan(cfg.model, policy)
     device = next(model.parameters()).device
-    return CloneExecutor(
-        model, cfg.data.max_src_len, cfg.data.max_tgt_len, policy=policy, device=device
-    )
+    return CloneExecutor(model, cfg.data.max_src_len, cfg.data.max_tgt_len, plan, device=device)

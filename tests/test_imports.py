@@ -1,0 +1,101 @@
+"""The modules of `nmt` form layers: no module imports one that imports it back.
+
+Function-local imports count too (they only hide a circle, they do not remove it). The
+graph is read from the source with `ast`, so nothing is imported to build it.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import nmt
+
+ROOT = Path(nmt.__file__).resolve().parent
+
+
+def module_name(path: Path, root: Path = ROOT) -> str:
+    """`nmt/engine/clones.py` -> `nmt.engine.clones`; a package's `__init__` is the package."""
+    parts = path.relative_to(root.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
+    """module -> the `nmt` modules it imports anywhere in its source. `from P import y`
+    imports the module `P.y` when there is one, else (a name defined in P) the module P."""
+    files = {module_name(p, root): p for p in sorted(root.rglob("*.py"))}
+    graph: dict[str, set[str]] = {}
+    for name, path in files.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        targets: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if isinstance(node, ast.Import):
+                targets.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # relative: resolve against this module's package
+                    anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*anchor, *([base] if base else [])])
+                for alias in node.names:
+                    sub = f"{base}.{alias.name}"
+                    targets.add(sub if sub in files else base)
+        graph[name] = {t for t in targets if t in files and t != name}
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle as [a, b, ..., a], or None (depth-first search, three colours)."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return [*path[path.index(nxt) :], nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for start in sorted(graph):
+        if start not in state and (found := visit(start)):
+            return found
+    return None
+
+
+def test_nmt_has_no_import_cycle() -> None:
+    graph = import_graph()
+    assert "nmt.engine.clones" in graph and "nmt.memreport" in graph  # it did read the tree
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_the_executor_stands_below_the_planner_and_the_accounting() -> None:
+    graph = import_graph()
+    assert {"nmt.engine.planner", "nmt.engine.accounting"}.isdisjoint(graph["nmt.engine.clones"])
+    assert "nmt.engine.clones" in graph["nmt.engine.planner"]
+    assert "nmt.engine.clones" in graph["nmt.engine.accounting"]
+
+
+def test_the_graph_reader_sees_hidden_and_submodule_imports(tmp_path: Path) -> None:
+    """A circle hidden in a function, through `from package import submodule`, is found."""
+    pkg = tmp_path / "nmt"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("from nmt.sub.b import B\n")
+    (pkg / "sub" / "a.py").write_text("def f():\n    from nmt.sub import b\n")
+    (pkg / "sub" / "b.py").write_text("import nmt.sub.c\nB = 1\n")
+    (pkg / "sub" / "c.py").write_text("from .a import f\n")
+    graph = import_graph(pkg)
+    assert graph["nmt.sub.a"] == {"nmt.sub.b"}
+    assert graph["nmt.sub.c"] == {"nmt.sub.a"}
+    cycle = find_cycle(graph)
+    assert cycle is not None and cycle[0] == cycle[-1]
+    assert sorted(cycle[1:]) == ["nmt.sub.a", "nmt.sub.b", "nmt.sub.c"]
+    (pkg / "sub" / "c.py").write_text("from nmt.sub import B\n")  # a name of the package
+    assert find_cycle(import_graph(pkg)) == ["nmt.sub", "nmt.sub.b", "nmt.sub.c", "nmt.sub"]
+    (pkg / "sub" / "__init__.py").write_text("")
+    assert find_cycle(import_graph(pkg)) is None
