@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from nmt.config import Config
+from nmt.config import Config, shape_keys
 from nmt.data.batching import Batch, epoch_order, make_batches
 from nmt.data.corpus import Corpus, load_corpus
 from nmt.data.tokenizers import tokenizer_from_state
@@ -43,23 +43,14 @@ class TrainingInterrupted(Exception):
         self.signum = signum
 
 
-# Keys a resumed run must share with its checkpoint: they fix the vocabularies and the shapes.
-FROZEN_KEYS = (
-    "data.tokenizer",
-    "data.src_vocab_size",
-    "data.tgt_vocab_size",
-    "data.joint_vocab",
-) + tuple(
-    f"model.{k}" for k in ("num_layers", "rnn_size", "word_vec_size", "input_feed", "bidirectional")
-)
-
-
 def check_resume_config(cfg: Config, saved: dict, path: Path) -> None:
-    """A resumed run must build the same vocabularies and model as its checkpoint."""
-    current = cfg.to_dict()
-    for dotted in FROZEN_KEYS:
+    """A resumed run must build the same vocabularies and model as its checkpoint: the keys
+    marked as fixing parameter or vocabulary shapes (`nmt.config.shape_keys`) must agree."""
+    current, defaults = cfg.to_dict(), Config().to_dict()
+    for dotted in shape_keys():
         section, key = dotted.split(".")
-        old = saved.get(section, {}).get(key)
+        # a key the checkpoint lacks is younger than it: it was trained with the default
+        old = saved.get(section, {}).get(key, defaults[section][key])
         new = current[section][key]
         if old != new:
             raise NmtError(
