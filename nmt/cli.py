@@ -94,12 +94,21 @@ def train(
 
 @app.command()
 def translate(
-    model: Annotated[Path, typer.Option("--model", "-m", help="Checkpoint (model.pt).")],
+    model: Annotated[
+        Path,
+        typer.Option(
+            "--model",
+            "-m",
+            help="Checkpoint: a run's model.pt (its best validation score so far) or "
+            "last.pt (its latest step, the final model once training ends).",
+        ),
+    ],
     src: Annotated[
         Path,
         typer.Option(
-            help="Source file, one sentence per line; '-' reads stdin and writes each "
-            "batch's translations as soon as they are done."
+            help="Source file, one sentence per line (an empty file is an error); '-' reads "
+            "stdin and writes each batch's translations as soon as they are done (empty "
+            "stdin: no output, exit 0)."
         ),
     ],
     output: Annotated[
@@ -168,15 +177,11 @@ def translate(
     ] = True,
 ) -> None:
     """Translate with beam search and a trained checkpoint."""
-    from nmt.translate.run import translate_file
-    from nmt.translate.translator import SearchOptions
+    from nmt.translate.run import TranslateOptions, translate_file
+    from nmt.translate.search import SearchOptions
 
     try:
-        translate_file(
-            model,
-            src,
-            output=output,
-            ref=ref,
+        options = TranslateOptions(
             search=SearchOptions(
                 beam_size=beam_size,
                 max_length=max_length,
@@ -185,16 +190,19 @@ def translate(
                 n_best=1 if n_best is None else n_best,
                 length_penalty=length_penalty,
             ),
+            output=output,
+            nbest=n_best is not None,
+            attention=attention,
+            ref=ref,
+            score_gold=score_gold,
+            replace_unk=replace_unk,
+            phrase_table=phrase_table,
+            max_src_length=max_src_length,
             batch_size=batch_size,
             device=device,
             progress=progress,
-            nbest_format=n_best is not None,
-            replace_unk=replace_unk,
-            phrase_table=phrase_table,
-            score_gold=score_gold,
-            attention=attention,
-            max_src_length=max_src_length,
         )
+        translate_file(model, src, options)
     except NmtError as exc:
         raise _fail(exc) from None
 

@@ -24,11 +24,12 @@ import torch
 
 from nmt.config import Config, from_dict
 from nmt.data.corpus import load_corpus
+from nmt.data.reading import read_lines
 from nmt.data.tokenizers import Tokenizer
 from nmt.devices import DTYPES
 from nmt.model import Seq2SeqAttn, build_model
 from nmt.train.trainer import train
-from nmt.translate.run import load_model, read_lines
+from nmt.translate.run import load_model
 from nmt.translate.translator import SearchOptions, translate_ids
 
 REPO = Path(__file__).resolve().parents[1]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import io
 import subprocess
 import sys
 from collections import Counter
@@ -15,7 +16,7 @@ import torch
 from nmt.config import DataConfig
 from nmt.data.batching import epoch_order, make_batches
 from nmt.data.corpus import load_corpus
-from nmt.data.reading import read_parallel
+from nmt.data.reading import read_lines, read_parallel, stream_lines
 from nmt.data.vocab import BOS, EOS, PAD
 from nmt.errors import NmtError
 
@@ -42,6 +43,72 @@ def pair_files(tmp_path: Path, src: str | bytes, tgt: str | bytes, stem: str = "
 
 
 # ---- reading -------------------------------------------------------------------------------
+
+# bytes -> the lines every reader of `nmt` gives for them (files and streams alike)
+LINE_RULES = [
+    (b"", []),  # an empty file has no lines
+    (b"\n", [""]),  # one blank line
+    (b"a\nb", ["a", "b"]),  # no newline after the last line
+    (b"a\nb\n", ["a", "b"]),  # the final newline adds no line
+    (b"a\n\nb\n\n", ["a", "", "b", ""]),
+    (b"a b\r\nc\r\n", ["a b", "c"]),  # CRLF line ends
+    (b"  a  b \t\n", ["a  b"]),  # surrounding whitespace goes, inner stays
+    ("\ufeffa\nb\n".encode(), ["a", "b"]),  # a byte-order mark goes
+    (b"\xef\xbb\xbf", []),  # a file holding only a byte-order mark is empty
+    ("c\x0bd\x1ce\u2028f\rg\n".encode(), ["c\x0bd\x1ce\u2028f\rg"]),  # only \n ends a line
+]
+
+
+@pytest.mark.parametrize(("data", "lines"), LINE_RULES)
+def test_read_lines_and_stream_lines_follow_one_set_of_rules(tmp_path, data, lines):
+    assert read_lines(write(tmp_path / "f.txt", data)) == lines
+    assert list(stream_lines(io.BytesIO(data))) == lines
+    text = data.decode("utf-8")
+    assert list(stream_lines(io.StringIO(text, newline="\n"))) == lines  # a text stdin
+
+
+@pytest.mark.parametrize(
+    ("data", "line", "byte", "column"),
+    [
+        (b"ok\nfine\nbad \xff byte\nok\n", 3, 0xFF, 5),
+        (b"\xc3\x28 broken\n", 1, 0xC3, 1),
+        (b"one\ntwo\nend \xe2\x82", 3, 0xE2, 5),  # cut in the middle of a character
+    ],
+)
+def test_undecodable_line_is_one_line_naming_file_line_and_byte(tmp_path, data, line, byte, column):
+    path = write(tmp_path / "in.txt", data)
+    expected = f"line {line} is not valid UTF-8 (byte 0x{byte:02x} at column {column})"
+    with pytest.raises(NmtError) as err:
+        read_lines(path)
+    assert str(err.value) == f"{path}: {expected}"
+    with pytest.raises(NmtError) as err:
+        list(stream_lines(io.BytesIO(data), "stdin"))
+    assert str(err.value) == f"stdin: {expected}"
+
+
+def test_read_lines_unreadable_paths(tmp_path):
+    with pytest.raises(NmtError, match=r"absent.txt: file not found$"):
+        read_lines(tmp_path / "absent.txt")
+    with pytest.raises(NmtError, match=r": cannot read \(") as err:
+        read_lines(tmp_path)  # a directory
+    assert str(tmp_path) in str(err.value) and "\n" not in str(err.value)
+
+
+def test_stream_lines_yields_each_line_before_reading_the_next():
+    """What lets `nmt translate --src -` translate a batch while the pipe stays open."""
+
+    class Pipe(io.BytesIO):
+        reads = 0
+
+        def readline(self, size: int | None = -1) -> bytes:
+            self.reads += 1
+            return super().readline(size)
+
+    pipe = Pipe(b"one\ntwo\n")
+    lines = stream_lines(pipe)
+    assert next(lines) == "one" and pipe.reads == 1
+    assert next(lines) == "two" and pipe.reads == 2
+    assert list(lines) == [] and pipe.reads == 3
 
 
 def test_read_parallel_strips_and_keeps_alignment(tmp_path):

@@ -29,7 +29,7 @@ from nmt.train.trainer import train
 from nmt.translate import run as run_module
 from nmt.translate.formats import read_attention
 from nmt.translate.metrics import bleu_line, chrf_line
-from nmt.translate.run import load_model, translate_file
+from nmt.translate.run import TranslateOptions, Translator, load_model, translate_file
 from nmt.translate.scoring import gold_scores
 from nmt.translate.translator import SearchOptions, translate_ids
 
@@ -150,10 +150,9 @@ def test_nbest_lists_match_gold_scores(toy_model, toy_test, tmp_path, capsys):
     best = translate_file(
         toy_model,
         src,
-        output=out,
-        search=SearchOptions(5, 60, n_best=3),
-        device="cpu",
-        progress=False,
+        TranslateOptions(
+            search=SearchOptions(5, 60, n_best=3), output=out, device="cpu", progress=False
+        ),
     )
     rows = parse_nbest(out.read_text(encoding="utf-8"))
     assert [i for i, _, _ in rows] == [i for i in range(20) for _ in range(3)]
@@ -172,12 +171,14 @@ def test_nbest_lists_match_gold_scores(toy_model, toy_test, tmp_path, capsys):
     translate_file(
         toy_model,
         rep_src,
-        output=tmp_path / "ignored.txt",
-        ref=rep_ref,
-        search=SearchOptions(1, 60),
-        score_gold=True,
-        device="cpu",
-        progress=False,
+        TranslateOptions(
+            search=SearchOptions(1, 60),
+            output=tmp_path / "ignored.txt",
+            ref=rep_ref,
+            score_gold=True,
+            device="cpu",
+            progress=False,
+        ),
     )
     err = capsys.readouterr().err.splitlines()
     gold = [line for line in err if line.startswith("GOLD ") and " ||| " in line]
@@ -193,6 +194,30 @@ def test_nbest_lists_match_gold_scores(toy_model, toy_test, tmp_path, capsys):
     assert f"over {tokens} reference tokens" in ppl_line
 
 
+def test_translator_turns_lines_into_translations(toy_model, toy_test):
+    """The translating seam alone: indices from `start`, truncation warnings naming the
+    source and line, texts decoded from the n-best lists of `translate_ids`."""
+    model, src_tok, tgt_tok = load_model(toy_model, torch.device("cpu"))
+    lines = lines_of(toy_test[0])[:6]
+    search = SearchOptions(3, 60, n_best=2)
+    warnings: list[str] = []
+    translator = Translator(
+        model, src_tok, tgt_tok, TranslateOptions(search=search, max_src_length=5), warnings.append
+    )
+    done = translator.translate(lines, start=10, name="x.txt")
+    ids = [src_tok.encode(line)[:5] for line in lines]
+    expected = translate_ids(model, ids, search, batch_size=32)
+    long = [k for k, line in enumerate(lines) if len(src_tok.encode(line)) > 5]
+    assert long and len(warnings) == len(long)
+    for k, message in zip(long, warnings, strict=True):
+        assert message.startswith(f"warning: x.txt line {11 + k}: ")
+    for k, (t, hyps) in enumerate(zip(done, expected, strict=True)):
+        assert (t.index, t.source, t.words) == (10 + k, ids[k], [])  # words: none needed
+        assert t.texts == [tgt_tok.decode(h.tokens) for h in hyps] and t.best == t.texts[0]
+        assert [h.score for h in t.hypotheses] == pytest.approx([h.score for h in hyps])
+        assert t.pieces == [tgt_tok.id_to_piece(i) for i in hyps[0].tokens]
+
+
 # ---- replace-unk and attention --------------------------------------------------------------
 
 
@@ -200,10 +225,14 @@ def test_replace_unk_and_attention_file(toy_model, toy_test, tmp_path):
     src = toy_test[0]
     sources = [line.split() for line in lines_of(src)]
     common = {"search": SearchOptions(3, 60), "device": "cpu", "progress": False}
-    plain = translate_file(toy_model, src, output=tmp_path / "plain.txt", **common)
+    plain = translate_file(
+        toy_model, src, TranslateOptions(output=tmp_path / "plain.txt", **common)
+    )
     att = tmp_path / "att.jsonl"
     copied = translate_file(
-        toy_model, src, output=tmp_path / "copy.txt", replace_unk=True, attention=att, **common
+        toy_model,
+        src,
+        TranslateOptions(output=tmp_path / "copy.txt", replace_unk=True, attention=att, **common),
     )
     table_file = tmp_path / "table.txt"
     words = sorted({w for s in sources for w in s})
@@ -211,10 +240,9 @@ def test_replace_unk_and_attention_file(toy_model, toy_test, tmp_path):
     mapped = translate_file(
         toy_model,
         src,
-        output=tmp_path / "map.txt",
-        replace_unk=True,
-        phrase_table=table_file,
-        **common,
+        TranslateOptions(
+            output=tmp_path / "map.txt", replace_unk=True, phrase_table=table_file, **common
+        ),
     )
     assert lines_of(tmp_path / "copy.txt") == copied
     replaced = 0
@@ -244,7 +272,8 @@ def test_replace_unk_needs_word_vocabularies(toy_model, toy_test, monkeypatch):
 
     monkeypatch.setattr(run_module, "load_model", as_sentencepiece)
     with pytest.raises(NmtError, match="--replace-unk needs word vocabularies"):
-        translate_file(toy_model, toy_test[0], replace_unk=True, device="cpu", progress=False)
+        options = TranslateOptions(replace_unk=True, device="cpu", progress=False)
+        translate_file(toy_model, toy_test[0], options)
 
 
 # ---- streaming, metrics, lengths --------------------------------------------------------------
@@ -303,6 +332,33 @@ def test_stdin_through_the_runner_with_metrics(toy_model, toy_test, tmp_path):
     assert any(line.startswith("chrF2 = ") and "nrefs:1|" in line for line in err)
 
 
+def test_empty_stdin_is_a_filter_with_nothing_to_do(toy_model, tmp_path):
+    """`--src -` on empty stdin prints nothing and succeeds (a pipeline stage), and still
+    leaves its (empty) output files; references must then be empty too."""
+    out, att = tmp_path / "out" / "hyp.txt", tmp_path / "att.jsonl"
+    base = ["-m", str(toy_model), "--src", "-"]
+    result = invoke(*base, "-o", str(out), "--attention", str(att), input="")
+    assert (result.exit_code, result.stdout, result.stderr) == (0, "", ""), result.stderr
+    assert out.read_text(encoding="utf-8") == "" and att.read_text(encoding="utf-8") == ""
+    empty_ref = tmp_path / "ref.txt"
+    empty_ref.write_text("", encoding="utf-8")
+    result = invoke(*base, "--ref", str(empty_ref), "--score-gold", input="")
+    assert (result.exit_code, result.stdout, result.stderr) == (0, "", ""), result.stderr
+    empty_ref.write_text("eins .\n", encoding="utf-8")
+    result = invoke(*base, "--ref", str(empty_ref), input="")
+    assert_one_line_error(result, "ref.txt: 1 lines, but stdin gave 0")
+    # a real, empty pipe, as in `true | nmt translate ... --src -`
+    proc = subprocess.run(
+        [sys.executable, "-m", "nmt", "translate", *base, "--device", "cpu"],
+        input="",
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "", "")
+
+
 def test_max_length_ratio_caps_outputs(toy_model, toy_test):
     args = ["-m", str(toy_model), "--src", str(toy_test[0]), "--beam-size", "3", "--no-progress"]
     free = invoke(*args).stdout.splitlines()
@@ -350,6 +406,9 @@ def test_help_lists_the_options():
         "--ref",
     ]:
         assert option in result.stdout, option
+    help_text = " ".join(result.stdout.replace("│", " ").split())  # rich's box, unwrapped
+    assert "model.pt (its best validation score so far) or last.pt (its latest step" in help_text
+    assert "empty stdin: no output, exit 0" in help_text
 
 
 @pytest.mark.parametrize(
@@ -374,7 +433,6 @@ def test_bad_inputs_are_one_line_errors(toy_model, toy_test, tmp_path):
     empty.write_text("", encoding="utf-8")
     base = ["-m", str(toy_model), "--no-progress"]
     assert_one_line_error(invoke(*base, "--src", str(empty)), "empty.txt", "no lines")
-    assert_one_line_error(invoke(*base, "--src", "-", input=""), "stdin", "no lines")
     absent = tmp_path / "absent.txt"
     assert_one_line_error(invoke(*base, "--src", str(absent)), "absent.txt", "not found")
     short_ref = tmp_path / "ref.txt"

@@ -1,18 +1,36 @@
-"""Reading line-aligned parallel text, with one-line errors a user can act on."""
+"""Reading line-aligned text, with one-line errors a user can act on.
+
+One set of rules for every text `nmt` reads, training corpora and translation input alike
+(a file or a stream), so that what a model translates is read as what it was trained on:
+
+- UTF-8 only; an undecodable line is refused, naming the file, the line and the byte;
+- only '\\n' ends a line (as in seq2seq-attn), never the other characters `str.splitlines`
+  knows (\\x0b, \\x1c, U+2028 ...), which would silently break the alignment of two sides;
+- each line is stripped of surrounding whitespace (so a '\\r\\n' line end is one line end);
+- a leading byte-order mark is dropped; the newline that ends the last line adds no line,
+  so an empty file has no lines (what that means is the caller's rule).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import BinaryIO, TextIO
 
 from nmt.errors import NmtError
 
+BOM = "\ufeff"
+
+
+def _not_utf8(name: object, line: int, raw: bytes, start: int) -> NmtError:
+    """`raw`: the line's bytes (or more, from the line's start); `start`: the bad byte in it."""
+    return NmtError(
+        f"{name}: line {line} is not valid UTF-8 (byte 0x{raw[start]:02x} at column {start + 1})"
+    )
+
 
 def read_lines(path: str | Path) -> list[str]:
-    """UTF-8 lines, stripped. Only '\\n' ends a line (as in seq2seq-attn), never the other
-    characters `str.splitlines` knows (\\x0b, \\x1c, U+2028 ...), which would silently break
-    the alignment of the two sides. A leading byte-order mark is dropped.
-    """
+    """All lines of a UTF-8 text file by the module's rules, stripped, without line ends."""
     path = Path(path)
     try:
         data = path.read_bytes()
@@ -23,15 +41,37 @@ def read_lines(path: str | Path) -> list[str]:
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
+        line_start = data.rfind(b"\n", 0, exc.start) + 1
         line = data.count(b"\n", 0, exc.start) + 1
-        raise NmtError(
-            f"{path}: line {line} is not valid UTF-8 (byte 0x{data[exc.start]:02x})"
-        ) from None
-    text = text.removeprefix("\ufeff")
-    lines = text.split("\n")
-    if lines and lines[-1] == "":  # the newline that ends the last line
+        raise _not_utf8(path, line, data[line_start:], exc.start - line_start) from None
+    lines = text.removeprefix(BOM).split("\n")
+    if lines[-1] == "":  # the newline that ends the last line (or an empty file)
         lines.pop()
     return [line.strip() for line in lines]
+
+
+def stream_lines(stream: BinaryIO | TextIO, name: str = "stdin") -> Iterator[str]:
+    """The lines of a stream as they arrive, by the rules of `read_lines`.
+
+    Each line is yielded once its line end has arrived (no waiting for more input), so a
+    pipe's lines can be acted on while the writer is still writing. A text stream (a test's
+    replaced stdin) is taken as already decoded, and split where its `readline` splits.
+    """
+    number = 0
+    while raw := stream.readline():  # only the end of the stream reads as empty
+        number += 1
+        if isinstance(raw, bytes):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise _not_utf8(name, number, raw, exc.start) from None
+        else:
+            line = raw
+        if number == 1:
+            line = line.removeprefix(BOM)
+            if not line:  # a stream of nothing but a byte-order mark has no lines
+                return
+        yield line.strip()
 
 
 def read_parallel(

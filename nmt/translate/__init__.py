@@ -1,10 +1,10 @@
 """Translation with a trained model.
 
-search      greedy and beam search over a padded, masked batch (one idea: the search)
-translator  search options, length-sorted batching, eval/inference mode
+search      greedy and beam search over a padded, masked batch, and their SearchOptions
+translator  length-sorted batching, eval/inference mode
 scoring     gold scoring: teacher-forced log-likelihood of references
 unk         replace-unk and its phrase table
-formats     n-best lines and attention JSON records
+formats     n-best lines, attention JSON records, gold-score lines
 metrics     sacreBLEU BLEU and chrF lines with signatures
-run         `nmt translate`: files / stdin in, outputs and reports out
+run         `nmt translate`: TranslateOptions; source reader, Translator, writers
 """

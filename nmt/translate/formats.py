@@ -1,15 +1,19 @@
-"""What `nmt translate` writes besides plain translations: Moses-style n-best lines and
-attention matrices as JSON lines (one object per sentence, read back by the plot script)."""
+"""What `nmt translate` writes besides plain translations: Moses-style n-best lines,
+attention matrices as JSON lines (one object per sentence, read back by the plot script) and
+gold-score lines."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
 
 from nmt.errors import NmtError
+
+if TYPE_CHECKING:
+    from nmt.translate.scoring import GoldScores
 
 DIGITS = 5  # attention weights are written rounded: enough for a heatmap, small files
 
@@ -17,6 +21,19 @@ DIGITS = 5  # attention weights are written rounded: enough for a heatmap, small
 def nbest_line(index: int, text: str, score: float) -> str:
     """`SENTENCE_INDEX ||| translation ||| score`, the sentence index counting from 0."""
     return f"{index} ||| {text} ||| {score:.4f}"
+
+
+def gold_lines(refs: list[str], gold: GoldScores) -> list[str]:
+    """`GOLD index ||| reference ||| log-likelihood` per reference, then the perplexity."""
+    lines = [
+        f"GOLD {i} ||| {ref} ||| {score:.4f}"
+        for i, (ref, score) in enumerate(zip(refs, gold.scores, strict=True))
+    ]
+    lines.append(
+        f"GOLD PPL = {gold.perplexity:.4f} (log-likelihood {gold.total:.4f} "
+        f"over {gold.tokens} reference tokens, </s> included)"
+    )
+    return lines
 
 
 def attention_record(

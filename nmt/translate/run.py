@@ -1,38 +1,89 @@
 """`nmt translate`: checkpoint + source text -> translations, n-best lists, attention, scores.
 
-Sources are read in chunks and each chunk's translations are written (and flushed) as soon
-as it is done: from a file, chunks of many batches sorted by length (little padding); from
-stdin (`-`), one batch, so that a pipe gets each translation once its batch is complete.
-Everything else (warnings, gold scores, BLEU / chrF, the progress bar) goes to stderr.
+Three seams, each usable and testable alone:
+
+- reading: `read_source` gives the source as batches of lines. A file is read and checked
+  whole, then cut into chunks of many batches, each translated sorted by length (little
+  padding); stdin (`-`) is cut into single batches as its lines arrive, so that a pipe gets
+  each translation once its batch is complete.
+- translating: a `Translator` turns lines into `Translation`s (n-best hypotheses and texts).
+- writing: writers take each chunk's translations and flush them (hypotheses or n-best
+  lines, attention JSON lines); the `ReferenceReport` collects the best translations and at
+  the end prints gold scores, BLEU and chrF.
+
+`translate_file` wires them as the command line does, from one `TranslateOptions`.
+Everything besides translations (warnings, reports, the progress bar) goes to stderr.
 """
 
 from __future__ import annotations
 
 import itertools
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
+from typing import BinaryIO, Protocol, TextIO
 
 import torch
 from tqdm import tqdm
 
 from nmt.config import from_dict
+from nmt.data.reading import read_lines, stream_lines
 from nmt.data.tokenizers import Tokenizer, tokenizer_from_state
 from nmt.devices import resolve_device
 from nmt.errors import NmtError
 from nmt.model import Seq2SeqAttn, build_model
 from nmt.train.checkpoint import load_checkpoint
 from nmt.translate import unk
-from nmt.translate.formats import attention_record, nbest_line
+from nmt.translate.formats import attention_record, gold_lines, nbest_line
 from nmt.translate.metrics import bleu_line, chrf_line
-from nmt.translate.scoring import gold_scores
+from nmt.translate.scoring import GoldScores, gold_scores
 from nmt.translate.search import Hypothesis
 from nmt.translate.translator import SearchOptions, translate_ids
 
 STDIN = "-"
 CHUNK_BATCHES = 50  # batches per chunk of a file: bounds memory, keeps sorting effective
+
+
+@dataclass(frozen=True)
+class TranslateOptions:
+    """Everything `nmt translate` is told besides the checkpoint and the source.
+
+    One field per command-line option: the command line fills it in and the part that acts
+    on a field reads it here, so a new option touches the CLI and this class, not the calls
+    in between. `check()` refuses values that cannot work, before anything is loaded.
+    """
+
+    search: SearchOptions = SearchOptions()
+    output: Path | None = None  # translations; None: stdout
+    nbest: bool = False  # 'INDEX ||| translation ||| score' lines (implied by n_best > 1)
+    attention: Path | None = None  # one JSON line per sentence: its best hypothesis
+    ref: Path | None = None  # references: BLEU and chrF lines on stderr
+    score_gold: bool = False  # with ref: each reference's log-likelihood, their perplexity
+    replace_unk: bool = False  # an output <unk> becomes the most attended source word
+    phrase_table: Path | None = None  # ... or its translation from this table
+    max_src_length: int = 0  # longer sources are truncated, with a warning; 0: no limit
+    batch_size: int = 32
+    device: str = "auto"
+    progress: bool = True
+
+    @property
+    def writes_nbest(self) -> bool:
+        return self.nbest or self.search.n_best > 1
+
+    def check(self) -> None:
+        self.search.check()
+        if self.batch_size < 1:
+            raise NmtError(f"batch size must be >= 1, got {self.batch_size}")
+        if self.max_src_length < 0:
+            raise NmtError(
+                f"max source length must be >= 0 (0: no limit), got {self.max_src_length}"
+            )
+        if self.score_gold and self.ref is None:
+            raise NmtError("--score-gold needs --ref: the references to score")
+        if self.phrase_table is not None and not self.replace_unk:
+            raise NmtError("--phrase-table is used by --replace-unk; pass both")
 
 
 def load_model(path: Path, device: torch.device) -> tuple[Seq2SeqAttn, Tokenizer, Tokenizer]:
@@ -50,37 +101,16 @@ def load_model(path: Path, device: torch.device) -> tuple[Seq2SeqAttn, Tokenizer
     return model.eval(), src_tok, tgt_tok
 
 
-def read_lines(path: Path) -> list[str]:
-    """All lines of a UTF-8 text file, without their line ends."""
-    try:
-        with open(path, "rb") as handle:
-            raw = handle.read().split(b"\n")
-    except FileNotFoundError:
-        raise NmtError(f"{path}: file not found") from None
-    except OSError as exc:
-        raise NmtError(f"{path}: cannot read ({exc.strerror})") from None
-    if raw and raw[-1] == b"":
-        raw.pop()  # the final line end
-    lines = []
-    for number, line in enumerate(raw, start=1):
-        try:
-            lines.append(line.decode("utf-8").rstrip("\r"))
-        except UnicodeDecodeError as exc:
-            raise NmtError(f"{path}: line {number} is not valid UTF-8 (byte {exc.start})") from None
-    return lines
+# ---- reading ---------------------------------------------------------------------------------
 
 
-def stdin_lines() -> Iterator[str]:
-    """Lines of stdin as they arrive (no read-ahead past a line end)."""
-    stream = getattr(sys.stdin, "buffer", None)
-    if stream is None:  # a replaced text stdin (tests)
-        yield from (line.rstrip("\r\n") for line in sys.stdin)
-        return
-    for number, raw in enumerate(iter(stream.readline, b""), start=1):
-        try:
-            yield raw.decode("utf-8").rstrip("\r\n")
-        except UnicodeDecodeError as exc:
-            raise NmtError(f"stdin: line {number}: not valid UTF-8 (byte {exc.start})") from None
+@dataclass
+class Source:
+    """The text to translate, as batches of lines."""
+
+    name: str  # the file, or "stdin": how warnings and errors name it
+    batches: Iterator[list[str]]
+    total: int | None  # lines, known in advance for a file; None for stdin
 
 
 def chunks(lines: Iterable[str], size: int) -> Iterator[list[str]]:
@@ -89,190 +119,260 @@ def chunks(lines: Iterable[str], size: int) -> Iterator[list[str]]:
         yield chunk
 
 
-class _Renderer:
-    """Hypotheses -> output text (with replace-unk), n-best lines and attention records."""
+def read_source(src: Path | str, batch_size: int, stdin: BinaryIO | TextIO | None = None) -> Source:
+    """`src` as batches of lines, by the rules of `nmt.data.reading`.
+
+    A file is read now, so that a bad or empty one fails before any output is written; an
+    empty file is an error (a wrong path or a failed earlier step, far more often than an
+    intended no-op). `-` reads `stdin` (default: the process's) lazily, `batch_size` lines
+    at a time; empty stdin gives no batches: a filter in a pipeline with nothing to do.
+    """
+    if str(src) == STDIN:
+        if stdin is None:
+            stdin = getattr(sys.stdin, "buffer", sys.stdin)  # bytes: our decoding rules
+        return Source("stdin", chunks(stream_lines(stdin, "stdin"), batch_size), None)
+    lines = read_lines(src)
+    if not lines:
+        raise NmtError(f"{src}: no lines to translate (the file is empty)")
+    return Source(str(src), chunks(lines, batch_size * CHUNK_BATCHES), len(lines))
+
+
+# ---- translating -----------------------------------------------------------------------------
+
+
+@dataclass
+class Translation:
+    """One source line translated: all that the writers need."""
+
+    index: int  # the line's position in the source, from 0
+    source: list[int]  # source ids as translated (after --max-src-length)
+    words: list[str]  # source pieces as translated, if replace-unk or attention needs them
+    hypotheses: list[Hypothesis]  # best first
+    texts: list[str]  # the output text of each hypothesis
+    pieces: list[str]  # the output pieces of the best one (replace-unk applied)
+
+    @property
+    def best(self) -> str:
+        return self.texts[0]
+
+
+def _stderr(message: str) -> None:
+    tqdm.write(message, file=sys.stderr)  # above a progress bar, not through it
+
+
+class Translator:
+    """Lines -> `Translation`s: tokenize, truncate (with a warning), search, render text."""
 
     def __init__(
         self,
+        model: Seq2SeqAttn,
         src_tok: Tokenizer,
         tgt_tok: Tokenizer,
-        replace: bool,
-        table: dict[str, str] | None,
+        options: TranslateOptions = TranslateOptions(),
+        warn: Callable[[str], None] = _stderr,
     ):
-        self.src_tok, self.tgt_tok, self.replace, self.table = src_tok, tgt_tok, replace, table
+        if options.replace_unk and (src_tok.kind != "word" or tgt_tok.kind != "word"):
+            raise NmtError(
+                f"--replace-unk needs word vocabularies; this model's tokenizers are "
+                f"{src_tok.kind} / {tgt_tok.kind}"
+            )
+        self.model, self.src_tok, self.tgt_tok = model, src_tok, tgt_tok
+        self.options, self.warn = options, warn
+        table = options.phrase_table
+        self.table = unk.load_phrase_table(table) if table is not None else None
+        self.need_words = options.replace_unk or options.attention is not None
 
-    def pieces(self, hyp: Hypothesis, source: list[str]) -> list[str]:
+    def translate(
+        self,
+        lines: list[str],
+        start: int = 0,
+        name: str = "input",
+        on_batch: Callable[[int], object] | None = None,
+    ) -> list[Translation]:
+        """Translate `lines`, the lines `start`.. of the source `name` (for warnings)."""
+        limit = self.options.max_src_length
+        ids = [self.src_tok.encode(line) for line in lines]
+        words = [self.src_tok.tokens(line) if self.need_words else [] for line in lines]
+        for k, seq in enumerate(ids):
+            if limit and len(seq) > limit:
+                self.warn(
+                    f"warning: {name} line {start + k + 1}: {len(seq)} source tokens, "
+                    f"translating the first {limit} (--max-src-length)"
+                )
+                ids[k], words[k] = seq[:limit], words[k][:limit]
+        found = translate_ids(
+            self.model, ids, self.options.search, self.options.batch_size, on_batch=on_batch
+        )
+        return [self._render(start + k, ids[k], words[k], hyps) for k, hyps in enumerate(found)]
+
+    def _pieces(self, hyp: Hypothesis, words: list[str]) -> list[str]:
         pieces = [self.tgt_tok.id_to_piece(t) for t in hyp.tokens]
-        if self.replace:
-            pieces = unk.replace_unk(pieces, hyp.attention, source, self.table)
+        if self.options.replace_unk:
+            pieces = unk.replace_unk(pieces, hyp.attention, words, self.table)
         return pieces
 
-    def text(self, hyp: Hypothesis, source: list[str]) -> str:
-        if self.replace:
-            return self.tgt_tok.detokenize(self.pieces(hyp, source))
+    def _text(self, hyp: Hypothesis, words: list[str]) -> str:
+        if self.options.replace_unk:
+            return self.tgt_tok.detokenize(self._pieces(hyp, words))
         return self.tgt_tok.decode(hyp.tokens)
 
-    def attention(self, index: int, hyp: Hypothesis, source: list[str]) -> str:
-        target = self.pieces(hyp, source) + (["</s>"] if hyp.finished else [])
-        return attention_record(
-            index,
-            ["<s>", *source, "</s>"],
-            target,
-            hyp.attention,
-            self.text(hyp, source),
-            hyp.score,
-        )
+    def _render(
+        self, index: int, source: list[int], words: list[str], hyps: list[Hypothesis]
+    ) -> Translation:
+        texts = [self._text(h, words) for h in hyps]
+        return Translation(index, source, words, hyps, texts, self._pieces(hyps[0], words))
 
 
-def _check_options(
-    search: SearchOptions,
-    batch_size: int,
-    max_src_length: int,
-    ref: Path | None,
-    score_gold: bool,
-    replace: bool,
-    phrase_table: Path | None,
-) -> None:
-    search.check()
-    if batch_size < 1:
-        raise NmtError(f"batch size must be >= 1, got {batch_size}")
-    if max_src_length < 0:
-        raise NmtError(f"max source length must be >= 0 (0: no limit), got {max_src_length}")
-    if score_gold and ref is None:
-        raise NmtError("--score-gold needs --ref: the references to score")
-    if phrase_table is not None and not replace:
-        raise NmtError("--phrase-table is used by --replace-unk; pass both")
+# ---- writing ---------------------------------------------------------------------------------
+
+
+class Writer(Protocol):
+    """Takes each chunk's translations, in source order, as soon as they are done."""
+
+    def write(self, batch: list[Translation]) -> None: ...
+
+
+class HypothesisWriter:
+    """The best translation of each line, one per line."""
+
+    def __init__(self, out: TextIO):
+        self.out = out
+
+    def write(self, batch: list[Translation]) -> None:
+        self.out.writelines(t.best + "\n" for t in batch)
+        self.out.flush()
+
+
+class NbestWriter:
+    """`INDEX ||| translation ||| score` lines, each sentence's hypotheses best first."""
+
+    def __init__(self, out: TextIO):
+        self.out = out
+
+    def write(self, batch: list[Translation]) -> None:
+        for t in batch:
+            self.out.writelines(
+                nbest_line(t.index, text, h.score) + "\n"
+                for text, h in zip(t.texts, t.hypotheses, strict=True)
+            )
+        self.out.flush()
+
+
+class AttentionWriter:
+    """One JSON line per sentence: the attention of its best hypothesis (`formats`)."""
+
+    def __init__(self, out: TextIO):
+        self.out = out
+
+    def write(self, batch: list[Translation]) -> None:
+        for t in batch:
+            best = t.hypotheses[0]
+            target = t.pieces + (["</s>"] if best.finished else [])
+            source = ["<s>", *t.words, "</s>"]
+            record = attention_record(t.index, source, target, best.attention, t.best, best.score)
+            self.out.write(record + "\n")
+        self.out.flush()
+
+
+class ReferenceReport:
+    """Checks the best translations against references once all are done: with `gold`
+    (sources -> scores of the references) the GOLD lines, then BLEU and chrF, on `out`."""
+
+    def __init__(
+        self,
+        refs: list[str],
+        ref_name: str,
+        source_name: str,
+        out: TextIO,
+        gold: Callable[[list[list[int]]], GoldScores] | None = None,
+    ):
+        self.refs, self.ref_name, self.source_name = refs, ref_name, source_name
+        self.out, self.gold = out, gold
+        self.hyps: list[str] = []
+        self.sources: list[list[int]] = []
+
+    def write(self, batch: list[Translation]) -> None:
+        self.hyps.extend(t.best for t in batch)
+        self.sources.extend(t.source for t in batch)
+
+    def finish(self) -> None:
+        if len(self.refs) != len(self.hyps):
+            raise NmtError(
+                f"{self.ref_name}: {len(self.refs)} lines, but {self.source_name} "
+                f"gave {len(self.hyps)}"
+            )
+        if not self.refs:
+            return  # empty stdin and empty references: nothing to score
+        if self.gold is not None:
+            for line in gold_lines(self.refs, self.gold(self.sources)):
+                print(line, file=self.out)
+        print(bleu_line(self.hyps, self.refs), file=self.out)
+        print(chrf_line(self.hyps, self.refs), file=self.out, flush=True)
+
+
+# ---- the command -----------------------------------------------------------------------------
+
+
+def _gold_scorer(
+    model: Seq2SeqAttn, tgt_tok: Tokenizer, refs: list[str], batch_size: int
+) -> Callable[[list[list[int]]], GoldScores]:
+    """Sources -> the references' teacher-forced scores (`scoring.gold_scores`)."""
+
+    def score(sources: list[list[int]]) -> GoldScores:
+        return gold_scores(model, sources, [tgt_tok.encode(r) for r in refs], batch_size)
+
+    return score
+
+
+def _open(stack: ExitStack, path: Path) -> TextIO:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return stack.enter_context(open(path, "w", encoding="utf-8"))
 
 
 def translate_file(
-    model_path: Path,
-    src: Path,
-    *,
-    output: Path | None = None,
-    ref: Path | None = None,
-    search: SearchOptions = SearchOptions(),
-    batch_size: int = 32,
-    device: str = "auto",
-    progress: bool = True,
-    nbest_format: bool = False,
-    replace_unk: bool = False,
-    phrase_table: Path | None = None,
-    score_gold: bool = False,
-    attention: Path | None = None,
-    max_src_length: int = 0,
+    model_path: Path, src: Path | str, options: TranslateOptions = TranslateOptions()
 ) -> list[str]:
-    """Translate `src` (a file, or `-` for stdin) and return the best translation per line.
-
-    Writes to `output` (or stdout) one translation per line, or with `nbest_format` (implied
-    by search.n_best > 1) `index ||| translation ||| score` lines, best first. With `ref`:
-    sacreBLEU BLEU and chrF lines, and with `score_gold` each reference's log-likelihood and
-    the references' perplexity, on stderr. `attention`: one JSON line per sentence (its best
-    hypothesis). Sources longer than `max_src_length` tokens (0: no limit) are truncated with
-    a warning.
-    """
-    _check_options(search, batch_size, max_src_length, ref, score_gold, replace_unk, phrase_table)
-    model, src_tok, tgt_tok = load_model(model_path, resolve_device(device))
-    if replace_unk and (src_tok.kind != "word" or tgt_tok.kind != "word"):
-        raise NmtError(
-            f"--replace-unk needs word vocabularies; this model's tokenizers are "
-            f"{src_tok.kind} / {tgt_tok.kind}"
+    """Translate `src` (a file, or `-` for stdin) as `options` say; the best translation of
+    each line is returned, and written (or the n-best lists) to `options.output` or stdout."""
+    options.check()
+    model, src_tok, tgt_tok = load_model(model_path, resolve_device(options.device))
+    translator = Translator(model, src_tok, tgt_tok, options)
+    refs = read_lines(options.ref) if options.ref is not None else None
+    source = read_source(src, options.batch_size)
+    report = None
+    if refs is not None:
+        if source.total is not None and len(refs) != source.total:
+            raise NmtError(f"{options.ref}: {len(refs)} lines, but {src} has {source.total}")
+        gold = (
+            _gold_scorer(model, tgt_tok, refs, options.batch_size) if options.score_gold else None
         )
-    table = unk.load_phrase_table(phrase_table) if phrase_table is not None else None
-    refs = read_lines(ref) if ref is not None else None
-    streaming = str(src) == STDIN
-    if streaming:
-        parts = chunks(stdin_lines(), batch_size)
-        total = None
-    else:
-        lines = read_lines(src)
-        if refs is not None and len(refs) != len(lines):
-            raise NmtError(f"{ref}: {len(refs)} lines, but {src} has {len(lines)}")
-        parts = chunks(lines, batch_size * CHUNK_BATCHES)
-        total = len(lines)
-    first = next(parts, None)
-    if first is None:
-        raise NmtError(f"{'stdin' if streaming else src}: no lines to translate")
-    nbest_format = nbest_format or search.n_best > 1
-    render = _Renderer(src_tok, tgt_tok, replace_unk, table)
-    need_tokens = replace_unk or attention is not None
-    best: list[str] = []
-    sources: list[list[int]] = []
+        report = ReferenceReport(refs, str(options.ref), source.name, sys.stderr, gold)
 
+    best: list[str] = []
     with ExitStack() as stack:
-        out: TextIO = sys.stdout
-        if output is not None:
-            output.parent.mkdir(parents=True, exist_ok=True)
-            out = stack.enter_context(open(output, "w", encoding="utf-8"))
-        att = None
-        if attention is not None:
-            attention.parent.mkdir(parents=True, exist_ok=True)
-            att = stack.enter_context(open(attention, "w", encoding="utf-8"))
+        out = sys.stdout if options.output is None else _open(stack, options.output)
+        writers: list[Writer] = [
+            NbestWriter(out) if options.writes_nbest else HypothesisWriter(out)
+        ]
+        if options.attention is not None:
+            writers.append(AttentionWriter(_open(stack, options.attention)))
+        if report is not None:
+            writers.append(report)
         bar = stack.enter_context(
             tqdm(
-                total=total,
+                total=source.total,
                 desc="translate",
                 unit="sent",
-                disable=not progress or streaming,
+                disable=not options.progress or source.total is None,
                 file=sys.stderr,
                 dynamic_ncols=True,
             )
         )
-        for chunk in itertools.chain([first], parts):
-            start = len(sources)
-            ids = [src_tok.encode(line) for line in chunk]
-            words = [src_tok.tokens(line) if need_tokens else [] for line in chunk]
-            for k, seq in enumerate(ids):
-                if max_src_length and len(seq) > max_src_length:
-                    where = "stdin" if streaming else str(src)
-                    tqdm.write(  # above the progress bar, not through it
-                        f"warning: {where} line {start + k + 1}: {len(seq)} source tokens, "
-                        f"translating the first {max_src_length} (--max-src-length)",
-                        file=sys.stderr,
-                    )
-                    ids[k], words[k] = seq[:max_src_length], words[k][:max_src_length]
-            found = translate_ids(model, ids, search, batch_size, on_batch=bar.update)
-            for k, hyps in enumerate(found):
-                index = start + k
-                texts = [render.text(h, words[k]) for h in hyps]
-                if nbest_format:
-                    out.writelines(
-                        nbest_line(index, t, h.score) + "\n"
-                        for t, h in zip(texts, hyps, strict=True)
-                    )
-                else:
-                    out.write(texts[0] + "\n")
-                if att is not None:
-                    att.write(render.attention(index, hyps[0], words[k]) + "\n")
-                best.append(texts[0])
-            sources.extend(ids)
-            out.flush()
-            if att is not None:
-                att.flush()
-
-    if refs is not None:
-        if len(refs) != len(best):
-            raise NmtError(f"{ref}: {len(refs)} lines, but stdin gave {len(best)}")
-        if score_gold:
-            _print_gold(model, sources, [tgt_tok.encode(r) for r in refs], refs, batch_size)
-        print(bleu_line(best, refs), file=sys.stderr, flush=True)
-        print(chrf_line(best, refs), file=sys.stderr, flush=True)
+        for lines in source.batches:
+            done = translator.translate(lines, len(best), source.name, on_batch=bar.update)
+            for writer in writers:
+                writer.write(done)
+            best.extend(t.best for t in done)
+    if report is not None:
+        report.finish()
     return best
-
-
-def _print_gold(
-    model: Seq2SeqAttn,
-    sources: list[list[int]],
-    targets: list[list[int]],
-    refs: list[str],
-    batch_size: int,
-) -> None:
-    """`GOLD index ||| reference ||| log-likelihood` lines, then the perplexity line."""
-    gold = gold_scores(model, sources, targets, batch_size)
-    for i, (ref, score) in enumerate(zip(refs, gold.scores, strict=True)):
-        print(f"GOLD {i} ||| {ref} ||| {score:.4f}", file=sys.stderr)
-    print(
-        f"GOLD PPL = {gold.perplexity:.4f} (log-likelihood {gold.total:.4f} "
-        f"over {gold.tokens} reference tokens, </s> included)",
-        file=sys.stderr,
-        flush=True,
-    )

@@ -7,12 +7,13 @@ a candidate ending in </s> that ranks within the top `beam_size` of its sentence
 (never one ranked lower, which is what makes beam size 1 identical to greedy search).
 
 Scores are sums of log-probabilities (</s> included). PAD and <s> are never generated.
+Both searches take the whole `SearchOptions`; each sentence's output limit follows from its
+own source length (the mask), so a sentence's result does not depend on its batch.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -45,41 +46,56 @@ def length_penalty_factor(length: int, alpha: float) -> float:
     return ((5.0 + length) / 6.0) ** alpha if alpha > 0 else 1.0
 
 
-def check_search_args(
-    beam_size: int,
-    max_length: int | Sequence[int],
-    n_best: int,
-    min_length: int,
-    length_penalty: float,
-) -> None:
-    """Reject option values a user may pass on the command line."""
-    if beam_size < 1:
-        raise NmtError(f"beam size must be >= 1, got {beam_size}")
-    limits = [max_length] if isinstance(max_length, int) else list(max_length)
-    if limits and min(limits) < 1:
-        raise NmtError(f"max length must be >= 1, got {min(limits)}")
-    if not 1 <= n_best <= beam_size:
-        raise NmtError(f"n_best must be between 1 and the beam size ({beam_size}), got {n_best}")
-    if min_length < 0:
-        raise NmtError(f"min length must be >= 0, got {min_length}")
-    if length_penalty < 0:
-        raise NmtError(f"length penalty must be >= 0, got {length_penalty}")
+@dataclass(frozen=True)
+class SearchOptions:
+    """How to search, as the command line sets it; `check()` rejects impossible values.
 
+    The output limit of a source of n tokens is `max_length`, or with a ratio
+    min(max_length, ceil(max_length_ratio * n)), at least 1. Greedy search keeps one
+    hypothesis whatever `beam_size` and `n_best` say, and honours the rest.
+    """
 
-def _limits(max_length: int | Sequence[int], batch: int) -> list[int]:
-    """One maximum output length per sentence of the batch."""
-    if isinstance(max_length, int):
-        return [max_length] * batch
-    limits = [int(n) for n in max_length]
-    if len(limits) != batch:
-        raise ValueError(f"{len(limits)} max lengths for a batch of {batch} sentences")
-    return limits
+    beam_size: int = 5
+    max_length: int = 250
+    max_length_ratio: float = 0.0  # 0: off
+    min_length: int = 0
+    n_best: int = 1
+    length_penalty: float = 0.0  # GNMT alpha; 0: plain log-probability sums
+
+    def check(self) -> None:
+        """Reject option values a user may pass on the command line."""
+        if self.beam_size < 1:
+            raise NmtError(f"beam size must be >= 1, got {self.beam_size}")
+        if self.max_length < 1:
+            raise NmtError(f"max length must be >= 1, got {self.max_length}")
+        if not 1 <= self.n_best <= self.beam_size:
+            raise NmtError(
+                f"n_best must be between 1 and the beam size ({self.beam_size}), got {self.n_best}"
+            )
+        if self.min_length < 0:
+            raise NmtError(f"min length must be >= 0, got {self.min_length}")
+        if self.length_penalty < 0:
+            raise NmtError(f"length penalty must be >= 0, got {self.length_penalty}")
+        if self.max_length_ratio < 0 or not math.isfinite(self.max_length_ratio):
+            raise NmtError(f"max length ratio must be >= 0 (0: off), got {self.max_length_ratio}")
+
+    def limit(self, source_length: int) -> int:
+        """The most tokens to output for a source of `source_length` tokens (no specials)."""
+        if self.max_length_ratio <= 0:
+            return self.max_length
+        return max(1, min(self.max_length, math.ceil(self.max_length_ratio * source_length)))
 
 
 def _source_lengths(src: Tensor, src_mask: Tensor | None) -> list[int]:
+    """Per sentence: its real positions, <s> and </s> included."""
     if src_mask is None:
         return [src.size(1)] * src.size(0)
     return src_mask.sum(dim=1).tolist()
+
+
+def _limits(options: SearchOptions, lengths: list[int]) -> list[int]:
+    """One maximum output length per sentence, from its source length without <s> / </s>."""
+    return [options.limit(n - 2) for n in lengths]
 
 
 def _next_log_probs(model: Seq2SeqAttn, out: Tensor, forbid_eos: bool) -> Tensor:
@@ -93,18 +109,23 @@ def _next_log_probs(model: Seq2SeqAttn, out: Tensor, forbid_eos: bool) -> Tensor
 
 
 def greedy_search(
-    model: Seq2SeqAttn, src: Tensor, src_mask: Tensor | None, max_length: int | Sequence[int]
+    model: Seq2SeqAttn,
+    src: Tensor,
+    src_mask: Tensor | None,
+    options: SearchOptions = SearchOptions(beam_size=1),
 ) -> list[Hypothesis]:
     """The most probable token at every step, for every sentence of the batch at once.
 
     src: B x S with <s> .. </s> (right-padded with PAD where `src_mask` is False).
-    A sentence leaves the batch when it produces </s>; after its `max_length` tokens (one
-    limit for all, or one per sentence) it is cut.
+    A sentence leaves the batch when it produces </s> (not before `options.min_length`
+    tokens); after its limit (`SearchOptions.limit`) it is cut. Scores are divided by the
+    length penalty as the beam's are, so this is beam search of size 1, with less bookkeeping.
     """
-    check_search_args(1, max_length, 1, 0, 0.0)
+    options.check()
     B = src.size(0)
-    limits = _limits(max_length, B)
     lengths = _source_lengths(src, src_mask)
+    limits = _limits(options, lengths)
+    alpha = options.length_penalty
     context, final = model.encode(src, src_mask)
     state = model.init_decoder_state(final)
     alive = torch.arange(B, device=src.device)  # original index of each row
@@ -124,11 +145,13 @@ def greedy_search(
             strict=True,
         ):
             n = len(toks) - 1 if ended else len(toks)  # </s> is not a token of the output
+            score /= length_penalty_factor(len(toks), alpha)  # </s> counts, as in the beam
             results[orig] = Hypothesis(toks[:n], score, attn[:, : lengths[orig]], ended)
 
     for t in range(max(limits, default=0)):
         out, state, attn = model.decode_step(y, state, context, src_mask)
-        total = scores.unsqueeze(1) + _next_log_probs(model, out, forbid_eos=False)
+        logp = _next_log_probs(model, out, forbid_eos=t < options.min_length)
+        total = scores.unsqueeze(1) + logp
         scores, y = total.max(dim=1)
         tokens = torch.cat([tokens, y.unsqueeze(1)], dim=1)
         attns = torch.cat([attns, attn.unsqueeze(1)], dim=1)
@@ -198,29 +221,27 @@ def beam_search(
     model: Seq2SeqAttn,
     src: Tensor,
     src_mask: Tensor | None,
-    beam_size: int = 5,
-    max_length: int | Sequence[int] = 250,
-    n_best: int = 1,
-    min_length: int = 0,
-    length_penalty: float = 0.0,
+    options: SearchOptions = SearchOptions(),
 ) -> list[list[Hypothesis]]:
     """Beam search for a batch of sentences; per sentence its `n_best` hypotheses, best first.
+
+    src: B x S with <s> .. </s> (right-padded with PAD where `src_mask` is False).
 
     A sentence is done once it has `n_best` finished hypotheses and the n-th best of them
     outscores every live one (log-probabilities only fall, so none could overtake it; with
     n_best 1 that is seq2seq-attn's "the top of the beam has ended"). With a length penalty
     (finished hypotheses ranked by score / ((5 + length) / 6) ** alpha, length counting </s>)
     a sentence is also done once `beam_size` hypotheses have finished, as in fairseq. After
-    its `max_length` tokens (one limit for all, or one per sentence) a sentence's live
-    hypotheses are taken as they are. Identical token sequences are kept once, with their
-    best score.
+    its limit (`SearchOptions.limit`) a sentence's live hypotheses are taken as they are.
+    Identical token sequences are kept once, with their best score.
     """
-    check_search_args(beam_size, max_length, n_best, min_length, length_penalty)
-    K, alpha = beam_size, length_penalty
+    options.check()
+    K, alpha = options.beam_size, options.length_penalty
+    n_best, min_length = options.n_best, options.min_length
     B, S = src.shape
     device = src.device
-    limits = _limits(max_length, B)
     lengths = _source_lengths(src, src_mask)
+    limits = _limits(options, lengths)
     context, final = model.encode(src, src_mask)
     rep = torch.arange(B, device=device).repeat_interleave(K)
     scores = context.new_full((B, K), NEG_INF)

@@ -1,15 +1,14 @@
-"""From lists of sentences to n-best lists: search options, batching by length, eval mode.
+"""From lists of sentences to n-best lists: batching by length, eval mode, search dispatch.
 
 Sources are sorted by length and cut into batches so that little padding is decoded; the
 searches mask what padding there is, so a sentence gets the same translation in any batch.
+`SearchOptions` (defined with the searches, which take it whole) is importable from here too.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -18,7 +17,7 @@ from torch import Tensor
 from nmt.data.vocab import BOS, EOS, PAD
 from nmt.errors import NmtError
 from nmt.model import Seq2SeqAttn
-from nmt.translate.search import Hypothesis, beam_search, check_search_args, greedy_search
+from nmt.translate.search import Hypothesis, SearchOptions, beam_search, greedy_search
 
 
 class TextTokenizer(Protocol):
@@ -27,34 +26,6 @@ class TextTokenizer(Protocol):
     def encode(self, line: str) -> list[int]: ...
 
     def decode(self, ids: list[int]) -> str: ...
-
-
-@dataclass(frozen=True)
-class SearchOptions:
-    """How to search, as the command line sets it; `check()` rejects impossible values.
-
-    The output limit of a source of n tokens is `max_length`, or with a ratio
-    min(max_length, ceil(max_length_ratio * n)), at least 1.
-    """
-
-    beam_size: int = 5
-    max_length: int = 250
-    max_length_ratio: float = 0.0  # 0: off
-    min_length: int = 0
-    n_best: int = 1
-    length_penalty: float = 0.0  # GNMT alpha; 0: plain log-probability sums
-
-    def check(self) -> None:
-        check_search_args(
-            self.beam_size, self.max_length, self.n_best, self.min_length, self.length_penalty
-        )
-        if self.max_length_ratio < 0 or not math.isfinite(self.max_length_ratio):
-            raise NmtError(f"max length ratio must be >= 0 (0: off), got {self.max_length_ratio}")
-
-    def limit(self, source_length: int) -> int:
-        if self.max_length_ratio <= 0:
-            return self.max_length
-        return max(1, min(self.max_length, math.ceil(self.max_length_ratio * source_length)))
 
 
 def pad_sources(seqs: list[list[int]], device: torch.device | str) -> tuple[Tensor, Tensor]:
@@ -98,23 +69,19 @@ def translate_ids(
     """Translate id sequences (without specials); per source its n-best list, in input order.
 
     `on_batch(n)` is called after each batch of n sentences (a progress bar's update).
-    Beam size 1 without min length or length penalty runs greedy search, which gives the
-    same result as the beam (tested) with less bookkeeping.
+    Beam size 1 runs greedy search, which gives the same result as the beam (tested) with
+    less bookkeeping.
     """
     options.check()
-    o = options
     device = next(model.parameters()).device
     results: list[list[Hypothesis]] = [[] for _ in sources]
     with evaluating(model):
         for batch in length_batches([len(s) for s in sources], batch_size):
             src, mask = pad_sources([sources[i] for i in batch], device)
-            limits = [o.limit(len(sources[i])) for i in batch]
-            if o.beam_size == 1 and o.min_length == 0 and o.length_penalty == 0:
-                found = [[h] for h in greedy_search(model, src, mask, limits)]
+            if options.beam_size == 1:
+                found = [[h] for h in greedy_search(model, src, mask, options)]
             else:
-                found = beam_search(
-                    model, src, mask, o.beam_size, limits, o.n_best, o.min_length, o.length_penalty
-                )
+                found = beam_search(model, src, mask, options)
             for i, hyps in zip(batch, found, strict=True):
                 results[i] = hyps
             if on_batch is not None:

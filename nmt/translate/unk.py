@@ -11,6 +11,7 @@ from pathlib import Path
 
 from torch import Tensor
 
+from nmt.data.reading import read_lines
 from nmt.data.vocab import SPECIALS, UNK
 from nmt.errors import NmtError
 
@@ -20,24 +21,20 @@ SEPARATOR = "|||"
 
 def load_phrase_table(path: Path) -> dict[str, str]:
     """`source|||target` per line (spaces around either side are ignored, blank lines
-    skipped); a later line for the same source word wins, as in seq2seq-attn."""
+    skipped); a later line for the same source word wins, as in seq2seq-attn. Lines are
+    read by `nmt.data.reading`'s rules, as every text `nmt` reads."""
+    if not Path(path).is_file():
+        raise NmtError(f"{path}: phrase table not found")
     table: dict[str, str] = {}
-    try:
-        with open(path, encoding="utf-8") as handle:
-            for number, line in enumerate(handle, start=1):
-                if not line.strip():
-                    continue
-                parts = line.rstrip("\r\n").split(SEPARATOR)
-                if len(parts) != 2 or not parts[0].strip() or not parts[1].strip():
-                    raise NmtError(
-                        f"{path}: line {number}: expected 'source{SEPARATOR}target', "
-                        f"got {line.strip()[:60]!r}"
-                    )
-                table[parts[0].strip()] = parts[1].strip()
-    except FileNotFoundError:
-        raise NmtError(f"{path}: phrase table not found") from None
-    except UnicodeDecodeError as exc:
-        raise NmtError(f"{path}: not valid UTF-8 (byte {exc.start})") from None
+    for number, line in enumerate(read_lines(path), start=1):
+        if not line:
+            continue
+        parts = line.split(SEPARATOR)
+        if len(parts) != 2 or not parts[0].strip() or not parts[1].strip():
+            raise NmtError(
+                f"{path}: line {number}: expected 'source{SEPARATOR}target', got {line[:60]!r}"
+            )
+        table[parts[0].strip()] = parts[1].strip()
     return table
 
 
