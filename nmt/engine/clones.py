@@ -16,7 +16,7 @@ from torch import Tensor
 
 from nmt.data.batching import Batch
 from nmt.data.vocab import PAD
-from nmt.engine import planner
+from nmt.engine import planner, policies
 from nmt.engine.accounting import BufferRecord, records_for
 from nmt.engine.generator import Generator
 from nmt.engine.graph import Graph, Tracer
@@ -24,8 +24,6 @@ from nmt.engine.node import resized
 from nmt.engine.seq2seq import decoder_graph, encoder_graph
 from nmt.errors import NmtError
 from nmt.model import Seq2SeqAttn
-
-POLICIES = ("none", "attention", "all")
 
 
 class CloneExecutor:
@@ -41,10 +39,7 @@ class CloneExecutor:
         *,
         plan: planner.SharingPlan | None = None,
     ):
-        if policy not in POLICIES:
-            raise NmtError(
-                f"preallocation policy must be one of {', '.join(POLICIES)}, got {policy!r}"
-            )
+        policies.get(policy)  # an unknown name is a user error naming the registered ones
         param = model.generator.weight
         self.device = torch.device(device) if device is not None else param.device
         if param.device.type != self.device.type:

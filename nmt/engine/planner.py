@@ -12,8 +12,7 @@ compared by data pointer, so a view is the tensor it views. A buffer touched in 
 (a sigmoid output read again by its backward, an i2h input, a state that leaves the clone)
 is never shared. Names are per layer, so encoder and decoder nodes of one name share.
 
-Policies: "none" shares nothing; "attention" shares the two attention matrix products'
-output and grad_input (seq2seq-attn PR #45); "all" shares every buffer found safe.
+Which of the safe buffers are shared is the policy's choice (`nmt.engine.policies`).
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ from functools import lru_cache
 import torch
 
 from nmt.config import ModelConfig
-from nmt.errors import NmtError
+from nmt.engine import policies
 
 Slot = tuple[str, str]  # (node name, role)
 
@@ -81,23 +80,14 @@ def _structure(cfg: ModelConfig) -> tuple[int, bool, bool, bool]:
 def plan(model_cfg: ModelConfig, policy: str = "all") -> SharingPlan:
     """The sharing plan for models of this structure (layers, input feed, bidirectional,
     dropout on/off; sizes do not matter)."""
-    if policy not in ("none", "attention", "all"):
-        raise NmtError(f"preallocation policy must be none, attention or all, got {policy!r}")
-    return _plan(_structure(model_cfg), policy)
+    return _plan(_structure(model_cfg), policies.get(policy))
 
 
 @lru_cache(maxsize=32)
-def _plan(structure: tuple[int, bool, bool, bool], policy: str) -> SharingPlan:
+def _plan(structure: tuple[int, bool, bool, bool], policy: policies.Policy) -> SharingPlan:
     safe, unsafe, sizes, mm = analyse(structure)
-    if policy == "none":
-        shared: frozenset[Slot] = frozenset()
-    elif policy == "all":
-        shared = safe
-    else:
-        shared = mm
-        if not shared <= safe:
-            raise AssertionError(f"attention buffers found unsafe: {shared - safe}")
-    return SharingPlan(policy, shared, safe, unsafe, sizes)
+    shared = policy.shares(policies.Analysis(safe, frozenset(unsafe), mm))
+    return SharingPlan(policy.name, shared, safe, unsafe, sizes)
 
 
 def _probe(structure: tuple[int, bool, bool, bool]):
