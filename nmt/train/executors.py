@@ -30,13 +30,12 @@ class AutogradExecutor:
 
 
 def make_executor(cfg: Config, model: Seq2SeqAttn) -> Executor:
-    """The executor the config asks for (`train.executor`, `train.preallocate`, scope)."""
+    """The executor the config asks for (`train.executor`, `train.prealloc`)."""
     if cfg.train.executor == "autograd":
         return AutogradExecutor(model)
     from nmt.engine.clones import CloneExecutor
 
-    policy = cfg.train.prealloc_scope if cfg.train.preallocate else "none"
     device = next(model.parameters()).device
     return CloneExecutor(
-        model, cfg.data.max_src_len, cfg.data.max_tgt_len, policy=policy, device=device
+        model, cfg.data.max_src_len, cfg.data.max_tgt_len, policy=cfg.train.prealloc, device=device
     )
