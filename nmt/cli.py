@@ -12,6 +12,7 @@ from typing import Annotated
 
 import typer
 
+from nmt.engine import policies
 from nmt.errors import NmtError
 
 app = typer.Typer(
@@ -50,7 +51,9 @@ def train(
         bool | None,
         typer.Option(
             "--preallocate/--no-preallocate",
-            help="Clones share intermediate buffers (default: the config, on).",
+            help=f"--preallocate: the config's train.prealloc policy, or '{policies.DEFAULT}' "
+            f"when it says '{policies.OFF}'; --no-preallocate: '{policies.OFF}'. Policies: "
+            f"{policies.describe()}.",
         ),
     ] = None,
     resume: Annotated[Path | None, typer.Option(help="Continue from this last.pt.")] = None,
@@ -67,10 +70,8 @@ def train(
     from nmt.train.trainer import train as run_training
 
     try:
-        overrides = list(set_ or [])
-        if preallocate is not None:
-            overrides.append(f"train.preallocate={'true' if preallocate else 'false'}")
-        cfg = load_config(config, overrides)
+        cfg = load_config(config, list(set_ or []))
+        cfg.train.prealloc = policies.with_flag(cfg.train.prealloc, preallocate)
         # a resumed run continues in its own directory unless told otherwise
         out_dir = out or (resume.parent if resume else Path("runs") / config.stem)
         if resume is None and not force and (out_dir / "last.pt").exists():
@@ -207,7 +208,10 @@ def translate(
         raise _fail(exc) from None
 
 
-@app.command()
+@app.command(
+    help=f"Training memory per preallocation policy ({', '.join(policies.names())}) and "
+    "plain autograd."
+)
 def memreport(
     config: ConfigOpt,
     set_: SetOpt = None,
@@ -229,11 +233,13 @@ def memreport(
         typer.Option(help="A size like 16GiB, 500MB or 2G: the largest batch / length that fits."),
     ] = None,
     detail: Annotated[
-        str, typer.Option(help="Policy of the largest-buffers table: none|attention|all|autograd.")
-    ] = "all",
+        str,
+        typer.Option(
+            help=f"Policy of the largest-buffers table: {'|'.join(policies.names())}|autograd."
+        ),
+    ] = policies.DEFAULT,
     top: Annotated[int, typer.Option(help="Rows of the largest-buffers table.")] = 15,
 ) -> None:
-    """Training memory per preallocation policy (none, attention, all) and plain autograd."""
     from nmt.config import load_config
     from nmt.memreport import run as run_memreport
 

@@ -2,7 +2,9 @@
 
 Every other module receives a `Config`, never a dict. Each field states its type, and
 optionally its allowed choices or range, in its metadata; `load_config` checks all of it
-and reports the first problem as one `NmtError` line naming the file and the key.
+and reports the first problem as one `NmtError` line naming the file and the key. Keys that
+were renamed are refused naming their successor; checkpoints written with them are read
+through `upgrade_saved`.
 """
 
 from __future__ import annotations
@@ -12,21 +14,24 @@ import difflib
 import os
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from nmt.engine import policies
 from nmt.errors import NmtError
 
 GRAPH_KINDS = ("structure", "size", "rate", "none")
+Choices = tuple | Callable[[], tuple]  # a callable is asked at validation time (a registry)
 
 
 def _opt(
     default: Any,
     *,
-    choices: tuple | None = None,
+    choices: Choices | None = None,
     min: float | None = None,
     max: float | None = None,
     min_exclusive: bool = False,
@@ -129,11 +134,11 @@ class TrainConfig:
         choices=("clones", "autograd"),
         doc="clones: seq2seq-attn's cloned graphs; autograd: plain PyTorch",
     )
-    preallocate: bool = _opt(True, doc="clones share intermediate buffers (seq2seq-attn -prealloc)")
-    prealloc_scope: str = _opt(
-        "all",
-        choices=("attention", "all"),
-        doc="attention: the two attention products (PR #45); all: planner",
+    prealloc: str = _opt(
+        policies.DEFAULT,
+        choices=policies.names,
+        doc="which intermediate buffers the clone executor's clones share (seq2seq-attn "
+        "-prealloc): " + policies.describe(),
     )
     device: str = _opt("auto", doc="auto (CUDA if available), cpu, cuda or cuda:N")
     dtype: str = _opt("float32", choices=("float32", "float64"), doc="parameter and buffer dtype")
@@ -155,6 +160,11 @@ class Config:
 
 SECTIONS: dict[str, type] = {"data": DataConfig, "model": ModelConfig, "train": TrainConfig}
 DATA_FILE_KEYS = ("train_src", "train_tgt", "valid_src", "valid_tgt")
+# old key -> the key that replaced it: configs and --set using one are refused naming it
+REPLACED_KEYS = {
+    "train.preallocate": "train.prealloc",
+    "train.prealloc_scope": "train.prealloc",
+}
 
 
 def all_keys() -> list[str]:
@@ -186,6 +196,21 @@ def graph_structure(cfg: ModelConfig) -> ModelConfig:
         elif kind == "none":
             changes[f.name] = f.default
     return dataclasses.replace(cfg, **changes)
+
+
+def choices_of(meta: typing.Mapping[str, Any]) -> tuple | None:
+    """A field's allowed values (None: any), asking a registry when they come from one."""
+    choices = meta.get("choices")
+    return choices() if callable(choices) else choices
+
+
+def _replaced(where: str, dotted: str) -> NmtError:
+    new = REPLACED_KEYS[dotted]
+    section, key = new.split(".", 1)
+    meta = {f.name: f.metadata for f in dataclasses.fields(SECTIONS[section])}[key]
+    choices = choices_of(meta)
+    hint = f" ({' | '.join(map(str, choices))})" if choices else ""
+    return NmtError(f"{where}: key '{dotted}' was replaced by '{new}'{hint}")
 
 
 def _suggest(key: str, candidates: list[str]) -> str:
@@ -223,7 +248,7 @@ def _coerce(value: Any, typ: type, where: str) -> Any:
 
 
 def _check_rules(value: Any, meta: typing.Mapping[str, Any], where: str) -> None:
-    choices = meta.get("choices")
+    choices = choices_of(meta)
     if choices is not None and value not in choices:
         raise NmtError(f"{where}: must be one of {', '.join(map(str, choices))}, got {value!r}")
     lo, hi = meta.get("min"), meta.get("max")
@@ -243,6 +268,8 @@ def _build_section(cls: type, values: Any, source: str, section: str) -> Any:
     kwargs = {}
     for key, value in values.items():
         dotted = f"{section}.{key}"
+        if dotted in REPLACED_KEYS:
+            raise _replaced(source, dotted)
         if key not in fields:
             raise NmtError(f"{source}: unknown key '{dotted}'{_suggest(dotted, all_keys())}")
         where = f"{source}: key '{dotted}'"
@@ -274,12 +301,28 @@ def from_dict(raw: Any, source: str = "config") -> Config:
     return Config(**parts)
 
 
+def upgrade_saved(raw: Any) -> Any:
+    """A config dict saved in a checkpoint by an older nmt, in today's keys: `preallocate:
+    false` becomes `prealloc: none`, otherwise `prealloc` takes `prealloc_scope`. Only
+    checkpoints are upgraded; config files and --set with old keys are refused."""
+    train = raw.get("train") if isinstance(raw, dict) else None
+    if not isinstance(train, dict) or not {"preallocate", "prealloc_scope"} & set(train):
+        return raw
+    train = dict(train)
+    enabled = train.pop("preallocate", True)
+    scope = train.pop("prealloc_scope", policies.DEFAULT)
+    train.setdefault("prealloc", scope if enabled else policies.OFF)
+    return {**raw, "train": train}
+
+
 def parse_override(text: str) -> tuple[str, str, Any]:
     """`section.key=value` -> (section, key, value); the value is parsed as YAML."""
     if "=" not in text:
         raise NmtError(f"--set {text!r}: expected section.key=value")
     dotted, raw_value = text.split("=", 1)
     dotted = dotted.strip()
+    if dotted in REPLACED_KEYS:
+        raise _replaced("--set", dotted)
     if dotted not in all_keys():
         raise NmtError(f"--set: unknown key '{dotted}'{_suggest(dotted, all_keys())}")
     try:
@@ -359,8 +402,8 @@ def reference_markdown() -> str:
         for f in dataclasses.fields(cls):
             meta = f.metadata
             doc = meta.get("doc", "")
-            if meta.get("choices"):
-                doc += f" ({' / '.join(meta['choices'])})"
+            if choices := choices_of(meta):
+                doc += f" ({' / '.join(choices)})"
             default = "required" if section == "data" and f.name in DATA_FILE_KEYS else f.default
             lines.append(f"| `{f.name}` | `{default}` | {doc} |")
         lines.append("")

@@ -22,7 +22,7 @@ from tqdm import tqdm
 from nmt.config import DataConfig, ModelConfig
 from nmt.data.batching import epoch_order, make_batches
 from nmt.data.corpus import load_corpus
-from nmt.engine import planner
+from nmt.engine import planner, policies
 from nmt.engine.clones import CloneExecutor
 from nmt.model import build_model
 from nmt.train.executors import AutogradExecutor
@@ -48,7 +48,7 @@ def main() -> None:
     ap.add_argument(
         "--executors",
         default="all,none,autograd",
-        help="comma list of: all, attention, none (clone policies), autograd",
+        help=f"comma list of: {', '.join(policies.names())} (clone policies), autograd",
     )
     args = ap.parse_args()
     if args.threads:

@@ -109,7 +109,7 @@ def test_round_trip_through_dict():
 
 def test_reference_lists_every_key():
     text = reference_markdown()
-    for key in ("rnn_size", "prealloc_scope", "tokenizer", "max_grad_norm"):
+    for key in ("rnn_size", "prealloc", "tokenizer", "max_grad_norm"):
         assert f"`{key}`" in text
 
 

@@ -18,11 +18,11 @@ from nmt.memreport.budget import largest_fitting, parse_size
 from nmt.memreport.live import real_step
 from nmt.memreport.measure import (
     CATEGORIES,
-    POLICIES,
     Setting,
     StorageTracker,
     measure,
     optimizer_bytes,
+    report_policies,
 )
 from nmt.memreport.report import build_report, choose_device, detail_rows, to_json
 
@@ -60,7 +60,7 @@ def tiny(tiny_config: Path) -> Setting:
 # ---- accounting against the real thing ---------------------------------------------------
 
 
-@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("policy", report_policies())
 def test_accounting_matches_a_real_cpu_step(tiny: Setting, policy: str) -> None:
     accounted = measure(tiny, policy)
     live = real_step(tiny, policy, accounted, "cpu")
@@ -72,7 +72,7 @@ def test_accounting_matches_a_real_cpu_step(tiny: Setting, policy: str) -> None:
 def test_parts_add_up_and_optimizer_state_is_counted(tiny: Setting) -> None:
     adam = optimizer_bytes(tiny)
     sgd = optimizer_bytes(tiny.replace(optimizer="sgd"))
-    for policy in POLICIES:
+    for policy in report_policies():
         m = measure(tiny, policy, adam)
         assert m.param_bytes == m.grad_bytes > 0
         assert m.optimizer_bytes == 2 * m.param_bytes  # Adam's two moments
@@ -134,7 +134,7 @@ def tiny_report(tiny_config: Path):
 def test_json_schema_and_consistency(tiny_report) -> None:
     data = json.loads(json.dumps(to_json(tiny_report)))
     assert set(data) >= {"config", "policies", "seed_arithmetic", "detail", "budget_bytes"}
-    assert list(data["policies"]) == list(POLICIES)
+    assert list(data["policies"]) == list(report_policies())
     none_total = data["policies"]["none"]["total_bytes"]
     required = {"param_bytes", "grad_bytes", "optimizer_bytes", "buffer_bytes", "total_bytes"}
     required |= {"saving_bytes", "saving_percent", "shared_fraction", "live", "budget"}

@@ -26,9 +26,9 @@ def test_sharing_changes_no_number_on_the_toy_config(tmp_path, monkeypatch):
     """20 SGD steps on configs/toy.yaml: --no-preallocate, attention and all are bitwise equal."""
     monkeypatch.chdir(REPO)
     runs = {
-        "none": ("train.preallocate=false",),
-        "attention": ("train.prealloc_scope=attention",),
-        "all": ("train.prealloc_scope=all",),
+        "none": ("train.prealloc=none",),
+        "attention": ("train.prealloc=attention",),
+        "all": ("train.prealloc=all",),
     }
     params = {}
     for name, extra in runs.items():

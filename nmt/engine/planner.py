@@ -13,8 +13,7 @@ compared by data pointer, so a view is the tensor it views. A buffer touched in 
 (a sigmoid output read again by its backward, an i2h input, a state that leaves the clone)
 is never shared. Names are per layer, so encoder and decoder nodes of one name share.
 
-Policies: "none" shares nothing; "attention" shares the two attention matrix products'
-output and grad_input (seq2seq-attn PR #45); "all" shares every buffer found safe.
+Which of the safe buffers are shared is the policy's choice (`nmt.engine.policies`).
 """
 
 from __future__ import annotations
@@ -27,11 +26,11 @@ import torch
 
 from nmt.config import ModelConfig, graph_structure
 from nmt.data.batching import Batch
+from nmt.engine import policies
 from nmt.engine.clones import CloneExecutor
 from nmt.engine.graph import Tracer
 from nmt.engine.nodes import MM
 from nmt.engine.sharing import SharingPlan, Slot
-from nmt.errors import NmtError
 from nmt.model import build_model
 
 StructureKey = tuple[tuple[str, Any], ...]  # (field, value) of every field, normalised
@@ -47,23 +46,14 @@ def structure_key(model_cfg: ModelConfig) -> StructureKey:
 def plan(model_cfg: ModelConfig, policy: str = "all") -> SharingPlan:
     """The sharing plan for models of this graph structure (sizes do not matter, nor
     rates beyond on/off: see `nmt.config.graph_structure`)."""
-    if policy not in ("none", "attention", "all"):
-        raise NmtError(f"preallocation policy must be none, attention or all, got {policy!r}")
-    return _plan(structure_key(model_cfg), policy)
+    return _plan(structure_key(model_cfg), policies.get(policy))
 
 
 @lru_cache(maxsize=32)
-def _plan(key: StructureKey, policy: str) -> SharingPlan:
+def _plan(key: StructureKey, policy: policies.Policy) -> SharingPlan:
     safe, unsafe, sizes, mm = analyse(ModelConfig(**dict(key)))
-    if policy == "none":
-        shared: frozenset[Slot] = frozenset()
-    elif policy == "all":
-        shared = safe
-    else:
-        shared = mm
-        if not shared <= safe:
-            raise AssertionError(f"attention buffers found unsafe: {shared - safe}")
-    return SharingPlan(policy, shared, safe, unsafe, sizes)
+    shared = policy.shares(policies.Analysis(safe, frozenset(unsafe), mm))
+    return SharingPlan(policy.name, shared, safe, unsafe, sizes)
 
 
 def _probe(model_cfg: ModelConfig) -> CloneExecutor:

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from nmt.config import Config
+from nmt.engine import policies
 from nmt.errors import NmtError
 from nmt.memreport.budget import parse_size
 from nmt.memreport.report import Report, build_report, to_json
@@ -37,7 +38,7 @@ def run(
     json_path: Path | None = None,
     plot_path: Path | None = None,
     budget: str | None = None,
-    detail: str = "all",
+    detail: str = policies.DEFAULT,
     top: int = 15,
     quiet: bool = False,
 ) -> Report:

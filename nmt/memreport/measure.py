@@ -1,6 +1,6 @@
 """Accounted memory of one training step at maximum lengths, per policy, on the meta device.
 
-Clone policies (none / attention / all) come from the engine's exact buffer inventory
+Clone policies (`nmt.engine.policies`) come from the engine's exact buffer inventory
 (`nmt.engine.accounting.account`). Plain autograd has no persistent buffers to list, so its
 step is run on meta under a storage tracker: every storage an op creates is followed until
 it is freed, which gives the peak of live activation memory; the storages saved for backward
@@ -25,14 +25,13 @@ from torch.utils._pytree import tree_flatten
 from nmt.config import Config, ModelConfig, TrainConfig
 from nmt.data.batching import Batch
 from nmt.devices import DTYPES
-from nmt.engine import planner
+from nmt.engine import planner, policies
 from nmt.engine.accounting import MODEL_ROLES, account, summarize
 from nmt.engine.records import BufferRecord
 from nmt.model import Seq2SeqAttn, build_model
 from nmt.train.schedule import make_optimizer
 
-CLONE_POLICIES = ("none", "attention", "all")
-POLICIES = (*CLONE_POLICIES, "autograd")
+AUTOGRAD = "autograd"  # the reference row: plain PyTorch, no clones
 # buffer categories: the clone engine's (by role) and autograd's (saved / temporaries)
 CATEGORIES = ("output", "grad_input", "accumulator", "other", "saved", "transient")
 ACCUMULATOR_ROLES = ("grad_output_acc", "encoder_acc", "state_grad", "state_grad_bwd", "out_grad")
@@ -210,6 +209,11 @@ class StorageTracker(TorchDispatchMode):
 # ---- the policies ------------------------------------------------------------------------
 
 
+def report_policies() -> tuple[str, ...]:
+    """The report's rows: every registered preallocation policy, then plain autograd."""
+    return (*policies.names(), AUTOGRAD)
+
+
 def optimizer_bytes(setting: Setting) -> int:
     """Bytes of optimizer state after one step (SGD without momentum: none; Adam: two
     parameter-sized moments), measured on meta; scalar step counters are ignored."""
@@ -300,13 +304,13 @@ def measure_autograd(setting: Setting, opt_bytes: int) -> PolicyMemory:
     model = setting.build_model("meta")
     step = autograd_step(setting, model, setting.full_batch("meta"))
     param = sum(p.untyped_storage().nbytes() for p in model.parameters())
-    return PolicyMemory("autograd", param, param, opt_bytes, step.parts(), step.records)
+    return PolicyMemory(AUTOGRAD, param, param, opt_bytes, step.parts(), step.records)
 
 
 def measure(setting: Setting, policy: str, opt_bytes: int | None = None) -> PolicyMemory:
     """The accounted memory of `policy` for `setting`, on meta (nothing is allocated)."""
     if opt_bytes is None:
         opt_bytes = optimizer_bytes(setting)
-    if policy == "autograd":
+    if policy == AUTOGRAD:
         return measure_autograd(setting, opt_bytes)
     return measure_clones(setting, policy, opt_bytes)

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from nmt.engine import policies
 from nmt.errors import NmtError
-from nmt.memreport.measure import CATEGORIES, POLICIES
+from nmt.memreport.measure import AUTOGRAD, CATEGORIES
 from nmt.memreport.report import Report
 
 _SEGMENTS = [
@@ -23,8 +24,16 @@ _SEGMENTS = [
     ("saved_bytes", "saved for backward", "#55a868"),
     ("transient_bytes", "temporaries", "#a1d99b"),
 ]
-_LINES = {"none": "#c44e52", "attention": "#dd8452", "all": "#4c72b0", "autograd": "#55a868"}
+# line colours: the registry's policies in order (cycling), autograd its own
+_POLICY_COLORS = ("#c44e52", "#dd8452", "#4c72b0", "#8172b3", "#937860", "#da8bc3")
+_AUTOGRAD_COLOR = "#55a868"
 assert {k.removesuffix("_bytes") for k, _, _ in _SEGMENTS} >= set(CATEGORIES)
+
+
+def _line_color(policy: str) -> str:
+    if policy not in policies.REGISTRY:
+        return _AUTOGRAD_COLOR if policy == AUTOGRAD else "#333333"
+    return _POLICY_COLORS[policies.names().index(policy) % len(_POLICY_COLORS)]
 
 
 def _unit(largest: int) -> tuple[str, int]:
@@ -51,20 +60,21 @@ def write_plot(report: Report, data: dict, path: str | Path) -> None:
 
     s = report.setting
     pol = data["policies"]
-    unit, scale = _unit(max(pol[p]["total_bytes"] for p in POLICIES))
+    rows = list(pol)  # the report's rows: the registry's policies, then autograd
+    unit, scale = _unit(max(pol[p]["total_bytes"] for p in rows))
     has_curve = bool(report.lengths)
     fig, axes = plt.subplots(1, 2 if has_curve else 1, figsize=(13 if has_curve else 7, 5.2))
     bars = axes[0] if has_curve else axes
-    bottoms = [0.0] * len(POLICIES)
+    bottoms = [0.0] * len(rows)
     for key, label, color in _SEGMENTS:
-        values = [(pol[p][key] or 0) / scale for p in POLICIES]
+        values = [(pol[p][key] or 0) / scale for p in rows]
         if not any(values):
             continue
-        bars.bar(POLICIES, values, bottom=bottoms, label=label, color=color, width=0.6)
+        bars.bar(rows, values, bottom=bottoms, label=label, color=color, width=0.6)
         bottoms = [b + v for b, v in zip(bottoms, values, strict=True)]
-    for i, p in enumerate(POLICIES):
+    for i, p in enumerate(rows):
         note = f"{pol[p]['total_bytes'] / scale:,.2f} {unit}"
-        if p != "none":
+        if p != policies.OFF:
             note += f"\n{pol[p]['total_ratio']:.2f}x"
         bars.text(i, bottoms[i], note, ha="center", va="bottom", fontsize=9)
     bars.set_ylim(0, max(bottoms) * 1.15)
@@ -77,7 +87,7 @@ def write_plot(report: Report, data: dict, path: str | Path) -> None:
         for p, points in report.lengths.items():
             xs = [t for t, _ in points]
             ys = [b / scale for _, b in points]
-            curve.plot(xs, ys, marker="o", label=p, color=_LINES.get(p))
+            curve.plot(xs, ys, marker="o", label=p, color=_line_color(p))
         top = max(b for points in report.lengths.values() for _, b in points)
         if report.budget and report.budget <= 2 * top:  # a far budget would flatten the lines
             curve.axhline(report.budget / scale, ls="--", color="black", lw=1, label="budget")

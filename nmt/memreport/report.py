@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from nmt.config import Config
-from nmt.engine import planner
+from nmt.engine import planner, policies
 from nmt.errors import NmtError
 from nmt.memreport.budget import (
     BATCH_CAP,
@@ -24,12 +24,11 @@ from nmt.memreport.budget import (
 from nmt.memreport.live import LiveResult, real_step
 from nmt.memreport.measure import (
     CATEGORIES,
-    CLONE_POLICIES,
-    POLICIES,
     PolicyMemory,
     Setting,
     measure,
     optimizer_bytes,
+    report_policies,
 )
 
 SCHEMA_VERSION = 1
@@ -49,23 +48,28 @@ class Report:
     live: dict[str, LiveResult] = field(default_factory=dict)
     budget: int | None = None
     largest: dict[str, dict[str, Largest]] = field(default_factory=dict)
-    detail_policy: str = "all"
+    detail_policy: str = policies.DEFAULT
     top: int = 15
     lengths: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
 
+    @property
+    def baseline(self) -> PolicyMemory:
+        """What every saving is against: the clones sharing nothing."""
+        return self.memory[policies.OFF]
+
     def saving(self, policy: str) -> int:
-        return self.memory["none"].total_bytes - self.memory[policy].total_bytes
+        return self.baseline.total_bytes - self.memory[policy].total_bytes
 
     def shared_fraction(self, policy: str) -> float | None:
         """Share of the clones' buffer bytes (as allocated without sharing) that `policy`
         makes all clones share."""
-        if policy not in CLONE_POLICIES:
+        if policy not in policies.REGISTRY:
             return None
         plan = planner.plan(self.setting.model, policy)
-        return plan.share_fraction(self.memory["none"].records)
+        return plan.share_fraction(self.baseline.records)
 
     def plan_summary(self, policy: str) -> str:
-        return planner.plan(self.setting.model, policy).summary(self.memory["none"].records)
+        return planner.plan(self.setting.model, policy).summary(self.baseline.records)
 
 
 # ---- device ------------------------------------------------------------------------------
@@ -140,22 +144,22 @@ def build_report(
     *,
     device: str = "auto",
     budget: int | None = None,
-    detail: str = "all",
+    detail: str = policies.DEFAULT,
     top: int = 15,
     lengths: bool = False,
     log: Log = lambda _: None,
 ) -> Report:
     """Account every policy on meta; then, as asked, real steps, the budget, length curves."""
-    if detail not in POLICIES:
-        raise NmtError(f"--detail {detail!r}: expected one of {', '.join(POLICIES)}")
+    rows = report_policies()
+    if detail not in rows:
+        raise NmtError(f"--detail {detail!r}: expected one of {', '.join(rows)}")
     if top < 1:
         raise NmtError(f"--top {top}: expected at least 1 row")
     setting = Setting.from_config(cfg)
     choose_device(device, setting, 0)  # a mistyped device fails before any work
     opt = optimizer_bytes(setting)
     memory = {
-        p: _timed(log, f"accounted {p} on meta", lambda p=p: measure(setting, p, opt))
-        for p in POLICIES
+        p: _timed(log, f"accounted {p} on meta", lambda p=p: measure(setting, p, opt)) for p in rows
     }
     largest_total = max(m.total_bytes for m in memory.values())
     dev, why = choose_device(device, setting, largest_total)
@@ -165,7 +169,7 @@ def build_report(
         if dev == "cpu" and step_gflop(setting) <= CPU_GFLOP_LIMIT:
             torch.set_num_threads(1)  # small ops: more threads only contend (30x slower seen)
         try:
-            for p in POLICIES:
+            for p in rows:
                 report.live[p] = _timed(
                     log,
                     f"real step {p} on {dev}",
@@ -175,14 +179,14 @@ def build_report(
             torch.set_num_threads(threads)
     if budget is not None:
         report.budget = budget
-        for p in POLICIES:
+        for p in rows:
             report.largest[p] = _timed(
                 log,
                 f"budget search {p}",
                 lambda p=p: search_budget(setting, p, opt, budget, memory[p].total_bytes),
             )
     if lengths:
-        for p in POLICIES:
+        for p in rows:
             report.lengths[p] = _timed(
                 log, f"length curve {p}", lambda p=p: length_curve(setting, p, opt, memory[p])
             )
@@ -303,7 +307,7 @@ def detail_rows(memory: PolicyMemory, top: int) -> list[dict]:
 
 def policy_numbers(report: Report, policy: str) -> dict:
     m = report.memory[policy]
-    none_total = report.memory["none"].total_bytes
+    none_total = report.baseline.total_bytes
     out = {
         "param_bytes": m.param_bytes,
         "grad_bytes": m.grad_bytes,
@@ -355,7 +359,7 @@ def to_json(report: Report) -> dict:
     return {
         "schema_version": SCHEMA_VERSION,
         "config": config,
-        "policies": {p: policy_numbers(report, p) for p in POLICIES},
+        "policies": {p: policy_numbers(report, p) for p in report.memory},
         "seed_arithmetic": seed_arithmetic(report),
         "detail": {
             "policy": report.detail_policy,

@@ -3,7 +3,8 @@ comparison needs them."""
 
 from __future__ import annotations
 
-from nmt.memreport.measure import CATEGORIES, POLICIES, Setting
+from nmt.engine import policies
+from nmt.memreport.measure import CATEGORIES, Setting
 from nmt.memreport.report import Report, to_json
 
 MIB = 2**20
@@ -62,9 +63,9 @@ def render(report: Report) -> str:
         "",
         "one training step at maximum lengths, MiB (gradients and optimizer state as allocated)",
     ]
+    base = policies.OFF
     rows = []
-    for p in POLICIES:
-        n = pol[p]
+    for p, n in pol.items():
         share = n["shared_fraction"]
         rows.append(
             [
@@ -75,14 +76,14 @@ def render(report: Report) -> str:
                 mib(n["buffer_bytes"]),
                 mib(n["total_bytes"]),
                 f"{n['total_bytes']:,}",
-                "-" if p == "none" else mib(n["saving_bytes"]),
-                "-" if p == "none" else f"{n['saving_percent']:.1f}%",
+                "-" if p == base else mib(n["saving_bytes"]),
+                "-" if p == base else f"{n['saving_percent']:.1f}%",
                 f"{n['total_ratio']:.3f}x",
                 "-" if share is None else f"{share:.0%}",
             ]
         )
     heads = ["policy", "params", "grads", "optimizer", "buffers", "total", "total bytes"]
-    out.append(table([*heads, "saving", "saving %", "vs none", "shared"], rows))
+    out.append(table([*heads, "saving", "saving %", f"vs {base}", "shared"], rows))
     out += ["", "buffers by kind, MiB (clones: by role; autograd: tensors live at its peak)"]
     labels = {
         "output": "outputs",
@@ -94,10 +95,10 @@ def render(report: Report) -> str:
     }
     rows = [
         [p, *(mib(pol[p][f"{c}_bytes"]) for c in CATEGORIES), mib(pol[p]["buffer_bytes"])]
-        for p in POLICIES
+        for p in pol
     ]
     out.append(table(["policy", *labels.values(), "buffers"], rows))
-    out += ["", *(report.plan_summary(p) for p in ("attention", "all"))]
+    out += ["", *(report.plan_summary(p) for p in policies.names() if p != base)]
 
     a = data["seed_arithmetic"]
     ctx, n = a["context_grad_input_bytes"], a["decoder_clones"]

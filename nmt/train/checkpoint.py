@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from nmt.config import upgrade_saved
 from nmt.errors import NmtError
 
 FORMAT = "nmt-checkpoint"
@@ -58,7 +59,8 @@ def save_checkpoint(state: dict[str, Any], path: str | Path) -> None:
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Load a checkpoint or raise NmtError saying why it is not one."""
+    """Load a checkpoint or raise NmtError saying why it is not one. A config saved with
+    keys since replaced comes back in today's keys (`nmt.config.upgrade_saved`)."""
     path = Path(path)
     if not path.is_file():
         raise NmtError(f"{path}: checkpoint not found")
@@ -78,6 +80,7 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     missing = [k for k in REQUIRED_KEYS if k not in state]
     if missing:
         raise NmtError(f"{path}: checkpoint lacks {', '.join(missing)}")
+    state["config"] = upgrade_saved(state["config"])
     return state
 
 

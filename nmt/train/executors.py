@@ -32,11 +32,10 @@ class AutogradExecutor:
 
 
 def make_executor(cfg: Config, model: Seq2SeqAttn) -> Executor:
-    """The executor the config asks for (`train.executor`, `train.preallocate`, scope); the
-    clone executor gets the planner's sharing plan for the model's structure."""
+    """The executor the config asks for (`train.executor`, `train.prealloc`); the clone
+    executor gets the planner's sharing plan for the model's structure."""
     if cfg.train.executor == "autograd":
         return AutogradExecutor(model)
-    policy = cfg.train.prealloc_scope if cfg.train.preallocate else "none"
-    plan = planner.plan(cfg.model, policy)
+    plan = planner.plan(cfg.model, cfg.train.prealloc)
     device = next(model.parameters()).device
     return CloneExecutor(model, cfg.data.max_src_len, cfg.data.max_tgt_len, plan, device=device)

@@ -156,7 +156,7 @@ class Trainer:
         t = self.cfg.train
         if t.executor == "autograd":
             return "autograd"
-        return f"clones (preallocate {t.prealloc_scope if t.preallocate else 'off'})"
+        return f"clones (prealloc {t.prealloc})"
 
     # ---- checkpoints -----------------------------------------------------------------------
 

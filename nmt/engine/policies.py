@@ -1,0 +1,112 @@
+"""The preallocation policies: the one list of which clone buffers are shared, and why.
+
+A policy is a name, a one-line description and a selector: given what the planner's probe
+found (`Analysis`), the (node, role) slots whose buffer all clones share. Everything that
+names policies - config validation, `--help`, the planner, the executors, `nmt memreport`
+and the README table - reads `REGISTRY`, so adding a policy is one entry and its selector.
+
+Kept free of torch and of nmt modules other than `nmt.errors`: `nmt.config` imports it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from nmt.errors import NmtError
+
+Slot = tuple[str, str]  # (node name, role), as in nmt.engine.planner
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """What the planner's probe found for one model structure: the facts a selector reads.
+
+    `safe`: slots whose buffer lives inside one forward() or one backward() call of its
+    clone (may be shared); `unsafe`: the others; `attention_products`: the slots of the
+    attention's matrix-product nodes (seq2seq-attn PR #45's two products)."""
+
+    safe: frozenset[Slot]
+    unsafe: frozenset[Slot]
+    attention_products: frozenset[Slot]
+
+
+Selector = Callable[[Analysis], frozenset[Slot]]
+
+
+@dataclass(frozen=True)
+class Policy:
+    name: str
+    description: str  # one line: --help texts, the config reference, the README
+    select: Selector
+
+    def shares(self, analysis: Analysis) -> frozenset[Slot]:
+        """The slots this policy shares; only what the analysis proved safe (a wrong share
+        would silently change the gradients, so it is a bug, not a user error)."""
+        shared = frozenset(self.select(analysis))
+        if not shared <= analysis.safe:
+            raise AssertionError(
+                f"preallocation policy {self.name!r} selects buffers found unsafe: "
+                f"{sorted(shared - analysis.safe)}"
+            )
+        return shared
+
+
+def _nothing(a: Analysis) -> frozenset[Slot]:
+    return frozenset()
+
+
+def _attention_products(a: Analysis) -> frozenset[Slot]:
+    return a.attention_products
+
+
+def _everything_safe(a: Analysis) -> frozenset[Slot]:
+    return a.safe
+
+
+REGISTRY: dict[str, Policy] = {
+    p.name: p
+    for p in (
+        Policy("none", "no buffer shared (seq2seq-attn -prealloc 0)", _nothing),
+        Policy(
+            "attention",
+            "the two attention matrix products' output and grad_input (seq2seq-attn PR #45)",
+            _attention_products,
+        ),
+        Policy(
+            "all", "every buffer the planner proves safe (PR #46, generalised)", _everything_safe
+        ),
+    )
+}
+
+OFF = "none"  # the baseline: --no-preallocate, and what memreport's savings are against
+DEFAULT = "all"  # train.prealloc's default, and what --preallocate turns `none` into
+
+
+def names() -> tuple[str, ...]:
+    """The registered policy names, in registry order."""
+    return tuple(REGISTRY)
+
+
+def get(name: str) -> Policy:
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise NmtError(
+            f"preallocation policy must be one of {', '.join(names())}, got {name!r}"
+        ) from None
+
+
+def describe(sep: str = "; ") -> str:
+    """`name: description` for every policy, joined by `sep`."""
+    return sep.join(f"{p.name}: {p.description}" for p in REGISTRY.values())
+
+
+def with_flag(configured: str, preallocate: bool | None) -> str:
+    """The policy after `--preallocate` (True) / `--no-preallocate` (False) / neither (None):
+    off means `none`; on keeps the configured policy, or `all` when that is `none`."""
+    if preallocate is None:
+        return configured
+    if not preallocate:
+        return OFF
+    return DEFAULT if configured == OFF else configured
