@@ -21,7 +21,7 @@ from nmt.engine.accounting import summarize
 from nmt.engine.clones import CloneExecutor
 from nmt.engine.node import flat
 from nmt.memreport.measure import PolicyMemory, Setting, autograd_step
-from nmt.model import Seq2SeqAttn
+from nmt.model import Seq2SeqAttn, private_rng
 from nmt.train.schedule import make_optimizer
 
 CLIP_NORM = 5.0  # seq2seq-attn's default; clipping's temporaries are part of a real step
@@ -77,15 +77,12 @@ def real_step(
     device = torch.device(device)
     cuda = device.type == "cuda"
     result = LiveResult(policy, str(device))
-    rng_devices: list[int] = []
     if cuda:
         gc.collect()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
-        rng_devices = [device.index if device.index is not None else torch.cuda.current_device()]
     try:
-        with torch.random.fork_rng(devices=rng_devices):
-            torch.manual_seed(0)
+        with private_rng(0):  # weights and masks of its own: no global generator is touched
             _run(setting, policy, accounted, device, result)
     except torch.cuda.OutOfMemoryError:
         result.error = "out of memory"

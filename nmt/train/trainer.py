@@ -23,7 +23,7 @@ from nmt.config import Config, shape_keys
 from nmt.data.batching import Batch, epoch_order, make_batches
 from nmt.data.corpus import Corpus, load_corpus
 from nmt.data.tokenizers import tokenizer_from_state
-from nmt.devices import DTYPES, resolve_device
+from nmt.devices import DTYPES, setup_device
 from nmt.errors import NmtError
 from nmt.model import Seq2SeqAttn, build_model
 from nmt.train import distributed as dd
@@ -105,7 +105,8 @@ class Trainer:
         log: Log = print,
         progress: bool = True,
     ):
-        device = resolve_device(cfg.train.device)
+        t = cfg.train
+        device = setup_device(t.device, deterministic=t.deterministic, tf32=t.tf32)
         self.dist, self.device = dd.init_distributed(device)
         if not self.dist.is_main:  # one voice: rank 0 logs, shows progress, writes files
             log, progress = (lambda message: None), False
@@ -174,9 +175,9 @@ class Trainer:
             "position": s.position,
             "best_valid_ppl": s.best_valid_ppl,
             "valid_ppl": s.last_valid_ppl,
-            "rng": rng_state(),
+            "rng": rng_state(self.device),
             "world_size": self.dist.world_size,
-            "rng_per_rank": dd.gather_objects(rng_state(), self.dist),
+            "rng_per_rank": dd.gather_objects(rng_state(self.device), self.dist),
         }
 
     def save(self, best: bool) -> None:
@@ -212,7 +213,8 @@ class Trainer:
                 f"number, not {self.dist.world_size}"
             )
         set_rng_state(
-            ckpt["rng_per_rank"][self.dist.rank] if "rng_per_rank" in ckpt else ckpt["rng"]
+            ckpt["rng_per_rank"][self.dist.rank] if "rng_per_rank" in ckpt else ckpt["rng"],
+            self.device,
         )
         self.log(
             f"resumed from {path} at step {self.state.step} "
