@@ -12,6 +12,7 @@ import itertools
 import sys
 from collections.abc import Iterable, Iterator
 from contextlib import ExitStack
+from functools import partial
 from pathlib import Path
 from typing import TextIO
 
@@ -23,6 +24,7 @@ from nmt.data.tokenizers import Tokenizer, tokenizer_from_state
 from nmt.devices import resolve_device
 from nmt.errors import NmtError
 from nmt.model import Seq2SeqAttn, build_model
+from nmt.out_of_memory import ran_out, reported
 from nmt.train.checkpoint import load_checkpoint
 from nmt.translate import unk
 from nmt.translate.formats import attention_record, nbest_line
@@ -171,7 +173,7 @@ def translate_file(
     a warning.
     """
     _check_options(search, batch_size, max_src_length, ref, score_gold, replace_unk, phrase_table)
-    model, src_tok, tgt_tok = load_model(model_path, resolve_device(device))
+    model, src_tok, tgt_tok = load_model(model_path, resolve_device(device, "--device"))
     if replace_unk and (src_tok.kind != "word" or tgt_tok.kind != "word"):
         raise NmtError(
             f"--replace-unk needs word vocabularies; this model's tokenizers are "
@@ -195,6 +197,7 @@ def translate_file(
     nbest_format = nbest_format or search.n_best > 1
     render = _Renderer(src_tok, tgt_tok, replace_unk, table)
     need_tokens = replace_unk or attention is not None
+    device = next(model.parameters()).device
     best: list[str] = []
     sources: list[list[int]] = []
 
@@ -230,7 +233,8 @@ def translate_file(
                         file=sys.stderr,
                     )
                     ids[k], words[k] = seq[:max_src_length], words[k][:max_src_length]
-            found = translate_ids(model, ids, search, batch_size, on_batch=bar.update)
+            with reported(partial(_out_of_memory, device, ids, start, search, batch_size)):
+                found = translate_ids(model, ids, search, batch_size, on_batch=bar.update)
             for k, hyps in enumerate(found):
                 index = start + k
                 texts = [render.text(h, words[k]) for h in hyps]
@@ -253,10 +257,31 @@ def translate_file(
         if len(refs) != len(best):
             raise NmtError(f"{ref}: {len(refs)} lines, but stdin gave {len(best)}")
         if score_gold:
-            _print_gold(model, sources, [tgt_tok.encode(r) for r in refs], refs, batch_size)
+            with reported(
+                lambda: _out_of_memory(device, sources, 0, search, batch_size, "scoring")
+            ):
+                _print_gold(model, sources, [tgt_tok.encode(r) for r in refs], refs, batch_size)
         print(bleu_line(best, refs), file=sys.stderr, flush=True)
         print(chrf_line(best, refs), file=sys.stderr, flush=True)
     return best
+
+
+def _out_of_memory(
+    device: torch.device,
+    ids: list[list[int]],
+    start: int,
+    search: SearchOptions,
+    batch_size: int,
+    doing: str = "translating",
+) -> str:
+    """One line for running out of memory on the sources `ids` (from line `start` + 1)."""
+    return (
+        f"out of memory on {ran_out(device)} {doing} lines {start + 1}-{start + len(ids)} "
+        f"(batches of up to {batch_size} sentences, longest source "
+        f"{max(map(len, ids), default=0) + 2} tokens, beam size {search.beam_size}, max "
+        f"length {search.max_length}): lower --batch-size or --beam-size, or cap the output "
+        "with --max-length-ratio"
+    )
 
 
 def _print_gold(
