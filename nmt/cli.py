@@ -242,6 +242,7 @@ def memreport(
 ) -> None:
     from nmt.config import load_config
     from nmt.memreport import run as run_memreport
+    from nmt.memreport.live import out_of_memory_line
 
     try:
         cfg = load_config(config, list(set_ or []), require_data=False)
@@ -257,6 +258,9 @@ def memreport(
         )
     except NmtError as exc:
         raise _fail(exc) from None
+    out_of_memory = out_of_memory_line(report.live, report.setting, str(config))
+    if out_of_memory:  # a policy does not fit the device: exit 2, as training would
+        raise _fail(NmtError(out_of_memory))
     failed = [p for p, r in report.live.items() if not r.ok]
     if failed:  # the accounting disagreed with a real step (or the step ran out of memory)
         _err(f"error: real step check failed for {', '.join(failed)} (see the table above)")

@@ -142,6 +142,13 @@ class TrainConfig:
     )
     device: str = _opt("auto", doc="auto (CUDA if available), cpu, cuda or cuda:N")
     dtype: str = _opt("float32", choices=("float32", "float64"), doc="parameter and buffer dtype")
+    deterministic: bool = _opt(
+        True,
+        doc="CUDA: deterministic algorithms, so runs repeat bitwise (slower); no effect on CPU",
+    )
+    tf32: bool = _opt(
+        False, doc="CUDA: float32 matmuls on TF32 tensor cores (faster, less precise); not on CPU"
+    )
 
 
 @dataclass

@@ -1,22 +1,88 @@
-"""Devices and dtypes by their config names, for every command that places a model."""
+"""Devices and dtypes by their config names, for every command that places a model.
+
+A CUDA device is always returned with its index: `torch.cuda.set_device`, the caching
+allocator and NCCL all need one, and a bare `cuda` would mean "whatever is current" at each
+use. Under torchrun (WORLD_SIZE > 1) every rank takes `cuda:LOCAL_RANK`.
+"""
 
 from __future__ import annotations
+
+import os
 
 import torch
 
 from nmt.errors import NmtError
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
+# cuBLAS is deterministic only with a fixed workspace; it reads this before it starts
+CUBLAS_WORKSPACE_CONFIG = ":4096:8"
 
 
-def resolve_device(name: str) -> torch.device:
-    """`auto` picks CUDA when available; an explicit CUDA device must exist."""
+def torchrun_local_rank() -> int | None:
+    """This process's LOCAL_RANK when torchrun started more than one rank, else None."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return None
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def resolve_device(name: str, what: str = "key 'train.device'") -> torch.device:
+    """`auto` picks CUDA when available. CUDA comes back indexed: a bare `cuda` is the current
+    device, or `cuda:LOCAL_RANK` under torchrun, where an explicit `cuda:N` is refused (it
+    would put every rank on one GPU). `what` names the setting in error messages."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        name = "cuda" if torch.cuda.is_available() else "cpu"
     try:
         device = torch.device(name)
     except RuntimeError:
-        raise NmtError(f"key 'train.device': unknown device {name!r}") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise NmtError(f"key 'train.device': {name!r} requested but CUDA is not available")
+        raise NmtError(f"{what}: unknown device {name!r}") from None
+    if device.type != "cuda":
+        return device
+    if not torch.cuda.is_available():
+        raise NmtError(f"{what}: {name!r} requested but CUDA is not available")
+    count = torch.cuda.device_count()
+    local_rank = torchrun_local_rank()
+    if local_rank is not None:
+        if device.index is not None:
+            raise NmtError(
+                f"{what}: {name!r} under torchrun with {os.environ['WORLD_SIZE']} ranks would "
+                "put every rank on one GPU; use cuda or auto (each rank takes cuda:LOCAL_RANK)"
+            )
+        if local_rank >= count:
+            raise NmtError(
+                f"{what}: LOCAL_RANK {local_rank} but only {count} CUDA device(s) visible; "
+                "start at most one rank per GPU (--nproc_per_node)"
+            )
+        return torch.device("cuda", local_rank)
+    index = torch.cuda.current_device() if device.index is None else device.index
+    if index >= count:
+        raise NmtError(f"{what}: {name!r} requested but only {count} CUDA device(s) visible")
+    return torch.device("cuda", index)
+
+
+def same_device(requested: torch.device | str, actual: torch.device) -> bool:
+    """Whether `requested` names `actual` (a bare type such as `cuda` names any of its kind)."""
+    requested = torch.device(requested)
+    return requested.type == actual.type and requested.index in (None, actual.index)
+
+
+def setup_device(name: str, *, deterministic: bool = True, tf32: bool = False) -> torch.device:
+    """The training device (`resolve_device`), with CUDA set up as the config asks:
+    `deterministic` turns on deterministic algorithms (index_add_/scatter_add_ without
+    atomics, cuBLAS with a fixed workspace, set before anything starts cuBLAS) and `tf32`
+    lets float32 matmuls use TF32 tensor cores. Nothing changes for a CPU device."""
+    if deterministic and name != "cpu":
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE_CONFIG)
+    device = resolve_device(name)
+    if device.type == "cuda":
+        torch.use_deterministic_algorithms(deterministic)
+        set_tf32(tf32)
     return device
+
+
+def set_tf32(enabled: bool) -> None:
+    """TF32 for float32 matmuls on CUDA (the newer per-backend setting where torch has it)."""
+    matmul = torch.backends.cuda.matmul
+    if hasattr(matmul, "fp32_precision"):
+        matmul.fp32_precision = "tf32" if enabled else "ieee"
+    else:  # torch before 2.9
+        matmul.allow_tf32 = enabled

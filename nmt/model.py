@@ -10,6 +10,9 @@ Shapes: B batch, S source length, T target length, H rnn_size, E word_vec_size.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 import torch
@@ -22,10 +25,40 @@ from nmt.data.vocab import PAD
 LayerState = tuple[Tensor, Tensor]  # (h, c), each B x H
 
 
+# (seed, {device: generator}) inside `private_rng`; None: the global generators
+_PRIVATE_RNG: ContextVar[tuple[int, dict[torch.device, torch.Generator]] | None] = ContextVar(
+    "private_rng", default=None
+)
+
+
+@contextmanager
+def private_rng(seed: int) -> Iterator[None]:
+    """Inside, initialisation and dropout masks draw from generators of their own (one per
+    device, seeded with `seed`): the global CPU and CUDA generators are neither read,
+    advanced nor reseeded, so a probe (the planner's, memreport's real steps) leaves the
+    randomness of training - seeded by `train.seed` alone - as it was."""
+    token = _PRIVATE_RNG.set((seed, {}))
+    try:
+        yield
+    finally:
+        _PRIVATE_RNG.reset(token)
+
+
+def _generator(device: torch.device) -> torch.Generator | None:
+    """The private generator of `device` inside `private_rng`, else None (the global one)."""
+    private = _PRIVATE_RNG.get()
+    if private is None or device.type == "meta":
+        return None
+    seed, generators = private
+    if device not in generators:
+        generators[device] = torch.Generator(device=device).manual_seed(seed)
+    return generators[device]
+
+
 def dropout_mask(shape: tuple[int, ...], p: float, like: Tensor) -> Tensor:
-    """An inverted-dropout mask (0 or 1/(1-p)) drawn from the global RNG of `like`'s device."""
+    """An inverted-dropout mask (0 or 1/(1-p)) drawn from the RNG of `like`'s device."""
     mask = torch.empty(shape, dtype=like.dtype, device=like.device)
-    return mask.bernoulli_(1.0 - p).div_(1.0 - p)
+    return mask.bernoulli_(1.0 - p, generator=_generator(mask.device)).div_(1.0 - p)
 
 
 class LSTMLayer(nn.Module):
@@ -102,7 +135,8 @@ class Seq2SeqAttn(nn.Module):
 
     def reset_parameters(self) -> None:
         for p in self.parameters():
-            nn.init.uniform_(p, -self.cfg.param_init, self.cfg.param_init)
+            a = self.cfg.param_init
+            nn.init.uniform_(p, -a, a, generator=_generator(p.device))
 
     # ---- encoder -------------------------------------------------------------------------
 
@@ -206,10 +240,17 @@ def build_model(
     device: torch.device | str,
     dtype: torch.dtype,
 ) -> Seq2SeqAttn:
-    """The one way to make a model. Its weights are drawn on the CPU in float32 from the
-    global RNG and then moved, so one seed gives the same weights on every device and dtype;
-    on `meta` it is built there (nothing is allocated, the weights are not drawn)."""
+    """The one way to make a model. Its weights are drawn on the CPU in float32 and then
+    moved, so one seed gives the same weights on every device and dtype; on `meta` it is
+    built there (nothing is allocated, the weights are not drawn). Inside `private_rng` the
+    modules are built on meta and only then drawn, from the private generator, so that
+    their default initialisation does not draw from the global one either."""
     if torch.device(device).type == "meta":
         with torch.device("meta"):
             return Seq2SeqAttn(model_cfg, src_vocab, tgt_vocab).to(dtype=dtype)
-    return Seq2SeqAttn(model_cfg, src_vocab, tgt_vocab).to(device=device, dtype=dtype)
+    if _PRIVATE_RNG.get() is None:
+        return Seq2SeqAttn(model_cfg, src_vocab, tgt_vocab).to(device=device, dtype=dtype)
+    with torch.device("meta"):
+        model = Seq2SeqAttn(model_cfg, src_vocab, tgt_vocab)
+    model.to_empty(device="cpu").reset_parameters()
+    return model.to(device=device, dtype=dtype)

@@ -16,6 +16,7 @@ from torch import Tensor
 
 from nmt.data.batching import Batch
 from nmt.data.vocab import PAD
+from nmt.devices import same_device
 from nmt.engine.generator import Generator
 from nmt.engine.graph import Graph, Tracer
 from nmt.engine.node import resized
@@ -28,7 +29,8 @@ from nmt.model import Seq2SeqAttn
 
 class CloneExecutor:
     """Trains a Seq2SeqAttn with cloned graphs; the buffers `plan` names are shared by all
-    clones (the planner finds the plan, `nmt.engine.planner.plan(model.cfg, policy)`)."""
+    clones (the planner finds the plan, `nmt.engine.planner.plan(model.cfg, policy)`).
+    Its buffers live on the model's device; `device`, if given, must name it."""
 
     def __init__(
         self,
@@ -39,11 +41,10 @@ class CloneExecutor:
         device: torch.device | str | None = None,
     ):
         param = model.generator.weight
-        self.device = torch.device(device) if device is not None else param.device
-        if param.device.type != self.device.type:
+        self.device = param.device  # exactly the model's: a bare `cuda` names no one GPU
+        if device is not None and not same_device(device, param.device):
             raise NmtError(
-                f"the model is on {param.device} but the executor on {self.device}: "
-                "move the model first"
+                f"the model is on {param.device} but the executor on {device}: move the model first"
             )
         self.model, self.cfg, self.dtype = model, model.cfg, param.dtype
         self.n_enc, self.n_dec = max_src_len + 2, max_tgt_len + 1

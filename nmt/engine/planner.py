@@ -31,7 +31,7 @@ from nmt.engine.clones import CloneExecutor
 from nmt.engine.graph import Tracer
 from nmt.engine.nodes import MM
 from nmt.engine.sharing import SharingPlan, Slot
-from nmt.model import build_model
+from nmt.model import build_model, private_rng
 
 StructureKey = tuple[tuple[str, Any], ...]  # (field, value) of every field, normalised
 
@@ -69,9 +69,8 @@ def analyse(
 ) -> tuple[frozenset[Slot], dict[Slot, str], dict[Slot, int], frozenset[Slot]]:
     """Run the traced tiny step on a probe of `model_cfg`'s structure; return (safe slots,
     {unsafe slot: reason}, probe bytes per clone, the attention matrix products' slots).
-    The global RNG is left untouched."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
+    The probe draws from its own generator: the global CPU and CUDA RNGs are untouched."""
+    with private_rng(0):
         executor = _probe(model_cfg)
         batch = Batch(
             torch.tensor([[2, 5, 3], [2, 6, 3]]),

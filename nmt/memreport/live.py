@@ -5,7 +5,9 @@ the storages the executor then holds are walked independently (by data pointer, 
 every node's attributes) and compared with the meta accounting; for autograd the storage
 tracker's peak on the real device is compared with its peak on meta. On cuda the step is
 a whole training step (zero_grad, forward/backward, clipping, optimizer step) in a fresh
-allocator state, and `max_memory_allocated` / `max_memory_reserved` are read after it.
+allocator state, and `max_memory_allocated` / `max_memory_reserved` are read after it:
+the allocated peak must lie within `ALLOCATED_TOLERANCE` of the accounted total. A step that
+runs out of memory is marked so: that policy does not fit the device.
 """
 
 from __future__ import annotations
@@ -21,10 +23,13 @@ from nmt.engine.accounting import summarize
 from nmt.engine.clones import CloneExecutor
 from nmt.engine.node import flat
 from nmt.memreport.measure import PolicyMemory, Setting, autograd_step
-from nmt.model import Seq2SeqAttn
+from nmt.model import Seq2SeqAttn, private_rng
+from nmt.out_of_memory import batch_shape, is_out_of_memory, memreport_advice, ran_out
 from nmt.train.schedule import make_optimizer
 
 CLIP_NORM = 5.0  # seq2seq-attn's default; clipping's temporaries are part of a real step
+ALLOCATED_TOLERANCE = 0.10  # max_memory_allocated vs the accounted total, relative
+MIB = 2**20
 
 
 @dataclass
@@ -39,10 +44,54 @@ class LiveResult:
     max_memory_allocated: int | None = None
     max_memory_reserved: int | None = None
     error: str = ""
+    accounted_total_bytes: int | None = None  # on cuda: the policy's whole accounted total
+    out_of_memory: bool = False
+
+    @property
+    def allocated_ratio(self) -> float | None:
+        """max_memory_allocated / the accounted total (cuda only)."""
+        if self.max_memory_allocated is None or not self.accounted_total_bytes:
+            return None
+        return self.max_memory_allocated / self.accounted_total_bytes
+
+    @property
+    def allocated_ok(self) -> bool:
+        ratio = self.allocated_ratio
+        return ratio is None or abs(ratio - 1.0) <= ALLOCATED_TOLERANCE
+
+    def allocated_line(self) -> str:
+        """One line: the CUDA peak beside the accounted total, and whether they agree."""
+        ratio = self.allocated_ratio
+        if ratio is None:
+            return f"{self.policy}: {self.error or 'no allocated peak'}"
+        verdict = "within" if self.allocated_ok else "FAILED: more than"
+        return (
+            f"{self.policy}: max_memory_allocated {self.max_memory_allocated / MIB:,.1f} MiB vs "
+            f"accounted total {self.accounted_total_bytes / MIB:,.1f} MiB: {ratio - 1:+.1%}, "
+            f"{verdict} {ALLOCATED_TOLERANCE:.0%}"
+        )
 
     @property
     def ok(self) -> bool:
-        return not self.error and self.accounted_bytes == self.live_bytes
+        return not self.error and self.accounted_bytes == self.live_bytes and self.allocated_ok
+
+
+def out_of_memory_line(
+    results: dict[str, LiveResult], setting: Setting, config_path: str = ""
+) -> str | None:
+    """One line for the policies whose real step ran out of memory (None: none did)."""
+    failed = [p for p, r in results.items() if r.out_of_memory]
+    if not failed:
+        return None
+    device = torch.device(results[failed[0]].device)
+    shape = batch_shape(setting.batch_size, setting.encoder_clones, setting.decoder_clones)
+    fitted = [p for p, r in results.items() if not r.out_of_memory]
+    return (
+        f"out of memory on {ran_out(device)} in the real step of {', '.join(failed)} ({shape}): "
+        f"{'that policy does' if len(failed) == 1 else 'those policies do'} not fit"
+        + (f" ({', '.join(fitted)} did)" if fitted else "")
+        + f"; {memreport_advice(device, config=config_path or 'CONFIG')}"
+    )
 
 
 def held_storage_bytes(executor: CloneExecutor, model: Seq2SeqAttn) -> int:
@@ -77,18 +126,17 @@ def real_step(
     device = torch.device(device)
     cuda = device.type == "cuda"
     result = LiveResult(policy, str(device))
-    rng_devices: list[int] = []
     if cuda:
         gc.collect()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
-        rng_devices = [device.index if device.index is not None else torch.cuda.current_device()]
     try:
-        with torch.random.fork_rng(devices=rng_devices):
-            torch.manual_seed(0)
+        with private_rng(0):  # weights and masks of its own: no global generator is touched
             _run(setting, policy, accounted, device, result)
-    except torch.cuda.OutOfMemoryError:
-        result.error = "out of memory"
+    except Exception as exc:
+        if not is_out_of_memory(exc):
+            raise
+        result.error, result.out_of_memory = "out of memory", True
     finally:
         if cuda:
             gc.collect()
@@ -124,3 +172,4 @@ def _run(
         torch.cuda.synchronize(device)
         result.max_memory_allocated = torch.cuda.max_memory_allocated(device)
         result.max_memory_reserved = torch.cuda.max_memory_reserved(device)
+        result.accounted_total_bytes = accounted.total_bytes

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from nmt.config import Config
+from nmt.devices import resolve_device
 from nmt.engine import planner, policies
 from nmt.errors import NmtError
 from nmt.memreport.budget import (
@@ -125,7 +126,7 @@ def choose_device(requested: str, setting: Setting, largest_total: int) -> tuple
         raise NmtError(f"--device {requested!r}: expected auto, meta, cpu, cuda or cuda:N")
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise NmtError(f"--device {requested!r}: CUDA is not available on this machine")
-    return requested, "requested"
+    return str(resolve_device(requested, f"--device {requested!r}")), "requested"
 
 
 # ---- building ----------------------------------------------------------------------------

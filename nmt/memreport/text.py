@@ -163,7 +163,7 @@ def _live_section(report: Report) -> str:
             p,
             "-" if r.accounted_bytes is None else f"{r.accounted_bytes:,}",
             "-" if r.live_bytes is None else f"{r.live_bytes:,}",
-            "yes" if r.ok else f"NO {r.error}".strip(),
+            "yes" if r.ok else f"NO {r.error or 'allocated vs accounted'}",
         ]
         if cuda:
             row += [
@@ -178,6 +178,7 @@ def _live_section(report: Report) -> str:
             "(the CUDA peaks add allocator rounding and the clipping/optimizer temporaries; "
             "the CUDA context itself is in neither)"
         )
+        lines += [r.allocated_line() for r in report.live.values()]
     return "\n".join(lines)
 
 

@@ -84,15 +84,23 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     return state
 
 
-def rng_state() -> dict[str, Any]:
-    """Every RNG the trainer draws from (dropout masks and initialisation)."""
+def rng_state(device: torch.device) -> dict[str, Any]:
+    """Every RNG the trainer draws from: the CPU's (initialisation) and, on CUDA, that of the
+    one device this rank trains on (dropout masks) - not every visible GPU's, so that the
+    state restores onto whichever device the run resumes on, with any number visible."""
     state: dict[str, Any] = {"torch": torch.get_rng_state()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
     return state
 
 
-def set_rng_state(state: dict[str, Any]) -> None:
+def set_rng_state(state: dict[str, Any], device: torch.device) -> None:
+    """Restore `rng_state`'s output; its CUDA state goes onto `device` (a CPU run ignores it:
+    CUDA masks cannot be replayed on the CPU)."""
     torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    cuda = state.get("cuda")
+    if cuda is None or device.type != "cuda":
+        return
+    if isinstance(cuda, list):  # older checkpoints kept every visible GPU's state
+        cuda = cuda[device.index] if device.index < len(cuda) else cuda[0]
+    torch.cuda.set_rng_state(cuda, device)

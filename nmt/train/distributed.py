@@ -49,7 +49,8 @@ def init_distributed(
     device: torch.device, timeout_s: float = 300.0
 ) -> tuple[DistContext, torch.device]:
     """Join the process group torchrun describes in the environment (NCCL on CUDA, else Gloo)
-    and return this rank's context and device (one GPU per rank: cuda -> cuda:LOCAL_RANK).
+    and return this rank's context and device, bound as the current CUDA device when it is
+    one (`nmt.devices.resolve_device` gave each rank its indexed `cuda:LOCAL_RANK`).
 
     The timeout bounds every collective: if a rank dies, the others fail instead of hanging.
     """
@@ -60,8 +61,6 @@ def init_distributed(
         int(os.environ["WORLD_SIZE"]),
         int(os.environ.get("LOCAL_RANK", "0")),
     )
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", ctx.local_rank)
     device = _bind(device)
     if not dist.is_available():
         raise NmtError("WORLD_SIZE > 1 but this torch build has no torch.distributed")

@@ -23,12 +23,14 @@ from nmt.config import Config, shape_keys
 from nmt.data.batching import Batch, epoch_order, make_batches
 from nmt.data.corpus import Corpus, load_corpus
 from nmt.data.tokenizers import tokenizer_from_state
-from nmt.devices import DTYPES, resolve_device
+from nmt.devices import DTYPES, setup_device
 from nmt.errors import NmtError
 from nmt.model import Seq2SeqAttn, build_model
+from nmt.out_of_memory import batch_shape, training_message
 from nmt.train import distributed as dd
 from nmt.train.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from nmt.train.executors import make_executor
+from nmt.train.failures import RankFailures, plain_description
 from nmt.train.runlog import RunLog
 from nmt.train.schedule import LearningRateSchedule, make_optimizer, set_learning_rate
 
@@ -77,19 +79,27 @@ def evaluate(
     batches: list[Batch],
     device: torch.device,
     ctx: dd.DistContext | None = None,
+    failures: RankFailures | None = None,
 ) -> float:
     """Validation perplexity: exp(summed NLL / non-PAD target tokens), dropout off.
-    With several ranks, each scores every world_size-th batch and the sums are reduced."""
+    With several ranks, each scores every world_size-th batch and the sums are reduced;
+    a rank that fails (out of memory) stops every rank there (`failures`)."""
     ctx = ctx or dd.DistContext()
+    failures = failures or RankFailures(ctx, device, plain_description(device))
     was_training = model.training
     model.eval()
     total, tokens = 0.0, 0
     for batch in batches[ctx.rank :: ctx.world_size]:
-        batch = batch.to(device)
-        total += float(model.nll(batch.src, batch.tgt_in, batch.tgt_out))
+
+        def score(batch: Batch = batch) -> float:
+            batch = batch.to(device)
+            return float(model.nll(batch.src, batch.tgt_in, batch.tgt_out))
+
+        total += failures.attempt("validation", batch, score, 0.0)
         tokens += batch.n_tokens
     model.train(was_training)
-    total, tokens = dd.all_reduce_sums([total, float(tokens)], ctx, device)
+    total, tokens, failed = dd.all_reduce_sums([total, float(tokens), failures.flag], ctx, device)
+    failures.settle(failed)
     return math.exp(min(total / max(tokens, 1), 100.0))
 
 
@@ -105,8 +115,10 @@ class Trainer:
         log: Log = print,
         progress: bool = True,
     ):
-        device = resolve_device(cfg.train.device)
+        t = cfg.train
+        device = setup_device(t.device, deterministic=t.deterministic, tf32=t.tf32)
         self.dist, self.device = dd.init_distributed(device)
+        self.failures = RankFailures(self.dist, self.device, self._out_of_memory)
         if not self.dist.is_main:  # one voice: rank 0 logs, shows progress, writes files
             log, progress = (lambda message: None), False
         run_log = RunLog(Path(out_dir) if self.dist.is_main else None, log)
@@ -174,9 +186,9 @@ class Trainer:
             "position": s.position,
             "best_valid_ppl": s.best_valid_ppl,
             "valid_ppl": s.last_valid_ppl,
-            "rng": rng_state(),
+            "rng": rng_state(self.device),
             "world_size": self.dist.world_size,
-            "rng_per_rank": dd.gather_objects(rng_state(), self.dist),
+            "rng_per_rank": dd.gather_objects(rng_state(self.device), self.dist),
         }
 
     def save(self, best: bool) -> None:
@@ -212,7 +224,8 @@ class Trainer:
                 f"number, not {self.dist.world_size}"
             )
         set_rng_state(
-            ckpt["rng_per_rank"][self.dist.rank] if "rng_per_rank" in ckpt else ckpt["rng"]
+            ckpt["rng_per_rank"][self.dist.rank] if "rng_per_rank" in ckpt else ckpt["rng"],
+            self.device,
         )
         self.log(
             f"resumed from {path} at step {self.state.step} "
@@ -222,7 +235,7 @@ class Trainer:
     # ---- the loop --------------------------------------------------------------------------
 
     def validate(self) -> float:
-        ppl = evaluate(self.model, self.valid_batches, self.device, self.dist)
+        ppl = evaluate(self.model, self.valid_batches, self.device, self.dist, self.failures)
         s = self.state
         s.last_valid_ppl = ppl
         best = ppl < s.best_valid_ppl
@@ -244,32 +257,50 @@ class Trainer:
         return ppl
 
     def train_step(self, batch: Batch) -> float | None:
-        """One update; None when the step was skipped for a non-finite loss or gradient."""
+        """One update; None when the step was skipped for a non-finite loss or gradient.
+        A rank that fails in it (out of memory) stops every rank before the step ends."""
         self.optimizer.zero_grad(set_to_none=False)
         part = dd.shard(batch, self.dist)
-        try:
-            loss = self.executor.forward_backward(part) if part is not None else 0.0
-        except torch.cuda.OutOfMemoryError:
-            raise NmtError(
-                f"out of memory on {self.device} at step {self.state.step + 1} (batch of "
-                f"{batch.size} sentences, source length {batch.src.size(1)}, target length "
-                f"{batch.tgt_in.size(1)}): enable --preallocate, lower train.batch_size or "
-                "data.max_src_len/max_tgt_len, or run `nmt memreport` to see what fits"
-            ) from None
+        attempt, step = self.failures.attempt, self.state.step + 1
+
+        def forward_backward() -> float:
+            return self.executor.forward_backward(part) if part is not None else 0.0
+
+        loss = attempt(f"the forward/backward pass of step {step}", batch, forward_backward, 0.0)
         stop = float(self._signal is not None)
         if self.dist.enabled:
+            loss, stop, failed = dd.all_reduce_sums(
+                [loss, stop, self.failures.flag], self.dist, self.device
+            )
+            self.failures.settle(failed)
             share = (part.size if part is not None else 0) / batch.size
             dd.all_reduce_gradients(list(self.model.parameters()), share, self.dist)
-            loss, stop = dd.all_reduce_sums([loss, stop], self.dist, self.device)
         self._stop = stop > 0
         max_norm = self.cfg.train.max_grad_norm or math.inf
-        norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
-        if not (math.isfinite(loss) and math.isfinite(norm)):
+
+        def clip() -> float:
+            return float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
+
+        norm = attempt(f"gradient clipping of step {step}", batch, clip, 0.0)
+        finite = math.isfinite(loss) and math.isfinite(norm)
+        if finite:
+            attempt(f"the optimizer step of step {step}", batch, self.optimizer.step, None)
+        self.failures.vote()  # clipping or the optimizer step may have failed on one rank
+        if not finite:
             return self._skip_step(loss, norm)
         self.state.bad_steps = 0
-        self.optimizer.step()
         self.state.step += 1
         return loss
+
+    def _out_of_memory(self, where: str, batch: Batch) -> str:
+        return training_message(
+            where=where,
+            device=self.device,
+            shape=batch_shape(batch.size, batch.src.size(1), batch.tgt_in.size(1)),
+            train=self.cfg.train,
+            world_size=self.dist.world_size,
+            checkpoint=self.out_dir / "last.pt",
+        )
 
     def _skip_step(self, loss: float, norm: float) -> None:
         s = self.state

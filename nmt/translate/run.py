@@ -22,6 +22,7 @@ import sys
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import BinaryIO, Protocol, TextIO
 
@@ -34,6 +35,7 @@ from nmt.data.tokenizers import Tokenizer, tokenizer_from_state
 from nmt.devices import resolve_device
 from nmt.errors import NmtError
 from nmt.model import Seq2SeqAttn, build_model
+from nmt.out_of_memory import ran_out, reported
 from nmt.train.checkpoint import load_checkpoint
 from nmt.translate import unk
 from nmt.translate.formats import attention_record, gold_lines, nbest_line
@@ -200,9 +202,10 @@ class Translator:
                     f"translating the first {limit} (--max-src-length)"
                 )
                 ids[k], words[k] = seq[:limit], words[k][:limit]
-        found = translate_ids(
-            self.model, ids, self.options.search, self.options.batch_size, on_batch=on_batch
-        )
+        search, batch_size = self.options.search, self.options.batch_size
+        device = next(self.model.parameters()).device
+        with reported(partial(_out_of_memory, device, ids, start, search, batch_size)):
+            found = translate_ids(self.model, ids, search, batch_size, on_batch=on_batch)
         return [self._render(start + k, ids[k], words[k], hyps) for k, hyps in enumerate(found)]
 
     def _pieces(self, hyp: Hypothesis, words: list[str]) -> list[str]:
@@ -319,7 +322,10 @@ def _gold_scorer(
     """Sources -> the references' teacher-forced scores (`scoring.gold_scores`)."""
 
     def score(sources: list[list[int]]) -> GoldScores:
-        return gold_scores(model, sources, [tgt_tok.encode(r) for r in refs], batch_size)
+        device = next(model.parameters()).device
+        oom = partial(_out_of_memory, device, sources, 0, SearchOptions(), batch_size, "scoring")
+        with reported(oom):
+            return gold_scores(model, sources, [tgt_tok.encode(r) for r in refs], batch_size)
 
     return score
 
@@ -335,7 +341,7 @@ def translate_file(
     """Translate `src` (a file, or `-` for stdin) as `options` say; the best translation of
     each line is returned, and written (or the n-best lists) to `options.output` or stdout."""
     options.check()
-    model, src_tok, tgt_tok = load_model(model_path, resolve_device(options.device))
+    model, src_tok, tgt_tok = load_model(model_path, resolve_device(options.device, "--device"))
     translator = Translator(model, src_tok, tgt_tok, options)
     refs = read_lines(options.ref) if options.ref is not None else None
     source = read_source(src, options.batch_size)
@@ -376,3 +382,21 @@ def translate_file(
     if report is not None:
         report.finish()
     return best
+
+
+def _out_of_memory(
+    device: torch.device,
+    ids: list[list[int]],
+    start: int,
+    search: SearchOptions,
+    batch_size: int,
+    doing: str = "translating",
+) -> str:
+    """One line for running out of memory on the sources `ids` (from line `start` + 1)."""
+    return (
+        f"out of memory on {ran_out(device)} {doing} lines {start + 1}-{start + len(ids)} "
+        f"(batches of up to {batch_size} sentences, longest source "
+        f"{max(map(len, ids), default=0) + 2} tokens, beam size {search.beam_size}, max "
+        f"length {search.max_length}): lower --batch-size or --beam-size, or cap the output "
+        "with --max-length-ratio"
+    )

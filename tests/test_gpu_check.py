@@ -1,0 +1,37 @@
+"""scripts/gpu_check.sh cannot rot: its CPU form (GPU_CHECK_DEVICE=cpu, tiny sizes) runs
+every check here, and its CUDA form refuses to pretend on a machine without a GPU."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+CHECKS = ["engine", "train", "translate", "memreport", "bench", "2-ranks"]
+
+
+def gpu_check(tmp_path: Path, device: str, **extra: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "GPU_CHECK_DEVICE": device, "OUT": str(tmp_path), **extra}
+    env["PYTHON"] = sys.executable
+    cmd = ["bash", str(REPO / "scripts" / "gpu_check.sh")]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=400)
+
+
+def test_every_check_runs_on_the_cpu(tmp_path):
+    proc = gpu_check(tmp_path, "cpu")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    table = proc.stdout[proc.stdout.index("check      result") :].splitlines()[1:]
+    rows = {line.split()[0]: line.split()[1:] for line in table}
+    assert list(rows) == CHECKS
+    assert all(row[0] == "pass" for row in rows.values()), table
+    assert rows["translate"][2:4] == ["BLEU", "="]
+    assert " ".join(rows["memreport"][2:]) == "4/4 policies match byte for byte"
+    assert (tmp_path / "toy" / "model.pt").is_file() and (tmp_path / "memreport.json").is_file()
+
+
+def test_the_cuda_form_refuses_without_a_gpu(tmp_path):
+    proc = gpu_check(tmp_path, "cuda", CUDA_VISIBLE_DEVICES="")  # none, even on a GPU machine
+    assert proc.returncode == 1
+    assert "no CUDA device visible" in proc.stderr
