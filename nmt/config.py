@@ -61,6 +61,12 @@ class ModelConfig:
     dropout: float = _opt(0.3, min=0.0, max=0.99, doc="dropout between layers and on the output")
     input_feed: bool = _opt(True, doc="feed the previous attentional output to the decoder")
     bidirectional: bool = _opt(False, doc="add a backward encoder LSTM (states summed)")
+    attention: str = _opt(
+        "general",
+        choices=("general", "dot", "mlp"),
+        doc="global attention score: general h_s.W_a h_t (Luong), dot h_s.h_t (Luong), "
+        "mlp v.tanh(W_k h_s + W_q h_t + b) (Bahdanau)",
+    )
     param_init: float = _opt(0.1, min=0.0, doc="uniform initialisation range +-param_init")
 
 

@@ -74,21 +74,24 @@ class SharingPlan:
         return "\n".join(lines)
 
 
-def _structure(cfg: ModelConfig) -> tuple[int, bool, bool, bool]:
-    return (cfg.num_layers, cfg.input_feed, cfg.bidirectional, cfg.dropout > 0)
+Structure = tuple[int, bool, bool, bool, str]
+
+
+def _structure(cfg: ModelConfig) -> Structure:
+    return (cfg.num_layers, cfg.input_feed, cfg.bidirectional, cfg.dropout > 0, cfg.attention)
 
 
 def plan(model_cfg: ModelConfig, policy: str = "all") -> SharingPlan:
     """The sharing plan for models of this structure (layers, input feed, bidirectional,
-    dropout on/off; sizes do not matter)."""
+    dropout on/off, attention type; sizes do not matter)."""
     if policy not in ("none", "attention", "all"):
         raise NmtError(f"preallocation policy must be none, attention or all, got {policy!r}")
     return _plan(_structure(model_cfg), policy)
 
 
 @lru_cache(maxsize=32)
-def _plan(structure: tuple[int, bool, bool, bool], policy: str) -> SharingPlan:
-    safe, unsafe, sizes, mm = analyse(structure)
+def _plan(structure: Structure, policy: str) -> SharingPlan:
+    safe, unsafe, sizes, mm = _analysis(structure)
     if policy == "none":
         shared: frozenset[Slot] = frozenset()
     elif policy == "all":
@@ -100,12 +103,18 @@ def _plan(structure: tuple[int, bool, bool, bool], policy: str) -> SharingPlan:
     return SharingPlan(policy, shared, safe, unsafe, sizes)
 
 
-def _probe(structure: tuple[int, bool, bool, bool]):
+@lru_cache(maxsize=128)
+def _analysis(structure: Structure):
+    """`analyse`, once per structure for all policies (tests sweep every structure)."""
+    return analyse(structure)
+
+
+def _probe(structure: Structure):
     """A tiny float32 CPU executor without sharing, of the given structure, in training mode."""
     from nmt.engine.clones import CloneExecutor
     from nmt.model import Seq2SeqAttn
 
-    layers, input_feed, bidirectional, dropout = structure
+    layers, input_feed, bidirectional, dropout, attention = structure
     cfg = ModelConfig(
         num_layers=layers,
         rnn_size=3,
@@ -113,6 +122,7 @@ def _probe(structure: tuple[int, bool, bool, bool]):
         dropout=0.5 if dropout else 0.0,
         input_feed=input_feed,
         bidirectional=bidirectional,
+        attention=attention,
     )
     model = Seq2SeqAttn(cfg, 7, 7).to(device="cpu", dtype=torch.float32).train()
     empty = SharingPlan("none", frozenset())
@@ -120,7 +130,7 @@ def _probe(structure: tuple[int, bool, bool, bool]):
 
 
 def analyse(
-    structure: tuple[int, bool, bool, bool],
+    structure: Structure,
 ) -> tuple[frozenset[Slot], dict[Slot, str], dict[Slot, int], frozenset[Slot]]:
     """Run the traced tiny step; return (safe slots, {unsafe slot: reason}, probe bytes per
     clone, the attention matrix products' slots). The global RNG is left untouched."""

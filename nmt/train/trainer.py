@@ -63,7 +63,8 @@ FROZEN_KEYS = (
     "data.tgt_vocab_size",
     "data.joint_vocab",
 ) + tuple(
-    f"model.{k}" for k in ("num_layers", "rnn_size", "word_vec_size", "input_feed", "bidirectional")
+    f"model.{k}"
+    for k in ("num_layers", "rnn_size", "word_vec_size", "input_feed", "bidirectional", "attention")
 )
 
 
