@@ -103,8 +103,11 @@ def _plan(structure: Structure, policy: str) -> SharingPlan:
     return SharingPlan(policy, shared, safe, unsafe, sizes)
 
 
+Analysis = tuple[frozenset[Slot], dict[Slot, str], dict[Slot, int], frozenset[Slot]]
+
+
 @lru_cache(maxsize=128)
-def _analysis(structure: Structure):
+def _analysis(structure: Structure) -> Analysis:
     """`analyse`, once per structure for all policies (tests sweep every structure)."""
     return analyse(structure)
 
@@ -129,9 +132,7 @@ def _probe(structure: Structure):
     return CloneExecutor(model, max_src_len=1, max_tgt_len=2, plan=empty, device="cpu")
 
 
-def analyse(
-    structure: Structure,
-) -> tuple[frozenset[Slot], dict[Slot, str], dict[Slot, int], frozenset[Slot]]:
+def analyse(structure: Structure) -> Analysis:
     """Run the traced tiny step; return (safe slots, {unsafe slot: reason}, probe bytes per
     clone, the attention matrix products' slots). The global RNG is left untouched."""
     from nmt.data.batching import Batch
