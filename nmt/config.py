@@ -107,6 +107,13 @@ class ModelConfig:
         True, shape=True, doc="feed the previous attentional output to the decoder"
     )
     bidirectional: bool = _opt(False, shape=True, doc="add a backward encoder LSTM (states summed)")
+    attention: str = _opt(
+        "general",
+        choices=("general", "dot", "mlp"),
+        shape=True,
+        doc="global attention score: general h_s.W_a h_t (Luong), dot h_s.h_t (Luong), "
+        "mlp v.tanh(W_k h_s + W_q h_t + b) (Bahdanau)",
+    )
     param_init: float = _opt(
         0.1, min=0.0, graph="none", doc="uniform initialisation range +-param_init"
     )

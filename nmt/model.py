@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from nmt.attention import LEGACY_NAMES, Attention, build_attention
 from nmt.config import ModelConfig
 from nmt.data.vocab import PAD
 
@@ -114,7 +115,8 @@ class DecoderState:
 
 
 class Seq2SeqAttn(nn.Module):
-    """LSTM encoder, LSTM decoder with input feeding and Luong "general" global attention."""
+    """LSTM encoder, LSTM decoder with input feeding and global attention (`model.attention`:
+    Luong "general" by default, see `nmt.attention`)."""
 
     def __init__(self, cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int):
         super().__init__()
@@ -128,10 +130,10 @@ class Seq2SeqAttn(nn.Module):
         self.tgt_embedding = nn.Embedding(tgt_vocab_size, E)
         dec_in = E + H if cfg.input_feed else E
         self.decoder = LSTMStack(dec_in, H, cfg.num_layers, cfg.dropout)
-        self.attn_in = nn.Linear(H, H, bias=False)  # W_a of score(h_t, h_s) = h_s . W_a h_t
-        self.attn_out = nn.Linear(2 * H, H, bias=False)  # W_c of tanh(W_c [c_t ; h_t])
+        self.attention: Attention = build_attention(cfg.attention, H)
         self.generator = nn.Linear(H, tgt_vocab_size)
         self.reset_parameters()
+        self.register_load_state_dict_pre_hook(_rename_legacy_keys)
 
     def reset_parameters(self) -> None:
         for p in self.parameters():
@@ -190,15 +192,8 @@ class Seq2SeqAttn(nn.Module):
     def attend(
         self, h_top: Tensor, context: Tensor, src_mask: Tensor | None
     ) -> tuple[Tensor, Tensor]:
-        """Global "general" attention: returns (tanh(W_c [c_t ; h_t]), attention B x S)."""
-        target = self.attn_in(h_top)  # B x H
-        scores = torch.bmm(context, target.unsqueeze(2)).squeeze(2)  # B x S
-        if src_mask is not None:
-            scores = scores.masked_fill(~src_mask, float("-inf"))
-        attn = torch.softmax(scores, dim=1)
-        ctx = torch.bmm(attn.unsqueeze(1), context).squeeze(1)  # B x H
-        out = torch.tanh(self.attn_out(torch.cat([ctx, h_top], dim=1)))
-        return out, attn
+        """Global attention: returns (tanh(W_c [c_t ; h_t]) B x H, attention B x S)."""
+        return self.attention(h_top, context, src_mask)
 
     def decode_step(
         self, y: Tensor, state: DecoderState, context: Tensor, src_mask: Tensor | None = None
@@ -254,3 +249,10 @@ def build_model(
         model = Seq2SeqAttn(model_cfg, src_vocab, tgt_vocab)
     model.to_empty(device="cpu").reset_parameters()
     return model.to(device=device, dtype=dtype)
+
+
+def _rename_legacy_keys(module: nn.Module, state_dict: dict, prefix: str, *_: object) -> None:
+    """Checkpoints from before `nmt.attention` name W_a and W_c `attn_in` / `attn_out`."""
+    for old, new in LEGACY_NAMES.items():
+        if prefix + old in state_dict and prefix + new not in state_dict:
+            state_dict[prefix + new] = state_dict.pop(prefix + old)

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import os
 from pathlib import Path
 
 import pytest
 import torch
+
+from nmt.config import ModelConfig
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -34,6 +38,21 @@ def deterministic():
     torch.use_deterministic_algorithms(True)
     yield
     torch.use_deterministic_algorithms(False)
+
+
+def model_structures() -> list:
+    """Every structure the config allows, as pytest params of ModelConfig keyword arguments:
+    layers 1-4 x input feed x bidirectional x dropout on/off x every `model.attention`
+    choice (read from the config, so a new attention type joins the sweeps by itself)."""
+    attentions = next(f for f in dataclasses.fields(ModelConfig) if f.name == "attention")
+    params = []
+    for attention in attentions.metadata["choices"]:
+        for layers, feed, bi, dropout in itertools.product((1, 2, 3, 4), *[(False, True)] * 3):
+            kw = {"num_layers": layers, "input_feed": feed, "bidirectional": bi}
+            kw.update(dropout=0.3 if dropout else 0.0, attention=attention)
+            name = f"{attention}-L{layers}{'-feed' * feed}{'-bi' * bi}{'-drop' * dropout}"
+            params.append(pytest.param(kw, id=name))
+    return params
 
 
 TOY = Path(__file__).resolve().parents[1] / "data" / "toy"

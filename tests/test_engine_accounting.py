@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from torch import Tensor
@@ -26,10 +28,10 @@ def full_length_batch() -> Batch:
     )
 
 
-def live_executor(policy: str) -> tuple[Seq2SeqAttn, CloneExecutor]:
+def live_executor(policy: str, cfg: ModelConfig = CFG) -> tuple[Seq2SeqAttn, CloneExecutor]:
     torch.manual_seed(0)
-    model = Seq2SeqAttn(CFG, SRC_V, TGT_V).train()
-    executor = CloneExecutor(model, MAX_SRC, MAX_TGT, planner.plan(CFG, policy))
+    model = Seq2SeqAttn(cfg, SRC_V, TGT_V).train()
+    executor = CloneExecutor(model, MAX_SRC, MAX_TGT, planner.plan(cfg, policy))
     executor.forward_backward(full_length_batch())
     return model, executor
 
@@ -57,9 +59,10 @@ def held_storage_bytes(model: Seq2SeqAttn, executor: CloneExecutor) -> tuple[int
     return sum(storages.values()), len(storages)
 
 
+@pytest.mark.parametrize("attention", ["general", "dot", "mlp"])
 @pytest.mark.parametrize("policy", ["none", "attention", "all"])
-def test_accounting_matches_the_storages_actually_held(policy: str) -> None:
-    model, executor = live_executor(policy)
+def test_accounting_matches_the_storages_actually_held(policy: str, attention: str) -> None:
+    model, executor = live_executor(policy, dataclasses.replace(CFG, attention=attention))
     records = executor.buffers()
     summary = summarize(records)
     held, count = held_storage_bytes(model, executor)
@@ -72,11 +75,13 @@ def test_accounting_matches_the_storages_actually_held(policy: str) -> None:
             assert (r.node, r.role) in executor.plan.shared
 
 
+@pytest.mark.parametrize("attention", ["general", "dot", "mlp"])
 @pytest.mark.parametrize("policy", ["none", "attention", "all"])
-def test_meta_accounting_equals_the_live_executor(policy: str) -> None:
-    model, executor = live_executor(policy)
+def test_meta_accounting_equals_the_live_executor(policy: str, attention: str) -> None:
+    cfg = dataclasses.replace(CFG, attention=attention)
+    model, executor = live_executor(policy, cfg)
     live = summarize(executor.buffers() + model_records(model))
-    meta_records = account(CFG, SRC_V, TGT_V, BATCH, MAX_SRC, MAX_TGT, policy)
+    meta_records = account(cfg, SRC_V, TGT_V, BATCH, MAX_SRC, MAX_TGT, policy)
     assert summarize(meta_records) == live
     assert sorted((r.clone, r.node, r.role, r.shape) for r in meta_records) == sorted(
         (r.clone, r.node, r.role, r.shape) for r in executor.buffers() + model_records(model)

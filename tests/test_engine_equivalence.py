@@ -7,11 +7,12 @@ import torch
 
 from nmt.config import ModelConfig
 from nmt.data.batching import Batch
-from nmt.engine import planner
+from nmt.engine import planner, policies, seq2seq
 from nmt.engine.clones import CloneExecutor
+from nmt.engine.graph import StateSpec
 from nmt.errors import NmtError
 from nmt.model import Seq2SeqAttn
-from tests.conftest import TEST_DEVICE
+from tests.conftest import TEST_DEVICE, model_structures
 
 B, S, T = 3, 5, 4  # one source length per batch; targets padded
 
@@ -55,16 +56,19 @@ def max_rel_err(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float
     return max(((a[n] - b[n]).abs().max() / b[n].abs().max()).item() for n in b)
 
 
-@pytest.mark.parametrize("bidirectional", [False, True])
-@pytest.mark.parametrize("policy", ["none", "attention", "all"])
-def test_gradients_equal_autograd(policy: str, bidirectional: bool) -> None:
-    model = make_model(bidirectional=bidirectional, input_feed=True)
+@pytest.mark.parametrize("structure", model_structures())
+def test_gradients_equal_autograd(structure: dict) -> None:
+    """Every structure the config allows, under every policy. param_init 0.3: with small
+    weights the mlp score's W_q gradient nearly cancels (softmax ignores a shift common to
+    all positions), which would measure rounding rather than the engine."""
+    model = make_model(**structure, param_init=0.3)
     batch = make_batch()
     ref_loss, ref = autograd_grads(model, batch)
-    loss, grads = clone_grads(model, batch, policy)
     assert all(g.abs().max() > 0 for g in ref.values())  # every parameter is exercised
-    assert max_rel_err(grads, ref) < 1e-10
-    assert loss == pytest.approx(ref_loss, rel=1e-12)
+    for policy in policies.names():
+        loss, grads = clone_grads(model, batch, policy)
+        assert max_rel_err(grads, ref) < 1e-10, policy
+        assert loss == pytest.approx(ref_loss, rel=1e-12), policy
 
 
 @pytest.mark.parametrize("training", [True, False])
@@ -79,6 +83,30 @@ def test_variants_without_input_feed(training: bool) -> None:
     assert loss == pytest.approx(ref_loss, rel=1e-12)
 
 
+def test_the_executor_follows_the_state_the_graphs_declare(monkeypatch) -> None:
+    """The executor takes the state layout from the graphs (`Graph.state`), not from an LSTM
+    layout of its own: declared in another order the gradients stay exact; declaring the
+    wrong state as the context's source changes them."""
+    model = make_model(num_layers=3, bidirectional=True)
+    batch = make_batch()
+    _, ref = autograd_grads(model, batch)
+    plan = planner.plan(model.cfg, "all")  # analysed (and cached) with the usual layout
+
+    def reordered(layers: int) -> StateSpec:
+        names = tuple(f"{k}{i}" for k in ("c", "h") for i in range(layers))
+        return StateSpec(names, top=f"h{layers - 1}")
+
+    monkeypatch.setattr(seq2seq, "lstm_state", reordered)
+    executor = CloneExecutor(model, S - 2, T - 1, plan=plan)
+    assert executor.clones["dec"][0].state.names[:2] == ("c0", "c1")
+    _, grads = clone_grads(model, batch, plan=plan)
+    assert max_rel_err(grads, ref) < 1e-10
+
+    monkeypatch.setattr(seq2seq, "lstm_state", lambda n: StateSpec(reordered(n).names, "c2"))
+    _, grads = clone_grads(model, batch, plan=plan)
+    assert max_rel_err(grads, ref) > 1e-3
+
+
 def test_gradients_accumulate_into_existing_grads() -> None:
     model = make_model()
     batch = make_batch()
@@ -90,13 +118,26 @@ def test_gradients_accumulate_into_existing_grads() -> None:
     assert max_rel_err(twice, {n: 2 * g for n, g in once.items()}) < 1e-12
 
 
-@pytest.mark.parametrize("slot", [("l0.in_gate", "output"), ("lookup", "output")])
-def test_a_wrong_share_gives_wrong_gradients(slot: tuple[str, str]) -> None:
-    """Sharing what a backward reads (a sigmoid's output, an i2h input) must break the
-    gradients: proof that the equivalence test above can fail."""
-    model = make_model()
+@pytest.mark.parametrize(
+    "attention,slot",
+    [
+        ("general", ("l0.in_gate", "output")),
+        ("general", ("lookup", "output")),
+        ("dot", ("attn.softmax", "output")),
+        ("mlp", ("attn.hidden", "output")),
+    ],
+)
+def test_a_wrong_share_gives_wrong_gradients(attention: str, slot: tuple[str, str]) -> None:
+    """Sharing what a backward reads (a sigmoid's output, an i2h input, the mlp score's tanh
+    read by v's and its own backward) must break the gradients: proof that the equivalence
+    test above can fail."""
+    model = make_model(attention=attention, param_init=0.3)
     batch = make_batch()
     _, ref = autograd_grads(model, batch)
+    executor = CloneExecutor(model, S - 2, T - 1, planner.plan(model.cfg, "none"))
+    assert slot in {
+        (n.name, r) for _, g in executor.clone_graphs() for n in g.nodes for r in n.ROLES
+    }
     assert slot not in planner.plan(model.cfg, "all").shared
     forced = planner.plan(model.cfg, "all").forcing({slot})
     _, grads = clone_grads(model, batch, plan=forced)

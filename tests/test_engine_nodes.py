@@ -14,6 +14,8 @@ from torch import Tensor, nn
 
 from nmt.engine.node import Node, flat
 from nmt.engine.nodes import (
+    AddAcross,
+    BottleLinear,
     CAdd,
     CMul,
     Dropout,
@@ -25,6 +27,7 @@ from nmt.engine.nodes import (
     SoftMax,
     Split,
     Tanh,
+    VScores,
 )
 
 B, S, H = 3, 4, 5
@@ -40,6 +43,13 @@ def linear(bias: bool) -> tuple[Node, Callable[[], object], list[Tensor]]:
     for p in lin.parameters():
         p.grad = torch.zeros_like(p)
     return Linear("lin", lin.weight, lin.bias, **KW), lambda: rand(B, H), list(lin.parameters())
+
+
+def weighted(node: type[Node], out: int, x: Callable[[], Tensor]):
+    """A node with a (out x H) weight of its own (BottleLinear, VScores)."""
+    w = nn.Parameter(rand(out, H))
+    w.grad = torch.zeros_like(w)
+    return node("w", w, **KW), x, [w]
 
 
 class _Training(nn.Module):
@@ -63,6 +73,10 @@ CASES: dict[str, Callable[[], tuple[Node, Callable[[], object], list[Tensor]]]] 
         [],
     ),
     "dropout": lambda: (Dropout("d", 0.5, _Training(), **KW), lambda: rand(B, H), []),
+    "tanh_3d": lambda: (Tanh("t", **KW), lambda: rand(B, S, H), []),
+    "bottle_linear": lambda: weighted(BottleLinear, 2 * H, lambda: rand(B, S, H)),
+    "add_across": lambda: (AddAcross("aa", **KW), lambda: (rand(B, S, H), rand(B, H)), []),
+    "vscores": lambda: weighted(VScores, 1, lambda: rand(B, S, H)),
 }
 
 
@@ -98,7 +112,9 @@ def test_backward_reads_nothing_it_does_not_declare(name: str) -> None:
     assert len(ref) == len(got) and all(torch.equal(a, b) for a, b in zip(ref, got, strict=True))
 
 
-@pytest.mark.parametrize("name", [n for n in CASES if n not in ("cadd", "split", "join")])
+@pytest.mark.parametrize(
+    "name", [n for n in CASES if n not in ("cadd", "split", "join", "add_across")]
+)
 def test_backward_does_read_what_it_declares(name: str) -> None:
     got = run(name, lambda node, x: node.backward_reads(x))
     assert any(not torch.isfinite(g).all() for g in got)

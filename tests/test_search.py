@@ -61,6 +61,7 @@ def random_model(
     bidirectional: bool = True,
     eos_bias: float | None = None,
     dtype: torch.dtype = torch.float64,
+    attention: str = "general",
 ) -> Seq2SeqAttn:
     """An untrained 2 x 16 model; `eos_bias` replaces the generator's </s> bias."""
     torch.manual_seed(seed)
@@ -71,6 +72,7 @@ def random_model(
         dropout=0.3,
         bidirectional=bidirectional,
         param_init=0.3,
+        attention=attention,
     )
     model = Seq2SeqAttn(cfg, V, V).to(dtype).eval()
     if eos_bias is not None:
@@ -162,6 +164,21 @@ def test_batched_equals_one_sentence_at_a_time(copy_model, which):
             assert_same(a, b)
         assert_same(g, run(greedy_search, model, [source], max_length=10)[0])
         assert g.attention.shape[1] == len(source) + 2  # real source positions only
+
+
+@pytest.mark.parametrize("attention", ["general", "dot", "mlp"])
+def test_every_attention_type_searches_padded_batches_exactly(attention):
+    """Beam search with each `model.attention`: padded positions get no attention, batched
+    equals alone, and every score is the teacher-forced log-probability."""
+    model = random_model(attention=attention)
+    sources = SOURCES[:4]
+    beams = run(beam_search, model, sources, beam_size=3, max_length=6)
+    assert all(len(b.tokens) == 6 for (b,) in beams)
+    for source, (b,) in zip(sources, beams, strict=True):
+        assert_same(b, run(beam_search, model, [source], beam_size=3, max_length=6)[0][0])
+        assert b.score == pytest.approx(teacher_forced(model, source, b), abs=1e-9)
+        assert b.attention.shape[1] == len(source) + 2
+        torch.testing.assert_close(b.attention.sum(1), torch.ones(b.attention.shape[0]).double())
 
 
 def test_padding_without_mask_would_differ(copy_model):

@@ -60,9 +60,11 @@ class CloneExecutor:
         self.plan = plan
         self.policy = self.plan.policy
         self.shared = self._share(self.plan)
-        L = self.cfg.num_layers
-        self._states = [f"{k}{i}" for i in range(L) for k in ("h", "c")]
-        self._top = 2 * L - 2  # index of the top layer's h in a state list
+        state = self.clones["dec"][0].state  # what the cell's graphs declare they carry
+        if state is None or state != self.clones["enc"][0].state:
+            raise ValueError("the encoder and decoder graphs must carry the same state")
+        self._states = list(state.names)
+        self._top = state.names.index(state.top)  # the state that fills the context
         roles = (
             "context",
             "encoder_acc",

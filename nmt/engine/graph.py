@@ -53,8 +53,20 @@ class Tracer:
                 self.phases.setdefault(ptr, set()).add(self.phase)
 
 
+@dataclass(frozen=True)
+class StateSpec:
+    """The recurrent state a graph carries from one position to the next, declared by the
+    cell that wires it: graph inputs of these names (the last inputs, in this order) and
+    outputs of the same names with the next values (the first outputs). `top` is the state
+    whose value is the position's top hidden state: the encoder's context column."""
+
+    names: tuple[str, ...]
+    top: str
+
+
 class GraphBuilder:
-    """Wire nodes into a Graph: `input`, `add` (in topological order), `output`."""
+    """Wire nodes into a Graph: `input`, `add` (in topological order), `output`, and `carry`
+    to declare the recurrent state."""
 
     def __init__(self, device: torch.device, dtype: torch.dtype):
         self.device, self.dtype = device, dtype
@@ -62,6 +74,7 @@ class GraphBuilder:
         self.no_grad: set[str] = set()
         self.nodes: list[tuple[Node, tuple[Value, ...]]] = []
         self.outputs: list[tuple[str, Value]] = []
+        self.state: StateSpec | None = None
 
     def input(self, name: str, needs_grad: bool = True) -> Value:
         node = Input(f"in.{name}", self.device, self.dtype)
@@ -79,7 +92,16 @@ class GraphBuilder:
     def output(self, name: str, value: Value) -> None:
         self.outputs.append((name, value))
 
+    def carry(self, state: StateSpec) -> None:
+        self.state = state
+
     def build(self) -> Graph:
+        if self.state is not None:
+            names, n = list(self.state.names), len(self.state.names)
+            if list(self.inputs)[-n:] != names or [o for o, _ in self.outputs][:n] != names:
+                raise ValueError(f"state {names}: must be the last inputs and the first outputs")
+            if self.state.top not in names:
+                raise ValueError(f"top state {self.state.top!r} is not among {names}")
         return Graph(self)
 
 
@@ -101,6 +123,7 @@ class Graph:
     """A compiled graph: `forward()`, `backward(grad_outputs)`, then `input_grads`."""
 
     def __init__(self, b: GraphBuilder):
+        self.state = b.state  # the recurrent state it carries (None: none)
         self.input_names = list(b.inputs)
         self.inputs = [b.inputs[n] for n in self.input_names]
         self.output_names = [n for n, _ in b.outputs]

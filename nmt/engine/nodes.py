@@ -236,6 +236,73 @@ class MMContext(_Binary):
 MM = (MMScores, MMContext)  # the two attention matrix products (seq2seq-attn PR #45)
 
 
+class BottleLinear(Node):
+    """y = x W^T over the last dimension of x B x S x I (Torch7 nn.Bottle(nn.Linear), no
+    bias): the mlp attention's W_k h_s. Backward reads x for the weight gradient."""
+
+    ROLES = _OUT_GI
+    BWD_READS_INPUTS = (0,)
+
+    def __init__(self, name: str, weight: Parameter, device: torch.device, dtype: torch.dtype):
+        self.weight = weight
+        super().__init__(name, device, dtype)
+
+    def forward(self, x: Tensor) -> Tensor:
+        w = self.weight
+        out = resized(self.output, (*x.shape[:-1], w.shape[0]))
+        torch.mm(x.reshape(-1, w.shape[1]), w.t(), out=out.view(-1, w.shape[0]))
+        return out
+
+    def backward(self, x: Tensor, g: Tensor) -> Tensor:
+        w = self.weight
+        g2 = g.reshape(-1, w.shape[0])
+        gi = resized(self.grad_input, (*g.shape[:-1], w.shape[1]))
+        torch.mm(g2, w, out=gi.view(-1, w.shape[1]))
+        w.grad.addmm_(g2.t(), x.reshape(-1, w.shape[1]))
+        return gi
+
+
+class AddAcross(Node):
+    """a + b added to every row s: a B x S x H, b B x H (the mlp attention's W_k h_s + W_q h_t).
+    grad_input: (grad_output itself, an alias; its sum over S, owned). Reads no input."""
+
+    ROLES = {"output": "output", "grad_input[1]": "gi1"}
+    N_INPUTS = 2
+
+    def forward(self, ab: tuple[Tensor, Tensor]) -> Tensor:
+        a, b = ab
+        return torch.add(a, b.unsqueeze(1), out=resized(self.output, a.shape))
+
+    def backward(self, ab: tuple[Tensor, Tensor], g: Tensor) -> tuple[Tensor, Tensor]:
+        gb = resized(self.gi1, (g.shape[0], g.shape[2]))
+        torch.sum(g, 1, out=gb)
+        self.grad_input = (g, gb)
+        return self.grad_input
+
+
+class VScores(Node):
+    """scores[b, s] = v . e[b, s]: e B x S x H, v the 1 x H weight of the mlp attention's
+    Linear(H, 1). Backward reads e for v's gradient."""
+
+    ROLES = _OUT_GI
+    BWD_READS_INPUTS = (0,)
+
+    def __init__(self, name: str, weight: Parameter, device: torch.device, dtype: torch.dtype):
+        self.weight = weight
+        super().__init__(name, device, dtype)
+
+    def forward(self, e: Tensor) -> Tensor:
+        out = resized(self.output, e.shape[:2])
+        torch.mm(e.reshape(-1, e.shape[2]), self.weight.t(), out=out.view(-1, 1))
+        return out
+
+    def backward(self, e: Tensor, g: Tensor) -> Tensor:
+        gi = resized(self.grad_input, (*g.shape, self.weight.shape[1]))
+        torch.mul(g.unsqueeze(2), self.weight.view(1, 1, -1), out=gi)
+        self.weight.grad.addmm_(g.reshape(1, -1), e.reshape(-1, e.shape[2]))
+        return gi
+
+
 class Dropout(Node):
     """x * mask with masks from `nmt.model.dropout_mask`, drawn in forward; identity (a copy)
     when the module is not training. The mask is kept for backward (role "mask")."""

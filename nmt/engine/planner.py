@@ -51,9 +51,18 @@ def plan(model_cfg: ModelConfig, policy: str = "all") -> SharingPlan:
 
 @lru_cache(maxsize=32)
 def _plan(key: StructureKey, policy: policies.Policy) -> SharingPlan:
-    safe, unsafe, sizes, mm = analyse(ModelConfig(**dict(key)))
+    safe, unsafe, sizes, mm = _analysis(key)
     shared = policy.shares(policies.Analysis(safe, frozenset(unsafe), mm))
     return SharingPlan(policy.name, shared, safe, unsafe, sizes)
+
+
+Analysis = tuple[frozenset[Slot], dict[Slot, str], dict[Slot, int], frozenset[Slot]]
+
+
+@lru_cache(maxsize=128)
+def _analysis(key: StructureKey) -> Analysis:
+    """`analyse`, once per structure for all policies (tests sweep every structure)."""
+    return analyse(ModelConfig(**dict(key)))
 
 
 def _probe(model_cfg: ModelConfig) -> CloneExecutor:
@@ -66,7 +75,7 @@ def _probe(model_cfg: ModelConfig) -> CloneExecutor:
 
 def analyse(
     model_cfg: ModelConfig,
-) -> tuple[frozenset[Slot], dict[Slot, str], dict[Slot, int], frozenset[Slot]]:
+) -> Analysis:
     """Run the traced tiny step on a probe of `model_cfg`'s structure; return (safe slots,
     {unsafe slot: reason}, probe bytes per clone, the attention matrix products' slots).
     The probe draws from its own generator: the global CPU and CUDA RNGs are untouched."""

@@ -3,19 +3,25 @@
 Node names are per layer, not per clone ("l1.i2h", "attn.mm1"): the planner shares buffers by
 name, so the encoder, backward-encoder and decoder nodes of one name may share one buffer.
 The arithmetic mirrors `nmt.model` exactly: gates i f o g, c = f*c + i*g, h = o*tanh(c),
-dropout on h below every layer above the first, "general" attention, dropout on the output.
+dropout on h below every layer above the first, the attention of `model.attention` (its
+score wired by SCORES, mirroring `nmt.attention`), dropout on the output.
 
-Graph inputs: x (token ids), [feed], [context], h0, c0, h1, c1, ...
-Graph outputs: h0, c0, h1, c1, ..., [out].
+Graph inputs: x (token ids), [feed], [context], then the state the cell declares (LSTM:
+h0, c0, h1, c1, ...). Graph outputs: that state, then [out]. The executor learns the state's
+names, and which one feeds the context, from the built graph (`Graph.state`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch.nn import Module
 
-from nmt.engine.graph import Graph, GraphBuilder, Value
+from nmt.engine.graph import Graph, GraphBuilder, StateSpec, Value
 from nmt.engine.nodes import (
+    AddAcross,
+    BottleLinear,
     CAdd,
     CMul,
     Dropout,
@@ -28,21 +34,32 @@ from nmt.engine.nodes import (
     SoftMax,
     Split,
     Tanh,
+    VScores,
 )
 from nmt.model import LSTMStack, Seq2SeqAttn
 
 
+def lstm_state(layers: int) -> StateSpec:
+    """What an LSTM stack carries: h and c of every layer; the top layer's h is its output."""
+    names = tuple(f"{k}{i}" for i in range(layers) for k in ("h", "c"))
+    return StateSpec(names, top=f"h{layers - 1}")
+
+
 def _lstm_stack(
     g: GraphBuilder, stack: LSTMStack, x: Value, dropout: float, owner: Module
-) -> list[tuple[Value, Value]]:
-    """Wire the LSTM layers of one position; returns (next_h, next_c) per layer."""
+) -> dict[str, Value]:
+    """Wire the LSTM layers of one position and declare the state they carry (`lstm_state`);
+    returns the next value of every state, by name."""
     dev, dt = g.device, g.dtype
-    states: list[tuple[Value, Value]] = []
-    prev = [(g.input(f"h{i}"), g.input(f"c{i}")) for i in range(len(stack.layers))]
-    for i, (layer, (h_prev, c_prev)) in enumerate(zip(stack.layers, prev, strict=True)):
+    spec = lstm_state(len(stack.layers))
+    g.carry(spec)
+    prev = {name: g.input(name) for name in spec.names}
+    nxt: dict[str, Value] = {}
+    for i, layer in enumerate(stack.layers):
         p = f"l{i}."
+        h_prev, c_prev = prev[f"h{i}"], prev[f"c{i}"]
         if i > 0:
-            x = states[-1][0]
+            x = nxt[f"h{i - 1}"]
             if dropout > 0:
                 x = g.add(Dropout(p + "dropout", dropout, owner, dev, dt), x)
         i2h = g.add(Linear(p + "i2h", layer.i2h.weight, layer.i2h.bias, dev, dt), x)
@@ -58,18 +75,62 @@ def _lstm_stack(
         next_c = g.add(CAdd(p + "next_c", dev, dt), forget_c, in_c)
         tanh_c = g.add(Tanh(p + "tanh_c", dev, dt), next_c)
         next_h = g.add(CMul(p + "next_h", dev, dt), out_gate, tanh_c)
-        states.append((next_h, next_c))
-    return states
+        nxt[f"h{i}"], nxt[f"c{i}"] = next_h, next_c
+    return nxt
 
 
-def _outputs(g: GraphBuilder, states: list[tuple[Value, Value]]) -> None:
-    for i, (h, c) in enumerate(states):
-        g.output(f"h{i}", h)
-        g.output(f"c{i}", c)
+def _outputs(g: GraphBuilder, states: dict[str, Value]) -> None:
+    """The next state, as the first outputs, in the order the cell declared."""
+    assert g.state is not None
+    for name in g.state.names:
+        g.output(name, states[name])
 
 
 def _dropout(model: Seq2SeqAttn) -> float:
     return model.cfg.dropout
+
+
+# ---- attention: the score of each `model.attention` type, then the common rest ---------------
+
+Scores = Callable[[GraphBuilder, Seq2SeqAttn, Value, Value], Value]  # (g, model, h_t, ctx)
+
+
+def _general_scores(g: GraphBuilder, model: Seq2SeqAttn, h_top: Value, context: Value) -> Value:
+    """h_s . (W_a h_t)."""
+    w_a = model.attention.linear_in.weight
+    target = g.add(Linear("attn.in", w_a, None, g.device, g.dtype), h_top)
+    return g.add(MMScores("attn.mm1", g.device, g.dtype), context, target)
+
+
+def _dot_scores(g: GraphBuilder, model: Seq2SeqAttn, h_top: Value, context: Value) -> Value:
+    """h_s . h_t."""
+    return g.add(MMScores("attn.mm1", g.device, g.dtype), context, h_top)
+
+
+def _mlp_scores(g: GraphBuilder, model: Seq2SeqAttn, h_top: Value, context: Value) -> Value:
+    """v . tanh(W_k h_s + W_q h_t + b)."""
+    att, dev, dt = model.attention, g.device, g.dtype
+    keys = g.add(BottleLinear("attn.keys", att.linear_context.weight, dev, dt), context)
+    q = att.linear_query
+    query = g.add(Linear("attn.query", q.weight, q.bias, dev, dt), h_top)
+    summed = g.add(AddAcross("attn.add", dev, dt), keys, query)
+    hidden = g.add(Tanh("attn.hidden", dev, dt), summed)
+    return g.add(VScores("attn.v", att.v.weight, dev, dt), hidden)
+
+
+SCORES: dict[str, Scores] = {"general": _general_scores, "dot": _dot_scores, "mlp": _mlp_scores}
+
+
+def _attention(g: GraphBuilder, model: Seq2SeqAttn, h_top: Value, context: Value) -> Value:
+    """tanh(W_c [c_t ; h_t]) with c_t = softmax(scores) . context (nmt.attention.Attention)."""
+    dev, dt = g.device, g.dtype
+    scores = SCORES[model.cfg.attention](g, model, h_top, context)
+    attn = g.add(SoftMax("attn.softmax", dev, dt), scores)
+    ctx = g.add(MMContext("attn.mm2", dev, dt), attn, context)
+    joined = g.add(Join("attn.join", dev, dt), ctx, h_top)
+    w_c = model.attention.linear_out.weight
+    lin = g.add(Linear("attn.out", w_c, None, dev, dt), joined)
+    return g.add(Tanh("attn.tanh", dev, dt), lin)
 
 
 def encoder_graph(
@@ -94,14 +155,8 @@ def decoder_graph(model: Seq2SeqAttn, device: torch.device, dtype: torch.dtype) 
     if feed is not None:
         x = g.add(Join("feed_join", device, dtype), x, feed)
     states = _lstm_stack(g, model.decoder, x, _dropout(model), model)
-    h_top = states[-1][0]
-    target = g.add(Linear("attn.in", model.attn_in.weight, None, device, dtype), h_top)
-    scores = g.add(MMScores("attn.mm1", device, dtype), context, target)
-    attn = g.add(SoftMax("attn.softmax", device, dtype), scores)
-    ctx = g.add(MMContext("attn.mm2", device, dtype), attn, context)
-    joined = g.add(Join("attn.join", device, dtype), ctx, h_top)
-    lin = g.add(Linear("attn.out", model.attn_out.weight, None, device, dtype), joined)
-    out = g.add(Tanh("attn.tanh", device, dtype), lin)
+    assert g.state is not None
+    out = _attention(g, model, states[g.state.top], context)
     if _dropout(model) > 0:
         out = g.add(Dropout("attn.dropout", _dropout(model), model, device, dtype), out)
     _outputs(g, states)

@@ -85,10 +85,16 @@ def step_gflop(s: Setting) -> float:
         return (inp + H) * 4 * H + (L - 1) * 2 * H * 4 * H
 
     enc = stack(E) * (2 if m.bidirectional else 1)
-    dec = stack(E + H if m.input_feed else E) + 3 * H * H + 2 * s.encoder_clones * H
+    dec = stack(E + H if m.input_feed else E) + _attention_macs(m.attention, H, s.encoder_clones)
     dec += H * s.tgt_vocab
     macs = s.batch_size * (s.encoder_clones * enc + s.decoder_clones * dec)
     return 6 * macs / 1e9
+
+
+def _attention_macs(attention: str, H: int, S: int) -> int:
+    """Multiply-adds of one decoder position's attention: its score, c_t (S H), W_c (2 H H)."""
+    score = {"general": H * H + S * H, "dot": S * H, "mlp": H * H + S * H * H + S * H}
+    return score[attention] + S * H + 2 * H * H
 
 
 def physical_ram() -> int:

@@ -42,6 +42,8 @@ def _model_line(s: Setting) -> str:
         extras.append("input feed")
     if m.bidirectional:
         extras.append("bidirectional")
+    if m.attention != "general":
+        extras.append(f"{m.attention} attention")
     if m.dropout:
         extras.append(f"dropout {m.dropout:g}")
     return (

@@ -1,0 +1,118 @@
+"""Global attention, one class per score function, chosen by `model.attention`.
+
+Every type scores each source position s against the decoder's top state h_t, then shares
+the rest (Luong et al. 2015):
+
+    a_t = softmax_s(score(h_t, h_s))          (masked source positions get -inf)
+    c_t = sum_s a_t[s] h_s
+    out = tanh(W_c [c_t ; h_t])               (W_c: 2H -> H, no bias, for every type)
+
+The score functions:
+
+    general  h_s . (W_a h_t)                  Luong "general", seq2seq-attn's (the default)
+    dot      h_s . h_t                        Luong "dot": no parameters of its own
+    mlp      v . tanh(W_k h_s + W_q h_t + b)  Bahdanau, OpenNMT-py's `global_attention mlp`
+
+mlp biases: one bias b inside the tanh (on W_q, as OpenNMT-py's `linear_query`); none on W_k
+(it would duplicate b) and none on v (a constant added to every score cancels in the
+softmax, so it would never learn). Unlike OpenNMT-py, W_c has no bias for mlp either: the
+output layer is the same for every type.
+
+The clone executor mirrors each class node by node (`nmt.engine.seq2seq`); the parameter
+registration order (score parameters first, then W_c) fixes the initialisation order.
+
+Shapes: B batch, S source length, H rnn_size.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+# The legacy parameter names of the "general" attention (checkpoints written before the
+# attention became a module) -> the names they load into now.
+LEGACY_NAMES = {
+    "attn_in.weight": "attention.linear_in.weight",
+    "attn_out.weight": "attention.linear_out.weight",
+}
+
+
+def _output_layer(rnn_size: int) -> nn.Linear:
+    return nn.Linear(2 * rnn_size, rnn_size, bias=False)  # W_c of tanh(W_c [c_t ; h_t])
+
+
+class Attention(nn.Module):
+    """Base class: a subclass defines `score`; softmax, context and output are common."""
+
+    linear_out: nn.Linear
+
+    def score(self, h_t: Tensor, context: Tensor) -> Tensor:
+        """h_t B x H, context B x S x H -> scores B x S."""
+        raise NotImplementedError
+
+    def forward(
+        self, h_t: Tensor, context: Tensor, src_mask: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """Returns (tanh(W_c [c_t ; h_t]) B x H, attention B x S); `src_mask` B x S is True at
+        real source tokens."""
+        scores = self.score(h_t, context)  # B x S
+        if src_mask is not None:
+            scores = scores.masked_fill(~src_mask, float("-inf"))
+        attn = torch.softmax(scores, dim=1)
+        ctx = torch.bmm(attn.unsqueeze(1), context).squeeze(1)  # B x H
+        out = torch.tanh(self.linear_out(torch.cat([ctx, h_t], dim=1)))
+        return out, attn
+
+
+class GeneralAttention(Attention):
+    """score = h_s . (W_a h_t)."""
+
+    def __init__(self, rnn_size: int):
+        super().__init__()
+        self.linear_in = nn.Linear(rnn_size, rnn_size, bias=False)  # W_a
+        self.linear_out = _output_layer(rnn_size)
+
+    def score(self, h_t: Tensor, context: Tensor) -> Tensor:
+        target = self.linear_in(h_t)  # B x H
+        return torch.bmm(context, target.unsqueeze(2)).squeeze(2)
+
+
+class DotAttention(Attention):
+    """score = h_s . h_t."""
+
+    def __init__(self, rnn_size: int):
+        super().__init__()
+        self.linear_out = _output_layer(rnn_size)
+
+    def score(self, h_t: Tensor, context: Tensor) -> Tensor:
+        return torch.bmm(context, h_t.unsqueeze(2)).squeeze(2)
+
+
+class MLPAttention(Attention):
+    """score = v . tanh(W_k h_s + W_q h_t + b). W_k h_s is recomputed at every target
+    position (as OpenNMT-py does with input feeding): simple, B x S x H x H per step."""
+
+    def __init__(self, rnn_size: int):
+        super().__init__()
+        self.linear_query = nn.Linear(rnn_size, rnn_size, bias=True)  # W_q, b
+        self.linear_context = nn.Linear(rnn_size, rnn_size, bias=False)  # W_k
+        self.v = nn.Linear(rnn_size, 1, bias=False)
+        self.linear_out = _output_layer(rnn_size)
+
+    def score(self, h_t: Tensor, context: Tensor) -> Tensor:
+        keys = self.linear_context(context)  # B x S x H
+        query = self.linear_query(h_t)  # B x H
+        hidden = torch.tanh(keys + query.unsqueeze(1))  # B x S x H
+        return self.v(hidden).squeeze(2)  # B x S
+
+
+ATTENTIONS: dict[str, type[Attention]] = {
+    "general": GeneralAttention,
+    "dot": DotAttention,
+    "mlp": MLPAttention,
+}
+
+
+def build_attention(kind: str, rnn_size: int) -> Attention:
+    """The attention module named by `model.attention` (validated by the config)."""
+    return ATTENTIONS[kind](rnn_size)
