@@ -40,6 +40,7 @@ class CloneExecutor:
         device: torch.device | str | None = None,
         *,
         plan: planner.SharingPlan | None = None,
+        label_smoothing: float = 0.0,
     ):
         if policy not in POLICIES:
             raise NmtError(
@@ -62,7 +63,7 @@ class CloneExecutor:
             else [],
             "dec": [decoder_graph(model, dev, dt) for _ in range(self.n_dec)],
         }
-        self.generator = Generator(model, dev, dt)
+        self.generator = Generator(model, dev, dt, label_smoothing)
         self.plan = plan if plan is not None else planner.plan(model.cfg, policy)
         self.policy = self.plan.policy
         self.shared = self._share(self.plan)
@@ -104,7 +105,8 @@ class CloneExecutor:
     # ---- the training step ---------------------------------------------------------------
 
     def forward_backward(self, batch: Batch) -> float:
-        """Accumulate d(sum NLL / batch_size)/d(param) into each parameter's .grad (zeros are
+        """Accumulate d(training loss / batch_size)/d(param) (the NLL, or with label smoothing
+        the smoothed cross-entropy of `nmt.train.loss`) into each parameter's .grad (zeros are
         created where .grad is None) and return the summed NLL of the non-PAD tokens.
 
         Dropout is used iff model.training, with masks drawn in the order of
