@@ -200,6 +200,29 @@ def translate(
 
 
 @app.command()
+def average(
+    checkpoints: Annotated[
+        list[Path],
+        typer.Argument(
+            help="Checkpoints of one model, e.g. RUN/ckpt_step*.pt (train.keep_checkpoints)."
+        ),
+    ],
+    output: Annotated[
+        Path, typer.Option("--output", "-o", help="Write the averaged checkpoint here.")
+    ],
+) -> None:
+    """Average the model weights of several checkpoints into one for `nmt translate`."""
+    from nmt.train.average import average_files
+
+    try:
+        state = average_files(checkpoints, output)
+    except NmtError as exc:
+        raise _fail(exc) from None
+    steps = ", ".join(str(item["step"]) for item in state["averaged"])
+    print(f"averaged {len(checkpoints)} checkpoints (steps {steps}) into {output}")
+
+
+@app.command()
 def memreport(
     config: ConfigOpt,
     set_: SetOpt = None,
