@@ -223,7 +223,12 @@ class Trainer:
             f"model: {n_params:,} parameters, vocabularies {src_vocab} / {tgt_vocab}, "
             f"executor {self._executor_name()}, device {self.device}"
         )
-        bleu = f", BLEU on {len(self.bleu_set.sources)} of them (greedy)" if self.bleu_set else ""
+        bleu = (
+            f"; BLEU (greedy) on {len(self.bleu_set.sources)} of the file's "
+            f"{len(self.corpus.valid_text)}"
+            if self.bleu_set
+            else ""
+        )
         log(
             f"data: {len(self.corpus.train)} training pairs in {len(self.train_batches)} batches, "
             f"{len(self.corpus.valid)} validation pairs{bleu}"
