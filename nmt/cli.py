@@ -61,7 +61,8 @@ def train(
         bool, typer.Option("--progress/--no-progress", help="Show a progress bar.")
     ] = True,
 ) -> None:
-    """Train a model; checkpoints go to OUT/last.pt and OUT/model.pt (best validation)."""
+    """Train a model; checkpoints go to OUT/last.pt (the latest) and OUT/model.pt (the best
+    validation by train.early_stopping_metric)."""
     from nmt.config import load_config
     from nmt.train.trainer import TrainingInterrupted
     from nmt.train.trainer import train as run_training

@@ -228,6 +228,19 @@ def test_without_patience_the_run_goes_on_and_model_pt_is_the_best(tmp_path, mon
     assert "train.max_steps 12 reached" in lines[-1] and "last.pt: step 12" in lines[-1]
 
 
+def test_a_resumed_run_keeps_counting_towards_early_stopping(tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    scripted(monkeypatch, [9.0, 8.0, 8.5], [0.0] * 3)
+    cfg = make_cfg(tmp_path, max_steps=6, valid_every=2, early_stopping=2, valid_bleu_sample=5)
+    run(cfg, out)  # one validation without improvement so far
+    scripted(monkeypatch, [8.7, 1.0], [0.0] * 2)
+    cfg.train.max_steps = 12
+    trainer = Trainer(cfg, out, resume=out / "last.pt", log=lambda _: None, progress=False)
+    trainer.run()
+    assert trainer.state.step == 8 and step_of(out / "model.pt") == 4
+    assert [r["step"] for r in raw_records(out, "valid")] == [2, 4, 6, 8]
+
+
 def test_early_stopping_unit():
     stop = EarlyStopping("bleu", patience=2)
     assert [stop.update(v, s) for s, v in enumerate([math.nan, 1.0, 1.0, 2.0, 1.5])] == [
