@@ -64,7 +64,8 @@ def train(
         bool, typer.Option("--progress/--no-progress", help="Show a progress bar.")
     ] = True,
 ) -> None:
-    """Train a model; checkpoints go to OUT/last.pt and OUT/model.pt (best validation)."""
+    """Train a model; checkpoints go to OUT/last.pt (the latest) and OUT/model.pt (the best
+    validation by train.early_stopping_metric)."""
     from nmt.config import load_config
     from nmt.train.trainer import TrainingInterrupted
     from nmt.train.trainer import train as run_training
@@ -206,6 +207,29 @@ def translate(
         translate_file(model, src, options)
     except NmtError as exc:
         raise _fail(exc) from None
+
+
+@app.command()
+def average(
+    checkpoints: Annotated[
+        list[Path],
+        typer.Argument(
+            help="Checkpoints of one model, e.g. RUN/ckpt_step*.pt (train.keep_checkpoints)."
+        ),
+    ],
+    output: Annotated[
+        Path, typer.Option("--output", "-o", help="Write the averaged checkpoint here.")
+    ],
+) -> None:
+    """Average the model weights of several checkpoints into one for `nmt translate`."""
+    from nmt.train.average import average_files
+
+    try:
+        state = average_files(checkpoints, output)
+    except NmtError as exc:
+        raise _fail(exc) from None
+    steps = ", ".join(str(item["step"]) for item in state["averaged"])
+    print(f"averaged {len(checkpoints)} checkpoints (steps {steps}) into {output}")
 
 
 @app.command(

@@ -133,6 +133,31 @@ class TrainConfig:
     seed: int = _opt(3435, min=0, doc="seed of initialisation, dropout and batch order")
     valid_every: int = _opt(0, min=0, doc="also validate every N steps (0: once per epoch)")
     log_every: int = _opt(50, min=1, doc="print a progress line every N steps")
+    valid_bleu_sample: int = _opt(
+        1000,
+        min=0,
+        doc="greedy-translate this many validation pairs (a fixed random sample, all when "
+        "fewer) for sacreBLEU BLEU at every validation (0: off)",
+    )
+    early_stopping: int = _opt(
+        0, min=0, doc="stop after this many validations without improvement (0: off)"
+    )
+    early_stopping_metric: str = _opt(
+        "ppl",
+        choices=("ppl", "bleu"),
+        doc="what early stopping and the best model (model.pt) follow: validation "
+        "perplexity or BLEU",
+    )
+    label_smoothing: float = _opt(
+        0.0,
+        min=0.0,
+        max=0.99,
+        doc="epsilon: the target gets 1-eps, every other non-PAD token eps/(V-2) "
+        "(OpenNMT-py/JoeyNMT); perplexities stay the plain NLL",
+    )
+    keep_checkpoints: int = _opt(
+        0, min=0, doc="also keep the last N validations' checkpoints ckpt_step{STEP}.pt"
+    )
     max_bad_steps: int = _opt(
         5, min=1, doc="stop after this many consecutive steps with a non-finite loss or gradient"
     )
@@ -312,6 +337,7 @@ def from_dict(raw: Any, source: str = "config") -> Config:
     parts = {
         name: _build_section(cls, raw.get(name), source, name) for name, cls in SECTIONS.items()
     }
+    _check_train_keys(parts["train"], source)
     return Config(**parts)
 
 
@@ -327,6 +353,15 @@ def upgrade_saved(raw: Any) -> Any:
     scope = train.pop("prealloc_scope", policies.DEFAULT)
     train.setdefault("prealloc", scope if enabled else policies.OFF)
     return {**raw, "train": train}
+
+
+def _check_train_keys(train: TrainConfig, source: str) -> None:
+    """Rules that tie two keys together."""
+    if train.early_stopping_metric == "bleu" and train.valid_bleu_sample == 0:
+        raise NmtError(
+            f"{source}: key 'train.early_stopping_metric': bleu needs validation BLEU, "
+            "but train.valid_bleu_sample is 0"
+        )
 
 
 def parse_override(text: str) -> tuple[str, str, Any]:

@@ -1,4 +1,5 @@
-"""Plot a run's learning curves from RUN_DIR/metrics.jsonl: perplexities, speed, learning rate.
+"""Plot a run's learning curves from RUN_DIR/metrics.jsonl: perplexities, validation BLEU
+(when the run measured it), speed, learning rate.
 
 python scripts/plot_training.py runs/toy                  # -> runs/toy/training.png
 python scripts/plot_training.py runs/toy --out curves.png
@@ -31,7 +32,13 @@ def main() -> None:
         sys.exit(f"error: {args.run_dir / 'metrics.jsonl'} not found (is it a run directory?)")
     train = [r for r in records if r["kind"] == "train"]
     valid = [r for r in records if r["kind"] == "valid"]
-    fig, (top, mid, low) = plt.subplots(3, 1, figsize=(8, 9), sharex=True)
+    bleu = [r for r in valid if "bleu" in r]
+    n_panels = 4 if bleu else 3
+    fig, axes = plt.subplots(n_panels, 1, figsize=(8, 3 * n_panels), sharex=True)
+    top, mid, low = axes[0], axes[-2], axes[-1]
+    if bleu:
+        axes[1].plot([r["step"] for r in bleu], [r["bleu"] for r in bleu], "o-", color="C2")
+        axes[1].set_ylabel("validation BLEU (greedy)")
     top.plot(
         [r["step"] for r in train],
         [r["ppl"] for r in train],
@@ -47,7 +54,7 @@ def main() -> None:
     low.step([r["step"] for r in records], [r["lr"] for r in records], where="post")
     low.set_ylabel("learning rate")
     low.set_xlabel("step")
-    for ax in (top, mid, low):
+    for ax in axes:
         ax.grid(alpha=0.3)
     fig.tight_layout()
     out = args.out or args.run_dir / "training.png"

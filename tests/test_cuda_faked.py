@@ -30,6 +30,7 @@ from nmt.memreport.budget import parse_size
 from nmt.memreport.live import LiveResult
 from nmt.out_of_memory import is_out_of_memory, policy_in_force, training_message
 from nmt.train import distributed as dd
+from nmt.train import validation
 from nmt.train.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from nmt.train.trainer import Trainer
 from tests.conftest import write_toy_config
@@ -392,7 +393,7 @@ def test_out_of_memory_anywhere_in_training_is_one_line(tmp_path, monkeypatch, w
         return call
 
     if where == "validation":
-        monkeypatch.setattr(trainer.model, "nll", fails_at_step_3(trainer.model.nll))
+        monkeypatch.setattr(validation, "batch_nll", fails_at_step_3(validation.batch_nll))
     elif where == "gradient clipping":
         monkeypatch.setattr(
             torch.nn.utils, "clip_grad_norm_", fails_at_step_3(torch.nn.utils.clip_grad_norm_)

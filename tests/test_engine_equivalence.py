@@ -7,11 +7,14 @@ import torch
 
 from nmt.config import ModelConfig
 from nmt.data.batching import Batch
+from nmt.data.vocab import PAD
 from nmt.engine import planner, policies, seq2seq
 from nmt.engine.clones import CloneExecutor
 from nmt.engine.graph import StateSpec
 from nmt.errors import NmtError
 from nmt.model import Seq2SeqAttn
+from nmt.train.executors import AutogradExecutor
+from nmt.train.loss import smoothed_loss
 from tests.conftest import TEST_DEVICE, model_structures
 
 B, S, T = 3, 5, 4  # one source length per batch; targets padded
@@ -41,11 +44,15 @@ def autograd_grads(model: Seq2SeqAttn, batch: Batch) -> tuple[float, dict[str, t
 
 
 def clone_grads(
-    model: Seq2SeqAttn, batch: Batch, policy: str = "all", plan: planner.SharingPlan | None = None
+    model: Seq2SeqAttn,
+    batch: Batch,
+    policy: str = "all",
+    plan: planner.SharingPlan | None = None,
+    label_smoothing: float = 0.0,
 ) -> tuple[float, dict[str, torch.Tensor]]:
     model.zero_grad(set_to_none=True)
     plan = plan or planner.plan(model.cfg, policy)
-    executor = CloneExecutor(model, S - 2, T - 1, plan)
+    executor = CloneExecutor(model, S - 2, T - 1, plan, label_smoothing=label_smoothing)
     torch.manual_seed(5)  # the same dropout masks as the autograd run
     loss = executor.forward_backward(batch)
     return loss, {n: p.grad.clone() for n, p in model.named_parameters()}
@@ -153,3 +160,61 @@ def test_too_long_batch_and_bad_policy_are_user_errors() -> None:
         CloneExecutor(model, S - 2, T - 2, plan).forward_backward(make_batch())
     with pytest.raises(NmtError, match="policy"):
         planner.plan(model.cfg, "some")
+
+
+# ---- label smoothing ------------------------------------------------------------------------
+
+
+def smoothed_autograd_grads(
+    model: Seq2SeqAttn, batch: Batch, eps: float
+) -> tuple[float, dict[str, torch.Tensor]]:
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(5)
+    logp = model.log_probs(model(batch.src, batch.tgt_in))
+    loss, nll = smoothed_loss(logp.flatten(0, 1), batch.tgt_out.flatten(), eps)
+    (loss / batch.size).backward()
+    return nll.item(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def test_smoothed_loss_is_the_cross_entropy_with_the_smoothed_targets() -> None:
+    """Against q built explicitly: 1 - eps on the reference, 0 on PAD, eps/(V-2) elsewhere."""
+    g = torch.Generator().manual_seed(0)
+    V, eps = 9, 0.2
+    logp = torch.log_softmax(torch.randn(5, V, generator=g, dtype=torch.float64), 1)
+    target = torch.tensor([4, 7, PAD, 1, 8])
+    q = torch.full((5, V), eps / (V - 2), dtype=torch.float64)
+    q[:, PAD] = 0
+    q[torch.arange(5), target] = 1 - eps
+    q[target == PAD] = 0
+    assert torch.allclose(q.sum(1)[target != PAD], torch.ones(4, dtype=torch.float64))
+    loss, nll = smoothed_loss(logp, target, eps)
+    assert loss.item() == pytest.approx(-(q * logp).sum().item(), rel=1e-12)
+    real = target != PAD
+    assert nll.item() == pytest.approx(-logp[real, target[real]].sum().item(), rel=1e-12)
+    assert smoothed_loss(logp, target, 0.0)[0].item() == pytest.approx(nll.item(), rel=1e-12)
+
+
+@pytest.mark.parametrize("policy", ["none", "all"])
+def test_label_smoothing_gradients_equal_autograd(policy: str) -> None:
+    """The clone criterion's w * (softmax - q) matches autograd of the smoothed loss; both
+    executors return the plain NLL, which smoothing leaves unchanged."""
+    model = make_model(bidirectional=True)
+    batch = make_batch()
+    ref_nll, ref = smoothed_autograd_grads(model, batch, 0.1)
+    plain_nll, plain = autograd_grads(model, batch)
+    assert ref_nll == pytest.approx(plain_nll, rel=1e-12)
+    assert max_rel_err(ref, plain) > 1e-3  # smoothing does change the gradients
+    loss, grads = clone_grads(model, batch, policy, label_smoothing=0.1)
+    assert max_rel_err(grads, ref) < 1e-10
+    assert loss == pytest.approx(ref_nll, rel=1e-12)
+
+
+def test_label_smoothing_in_the_autograd_executor() -> None:
+    model = make_model()
+    batch = make_batch()
+    ref_nll, ref = smoothed_autograd_grads(model, batch, 0.3)
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(5)
+    nll = AutogradExecutor(model, label_smoothing=0.3).forward_backward(batch)
+    assert nll == pytest.approx(ref_nll, rel=1e-12)
+    assert max_rel_err({n: p.grad for n, p in model.named_parameters()}, ref) < 1e-12

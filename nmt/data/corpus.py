@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from nmt.config import DataConfig
@@ -17,12 +17,14 @@ Log = Callable[[str], None]
 
 @dataclass
 class Corpus:
-    """Everything training needs from the data: the two tokenizers and the encoded pairs."""
+    """Everything training needs from the data: the two tokenizers and the encoded pairs,
+    and the validation text (every non-blank pair, before the length filter) for BLEU."""
 
     src_tokenizer: Tokenizer
     tgt_tokenizer: Tokenizer
     train: list[Example]
     valid: list[Example]
+    valid_text: list[tuple[str, str]] = field(default_factory=list)
 
 
 def build_tokenizers(
@@ -115,4 +117,4 @@ def load_corpus(
         f"data: {len(splits['train'])} train / {len(splits['valid'])} valid pairs, "
         f"{src_tok.kind} vocabularies: source {len(src_tok)}, target {len(tgt_tok)}"
     )
-    return Corpus(src_tok, tgt_tok, splits["train"], splits["valid"])
+    return Corpus(src_tok, tgt_tok, splits["train"], splits["valid"], valid_pairs)

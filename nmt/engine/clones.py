@@ -39,6 +39,8 @@ class CloneExecutor:
         max_tgt_len: int,
         plan: SharingPlan,
         device: torch.device | str | None = None,
+        *,
+        label_smoothing: float = 0.0,
     ):
         param = model.generator.weight
         self.device = param.device  # exactly the model's: a bare `cuda` names no one GPU
@@ -56,7 +58,7 @@ class CloneExecutor:
             else [],
             "dec": [decoder_graph(model, dev, dt) for _ in range(self.n_dec)],
         }
-        self.generator = Generator(model, dev, dt)
+        self.generator = Generator(model, dev, dt, label_smoothing)
         self.plan = plan
         self.policy = self.plan.policy
         self.shared = self._share(self.plan)
@@ -100,7 +102,8 @@ class CloneExecutor:
     # ---- the training step ---------------------------------------------------------------
 
     def forward_backward(self, batch: Batch) -> float:
-        """Accumulate d(sum NLL / batch_size)/d(param) into each parameter's .grad (zeros are
+        """Accumulate d(training loss / batch_size)/d(param) (the NLL, or with label smoothing
+        the smoothed cross-entropy of `nmt.train.loss`) into each parameter's .grad (zeros are
         created where .grad is None) and return the summed NLL of the non-PAD tokens.
 
         Dropout is used iff model.training, with masks drawn in the order of

@@ -18,17 +18,25 @@ from nmt.model import Seq2SeqAttn
 
 
 class Generator:
-    """Linear(H, V) + log-softmax + NLL (PAD weight 0), with persistent buffers."""
+    """Linear(H, V) + log-softmax + NLL (PAD weight 0), with persistent buffers; with label
+    smoothing the gradient is the smoothed cross-entropy's, the loss still the NLL."""
 
-    def __init__(self, model: Seq2SeqAttn, device: torch.device, dtype: torch.dtype):
+    def __init__(
+        self,
+        model: Seq2SeqAttn,
+        device: torch.device,
+        dtype: torch.dtype,
+        label_smoothing: float = 0.0,
+    ):
         lin = model.generator
         self.linear = Linear("generator", lin.weight, lin.bias, device, dtype)
-        self.criterion = LogSoftMaxNLL("criterion", device, dtype)
+        self.criterion = LogSoftMaxNLL("criterion", device, dtype, label_smoothing)
 
     def step(
         self, out: Tensor, target: Tensor, valid: Tensor, weight: Tensor, loss: Tensor
     ) -> Tensor:
-        """One position: subtract the log-likelihood of the real tokens from `loss`, accumulate
+        """One position: subtract the log-likelihood of the real tokens from `loss` (the NLL, with
+        or without label smoothing), accumulate
         the generator's parameter gradients, return d loss / d out (B x H, a persistent buffer).
 
         target: B x 1 token ids; valid: B x 1, 1 for real tokens, 0 for PAD;

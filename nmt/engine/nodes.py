@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 from torch.nn import Module, Parameter
 
+from nmt.data.vocab import PAD
 from nmt.engine.node import Node, resized
 from nmt.model import dropout_mask
 
@@ -351,18 +352,34 @@ class LogSoftMaxNLL(Node):
 
     The forward keeps log-probabilities in `output`; backward overwrites them in place with
     d loss / d logits (= w * (softmax - onehot)), which is also its grad_input: one V-sized
-    buffer for the whole criterion.
+    buffer for the whole criterion. With label smoothing eps the target distribution is
+    `nmt.train.loss`'s q (1 - eps on the reference, 0 on PAD, s = eps / (V - 2) elsewhere)
+    and the gradient w * (softmax - q) = w * (softmax - s) + w s onehot(PAD)
+    - w (1 - eps - s) onehot(target), still computed in the same buffer.
     """
 
     ROLES = _OUT
     BWD_READS_OUTPUT = True
+
+    def __init__(
+        self, name: str, device: torch.device, dtype: torch.dtype, label_smoothing: float = 0.0
+    ):
+        self.label_smoothing = label_smoothing
+        super().__init__(name, device, dtype)
 
     def forward(self, logits: Tensor) -> Tensor:
         return torch.log_softmax(logits, 1, out=resized(self.output, logits.shape))
 
     def backward(self, target_weight: tuple[Tensor, Tensor], g: None = None) -> Tensor:
         target, weight = target_weight  # B x 1 int64, B x 1 (1/B for real tokens, 0 for PAD)
-        grad = self.output.exp_().mul_(weight)
-        grad.scatter_add_(1, target, weight.neg())
+        eps = self.label_smoothing
+        if eps == 0:
+            grad = self.output.exp_().mul_(weight)
+            grad.scatter_add_(1, target, weight.neg())
+        else:
+            s = eps / (self.output.shape[1] - 2)
+            grad = self.output.exp_().sub_(s).mul_(weight)
+            grad[:, PAD : PAD + 1].add_(weight, alpha=s)
+            grad.scatter_add_(1, target, weight.mul(-(1.0 - eps - s)))
         self.grad_input = grad
         return grad

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 import tempfile
 import time
 from pathlib import Path
@@ -82,6 +83,26 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         raise NmtError(f"{path}: checkpoint lacks {', '.join(missing)}")
     state["config"] = upgrade_saved(state["config"])
     return state
+
+
+STEP_CHECKPOINT = re.compile(r"ckpt_step(\d+)\.pt")
+
+
+def step_checkpoints(directory: str | Path) -> list[Path]:
+    """The `ckpt_step{STEP}.pt` files of a run directory, oldest step first."""
+    found = []
+    for path in Path(directory).iterdir():
+        match = STEP_CHECKPOINT.fullmatch(path.name)
+        if match:
+            found.append((int(match.group(1)), path))
+    return [path for _, path in sorted(found)]
+
+
+def prune_step_checkpoints(directory: str | Path, keep: int) -> None:
+    """Delete all but the `keep` latest step checkpoints."""
+    found = step_checkpoints(directory)
+    for path in found[: max(0, len(found) - keep)]:
+        path.unlink(missing_ok=True)
 
 
 def rng_state(device: torch.device) -> dict[str, Any]:

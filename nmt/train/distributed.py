@@ -137,6 +137,16 @@ def all_reduce_sums(values: list[float], ctx: DistContext, device: torch.device)
     return t.tolist()
 
 
+def broadcast_values(values: list[float], ctx: DistContext, device: torch.device) -> list[float]:
+    """Rank 0's values on every rank, so that decisions taken from them (the best model, early
+    stopping) agree everywhere even if the ranks computed them differently by a rounding."""
+    if not ctx.enabled:
+        return values
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.broadcast(t, src=0)
+    return t.tolist()
+
+
 def barrier(ctx: DistContext) -> None:
     if ctx.enabled:
         dist.barrier()

@@ -20,6 +20,10 @@ class RunLog:
         self.echo(message)
         self._append("train.log", message)
 
+    def record(self, message: str) -> None:
+        """Into `train.log` only (a line the progress bar already shows)."""
+        self._append("train.log", message)
+
     def metrics(self, **record: Any) -> None:
         self._append("metrics.jsonl", json.dumps(record, sort_keys=True))
 

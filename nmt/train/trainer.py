@@ -2,8 +2,11 @@
 
 One obvious path: `train(cfg, out_dir)` builds everything from the typed config, runs epochs
 of shuffled batches through the chosen executor, clips the global gradient norm, steps the
-optimizer, validates, decays the learning rate the seq2seq-attn way and writes `last.pt`
-(every validation) and `model.pt` (best validation perplexity).
+optimizer, validates (perplexity, and greedy BLEU on a sample), decays the learning rate the
+seq2seq-attn way and writes `last.pt` (every validation), `model.pt` (the best validation by
+`train.early_stopping_metric`) and, with `train.keep_checkpoints`, `ckpt_step{STEP}.pt`.
+The final step is always validated, every step at most once, and the run's last line says
+which file holds which model.
 """
 
 from __future__ import annotations
@@ -25,16 +28,41 @@ from nmt.data.corpus import Corpus, load_corpus
 from nmt.data.tokenizers import tokenizer_from_state
 from nmt.devices import DTYPES, setup_device
 from nmt.errors import NmtError
-from nmt.model import Seq2SeqAttn, build_model
+from nmt.model import build_model
 from nmt.out_of_memory import batch_shape, training_message
 from nmt.train import distributed as dd
-from nmt.train.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from nmt.train.checkpoint import (
+    load_checkpoint,
+    prune_step_checkpoints,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
 from nmt.train.executors import make_executor
-from nmt.train.failures import RankFailures, plain_description
+from nmt.train.failures import RankFailures
 from nmt.train.runlog import RunLog
 from nmt.train.schedule import LearningRateSchedule, make_optimizer, set_learning_rate
+from nmt.train.stopping import EarlyStopping
+from nmt.train.validation import BleuSet, greedy_bleu, perplexity, validation_batches
+from nmt.translate.translator import SearchOptions
 
 Log = Callable[[str], None]
+VALID_BATCH_SIZE = 128  # validation pairs per padded batch (at least train.batch_size)
+
+
+def echo(message: str) -> None:
+    """Print a log line without tearing the progress bar."""
+    tqdm.write(message)
+
+
+def duration(seconds: float) -> str:
+    """12s, 3m05s, 1h02m."""
+    seconds = max(0, round(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
 class TrainingInterrupted(Exception):
@@ -71,36 +99,28 @@ class TrainState:
     best_valid_ppl: float = math.inf
     last_valid_ppl: float = math.inf
     bad_steps: int = 0  # consecutive steps skipped for a non-finite loss or gradient norm
+    last_valid_bleu: float = math.nan  # nan: BLEU is off or not measured yet
+    valid_step: int = -1  # the step of the last validation (-1: none yet)
 
 
-@torch.no_grad()
-def evaluate(
-    model: Seq2SeqAttn,
-    batches: list[Batch],
-    device: torch.device,
-    ctx: dd.DistContext | None = None,
-    failures: RankFailures | None = None,
-) -> float:
-    """Validation perplexity: exp(summed NLL / non-PAD target tokens), dropout off.
-    With several ranks, each scores every world_size-th batch and the sums are reduced;
-    a rank that fails (out of memory) stops every rank there (`failures`)."""
-    ctx = ctx or dd.DistContext()
-    failures = failures or RankFailures(ctx, device, plain_description(device))
-    was_training = model.training
-    model.eval()
-    total, tokens = 0.0, 0
-    for batch in batches[ctx.rank :: ctx.world_size]:
+class Meter:
+    """Loss and target tokens since it started, and the training time they took."""
 
-        def score(batch: Batch = batch) -> float:
-            batch = batch.to(device)
-            return float(model.nll(batch.src, batch.tgt_in, batch.tgt_out))
+    def __init__(self, clock: Callable[[], float]):
+        self.clock, self.start = clock, clock()
+        self.loss, self.tokens = 0.0, 0
 
-        total += failures.attempt("validation", batch, score, 0.0)
-        tokens += batch.n_tokens
-    model.train(was_training)
-    total, tokens, failed = dd.all_reduce_sums([total, float(tokens), failures.flag], ctx, device)
-    failures.settle(failed)
-    return math.exp(min(total / max(tokens, 1), 100.0))
+    def add(self, loss: float, tokens: int) -> None:
+        self.loss += loss
+        self.tokens += tokens
+
+    @property
+    def avg(self) -> float:
+        return self.loss / max(self.tokens, 1)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / max(self.clock() - self.start, 1e-9)
 
 
 class Trainer:
@@ -112,7 +132,7 @@ class Trainer:
         out_dir: Path,
         *,
         resume: Path | None = None,
-        log: Log = print,
+        log: Log = echo,
         progress: bool = True,
     ):
         t = cfg.train
@@ -128,6 +148,11 @@ class Trainer:
         checkpoint = load_checkpoint(resume) if resume else None
         tokenizers = None
         if checkpoint is not None:
+            if "optimizer" not in checkpoint or "schedule" not in checkpoint:
+                raise NmtError(
+                    f"{resume}: holds no training state (an averaged checkpoint?); resume from "
+                    "a last.pt or ckpt_step*.pt"
+                )
             check_resume_config(cfg, checkpoint["config"], resume)
             tokenizers = (
                 tokenizer_from_state(checkpoint["src_tokenizer"]),
@@ -148,8 +173,26 @@ class Trainer:
         self.schedule = LearningRateSchedule.from_config(cfg.train)
         self.executor = make_executor(cfg, self.model)
         self.train_batches = make_batches(self.corpus.train, cfg.train.batch_size)
-        self.valid_batches = make_batches(self.corpus.valid, cfg.train.batch_size)
+        self.valid_batch_size = max(cfg.train.batch_size, VALID_BATCH_SIZE)
+        self.valid_batches = validation_batches(self.corpus.valid, self.valid_batch_size)
+        self.bleu_set = (
+            BleuSet.sample(
+                self.corpus.valid_text,
+                self.corpus.src_tokenizer,
+                cfg.train.valid_bleu_sample,
+                cfg.train.seed,
+            )
+            if cfg.train.valid_bleu_sample and self.corpus.valid_text
+            else None
+        )
+        # greedy, at most min(2 x data.max_tgt_len, 3 x source tokens) tokens a sentence
+        self.bleu_search = SearchOptions(
+            beam_size=1, max_length=2 * cfg.data.max_tgt_len, max_length_ratio=3.0
+        )
+        self.stopping = EarlyStopping(cfg.train.early_stopping_metric, cfg.train.early_stopping)
         self.state = TrainState()
+        self._valid_seconds = 0.0  # spent validating in this process
+        self._early_stop = False
         self._signal: int | None = None  # a signal this process received
         self._stop = False  # some rank received one: all stop at this step boundary
         if checkpoint is not None:
@@ -159,9 +202,15 @@ class Trainer:
             f"model: {n_params:,} parameters, vocabularies {src_vocab} / {tgt_vocab}, "
             f"executor {self._executor_name()}, device {self.device}"
         )
+        bleu = (
+            f"; BLEU (greedy) on {len(self.bleu_set.sources)} of the file's "
+            f"{len(self.corpus.valid_text)}"
+            if self.bleu_set
+            else ""
+        )
         log(
             f"data: {len(self.corpus.train)} training pairs in {len(self.train_batches)} batches, "
-            f"{len(self.corpus.valid)} validation pairs"
+            f"{len(self.corpus.valid)} validation pairs{bleu}"
         )
 
     def _executor_name(self) -> str:
@@ -186,18 +235,26 @@ class Trainer:
             "position": s.position,
             "best_valid_ppl": s.best_valid_ppl,
             "valid_ppl": s.last_valid_ppl,
+            "valid_bleu": s.last_valid_bleu,
+            "valid_step": s.valid_step,
+            "stopping": self.stopping.state_dict(),
             "rng": rng_state(self.device),
             "world_size": self.dist.world_size,
             "rng_per_rank": dd.gather_objects(rng_state(self.device), self.dist),
         }
 
-    def save(self, best: bool) -> None:
+    def save(self, best: bool, step_checkpoint: bool = False) -> None:
+        """last.pt, model.pt when `best`, ckpt_step{STEP}.pt with train.keep_checkpoints."""
         state = self.checkpoint_state()  # a collective: every rank takes part
         if not self.dist.is_main:
             return
         save_checkpoint(state, self.out_dir / "last.pt")
         if best:
             save_checkpoint(state, self.out_dir / "model.pt")
+        keep = self.cfg.train.keep_checkpoints
+        if step_checkpoint and keep:
+            save_checkpoint(state, self.out_dir / f"ckpt_step{self.state.step}.pt")
+            prune_step_checkpoints(self.out_dir, keep)
 
     def _restore(self, ckpt: dict, path: Path | None) -> None:
         try:
@@ -216,7 +273,18 @@ class Trainer:
             int(ckpt["position"]),
             float(ckpt["best_valid_ppl"]),
             float(ckpt["valid_ppl"]),
+            last_valid_bleu=float(ckpt.get("valid_bleu", math.nan)),
+            valid_step=int(ckpt.get("valid_step", -1)),
         )
+        if "stopping" in ckpt:
+            self.stopping.load_state_dict(ckpt["stopping"])
+            if ckpt["stopping"].get("metric") != self.stopping.metric:
+                self.log(
+                    f"train.early_stopping_metric is now {self.stopping.metric}: the best "
+                    "model (model.pt) is chosen afresh from here"
+                )
+        elif self.stopping.metric == "ppl":  # a checkpoint from before early stopping
+            self.stopping.best = self.state.best_valid_ppl
         saved_world = int(ckpt.get("world_size", 1))
         if saved_world != self.dist.world_size:
             raise NmtError(
@@ -235,25 +303,50 @@ class Trainer:
     # ---- the loop --------------------------------------------------------------------------
 
     def validate(self) -> float:
-        ppl = evaluate(self.model, self.valid_batches, self.device, self.dist, self.failures)
+        """Measure the model at this step (once: a second call returns the first's result),
+        write the checkpoints, follow the best model and early stopping; returns the
+        validation perplexity. Every rank takes part and takes the same decisions."""
         s = self.state
-        s.last_valid_ppl = ppl
-        best = ppl < s.best_valid_ppl
-        if best:
-            s.best_valid_ppl = ppl
-        self.save(best)
+        if s.valid_step == s.step:
+            return s.last_valid_ppl
+        start = time.perf_counter()
+        ppl = perplexity(self.model, self.valid_batches, self.device, self.dist, self.failures)
+        bleu = math.nan
+        if self.bleu_set is not None:
+            bleu = greedy_bleu(
+                self.model,
+                self.bleu_set,
+                self.corpus.tgt_tokenizer,
+                self.bleu_search,
+                self.valid_batch_size,
+                self.dist,
+            )
+        ppl, bleu = dd.broadcast_values([ppl, bleu], self.dist, self.device)
+        s.last_valid_ppl, s.last_valid_bleu, s.valid_step = ppl, bleu, s.step
+        s.best_valid_ppl = min(s.best_valid_ppl, ppl)
+        stopping = self.stopping
+        best = stopping.update(ppl if stopping.metric == "ppl" else bleu, s.step)
+        self.save(best, step_checkpoint=True)
+        seconds = time.perf_counter() - start
+        self._valid_seconds += seconds
+        record = {"ppl": ppl, "best": best, "seconds": round(seconds, 3)}
+        if not math.isnan(bleu):
+            record["bleu"] = bleu
         self.log.metrics(
-            kind="valid",
-            step=s.step,
-            epoch=s.epoch,
-            ppl=ppl,
-            best=best,
-            lr=self.schedule.learning_rate,
+            kind="valid", step=s.step, epoch=s.epoch, lr=self.schedule.learning_rate, **record
         )
         self.log(
             f"step {s.step} epoch {s.epoch}: validation perplexity {ppl:.3f}"
-            + (" (best, saved model.pt)" if best else "")
+            + ("" if math.isnan(bleu) else f", BLEU {bleu:.2f}")
+            + f" ({duration(seconds)}"
+            + (f"; the best {stopping.name}, saved model.pt)" if best else ")")
         )
+        if stopping.should_stop and not self._early_stop:
+            self._early_stop = True
+            self.log(
+                f"early stopping: validation {stopping.name} has not improved for "
+                f"{stopping.bad} validations (train.early_stopping {stopping.patience})"
+            )
         return ppl
 
     def train_step(self, batch: Batch) -> float | None:
@@ -353,100 +446,140 @@ class Trainer:
             signum,
         )
 
+    def _planned_steps(self) -> int:
+        """The step this run ends at unless early stopping or a skipped update intervene."""
+        cfg, s = self.cfg.train, self.state
+        batches_left = (cfg.epochs - s.epoch + 1) * len(self.train_batches) - s.position
+        planned = s.step + max(batches_left, 0)
+        return min(planned, cfg.max_steps) if cfg.max_steps else planned
+
+    def _train_clock(self) -> float:
+        """Seconds that stand still while validating: tokens/s counts training only."""
+        return time.perf_counter() - self._valid_seconds
+
+    def _time_left(self) -> str:
+        """Steps left x the wall time per step so far in this process (validations included)."""
+        done = self.state.step - self._start_step
+        if done <= 0:
+            return "?"
+        per_step = (time.perf_counter() - self._start_time) / done
+        return duration((self._planned - self.state.step) * per_step)
+
     def _run(self) -> TrainState:
         cfg, s = self.cfg.train, self.state
         self.model.train()
+        self._planned = self._planned_steps()
+        self._start_step, self._start_time = s.step, time.perf_counter()
         self.log(
             f"training for {cfg.epochs} epochs"
             + (f" or {cfg.max_steps} steps" if cfg.max_steps else "")
-            + f", learning rate {self.schedule.learning_rate:g}"
+            + f" (up to step {self._planned}), learning rate {self.schedule.learning_rate:g}"
         )
-        while s.epoch <= cfg.epochs and not self._reached_max_steps():
-            self._run_epoch()
-            if s.position < len(self.train_batches):  # stopped early by max_steps
-                break
-            ppl = self.validate()
-            lr = self.schedule.end_of_epoch(s.epoch, ppl)
-            set_learning_rate(self.optimizer, lr)
-            s.epoch += 1
-            s.position = 0
-        if s.position != 0 or s.step == 0:  # stopped mid-epoch: keep what we have
-            self.validate()
-        self.log(
-            f"done: {s.step} steps, best validation perplexity {s.best_valid_ppl:.3f}; "
-            f"checkpoints in {self.out_dir}"
-        )
-        return s
-
-    def _log_window(self, window: list) -> None:
-        """A metrics record for the steps since the last one (not the epoch's running mean)."""
-        loss, tokens, since = window
-        now = time.perf_counter()
-        avg = loss / max(tokens, 1)
-        s = self.state
-        self.log.metrics(
-            kind="train",
-            step=s.step,
-            epoch=s.epoch,
-            loss=avg,
-            ppl=math.exp(min(avg, 100)),
-            tok_s=tokens / max(now - since, 1e-9),
-            lr=self.schedule.learning_rate,
-        )
-        window[:] = [0.0, 0, now]
-
-    def _run_epoch(self) -> None:
-        cfg, s = self.cfg.train, self.state
-        order = epoch_order(len(self.train_batches), cfg.seed, s.epoch)
-        todo = order[s.position :]
-        bar = tqdm(
-            todo,
-            desc=f"epoch {s.epoch}",
+        self._bar = tqdm(
+            total=self._planned,
+            initial=s.step,
+            unit="step",
             disable=not self.progress,
             leave=False,
             dynamic_ncols=True,
             mininterval=1.0,
         )
-        total_loss, total_tokens, start = 0.0, 0, time.perf_counter()
-        window = [0.0, 0, start]  # loss, tokens, time since the last progress point
-        for index in bar:
+        self._early_stop = self.stopping.should_stop  # a resumed run that had stopped
+        try:
+            while s.epoch <= cfg.epochs and not self._reached_max_steps() and not self._early_stop:
+                self._run_epoch()
+                if s.position < len(self.train_batches):  # max_steps or early stopping
+                    break
+                ppl = self.validate()
+                lr = self.schedule.end_of_epoch(s.epoch, ppl)
+                set_learning_rate(self.optimizer, lr)
+                s.epoch += 1
+                s.position = 0
+            self.validate()  # the final model, unless this step was just validated
+        finally:
+            self._bar.close()
+        self.log(self._summary())
+        return s
+
+    def _summary(self) -> str:
+        """The last line: why the run ended and which file holds which model."""
+        cfg, s, best = self.cfg.train, self.state, self.stopping
+        if self._early_stop:
+            reason = f"early stopping on validation {best.name}"
+        elif self._reached_max_steps():
+            reason = f"train.max_steps {cfg.max_steps} reached"
+        else:
+            reason = f"{cfg.epochs} epochs"
+        last = f"perplexity {s.last_valid_ppl:.3f}" + (
+            "" if math.isnan(s.last_valid_bleu) else f", BLEU {s.last_valid_bleu:.2f}"
+        )
+        value = f"{best.best:.3f}" if best.metric == "ppl" else f"{best.best:.2f}"
+        if best.best_step < 0:
+            files = f"no model.pt (no validation {best.name} to compare); last.pt: step {s.step}"
+        elif best.best_step == s.step:
+            files = (
+                f"model.pt = last.pt = step {s.step}, the best by validation {best.name} ({last})"
+            )
+        else:
+            files = (
+                f"model.pt: step {best.best_step}, the best by validation {best.name} ({value}); "
+                f"last.pt: step {s.step}, the final model ({last})"
+            )
+        return f"done: {s.step} steps ({reason}); {files}; in {self.out_dir}"
+
+    def _log_window(self, window: Meter) -> None:
+        """Report the steps since the last report: log line (or progress bar) and metrics."""
+        s = self.state
+        avg, tok_s = window.avg, window.tokens_per_second
+        ppl = math.exp(min(avg, 100))
+        self.log.metrics(
+            kind="train",
+            step=s.step,
+            epoch=s.epoch,
+            loss=avg,
+            ppl=ppl,
+            tokens=window.tokens,
+            tok_s=tok_s,
+            lr=self.schedule.learning_rate,
+        )
+        line = (
+            f"step {s.step} epoch {s.epoch}: loss {avg:.3f} ppl {ppl:.2f} "
+            f"{tok_s:.0f} target tokens/s; {s.step}/{self._planned} steps, "
+            f"about {self._time_left()} left"
+        )
+        if self.progress:
+            self._bar.set_postfix(loss=f"{avg:.3f}", ppl=f"{ppl:.2f}", tok_s=f"{tok_s:.0f}")
+            self.log.record(line)
+        else:
+            self.log(line)
+
+    def _run_epoch(self) -> None:
+        cfg, s = self.cfg.train, self.state
+        order = epoch_order(len(self.train_batches), cfg.seed, s.epoch)
+        self._bar.set_description(f"epoch {s.epoch}", refresh=False)
+        epoch, window = Meter(self._train_clock), Meter(self._train_clock)
+        for index in order[s.position :]:
             batch = self.train_batches[index].to(self.device)
             loss = self.train_step(batch)
             s.position += 1
             if loss is None:
                 self._stop_if_signalled()
                 continue
-            total_loss += loss
-            total_tokens += batch.n_tokens
-            window[0] += loss
-            window[1] += batch.n_tokens
-            elapsed = max(time.perf_counter() - start, 1e-9)
+            self._bar.update(1)
+            epoch.add(loss, batch.n_tokens)
+            window.add(loss, batch.n_tokens)
             if s.step % cfg.log_every == 0 or s.position == len(self.train_batches):
-                avg = total_loss / max(total_tokens, 1)
                 self._log_window(window)
-                bar.set_postfix(
-                    loss=f"{avg:.3f}",
-                    ppl=f"{math.exp(min(avg, 100)):.2f}",
-                    tok_s=f"{total_tokens / elapsed:.0f}",
-                    refresh=False,
-                )
-                if not self.progress:
-                    self.log(
-                        f"step {s.step} epoch {s.epoch}: loss {avg:.3f} "
-                        f"ppl {math.exp(min(avg, 100)):.2f} "
-                        f"{total_tokens / elapsed:.0f} target tokens/s"
-                    )
+                window = Meter(self._train_clock)
             if cfg.valid_every and s.step % cfg.valid_every == 0:
                 self.validate()
             self._stop_if_signalled()
-            if self._reached_max_steps():
+            if self._reached_max_steps() or self._early_stop:
                 break
-        bar.close()
-        if total_tokens:
-            avg = total_loss / total_tokens
+        if epoch.tokens:
             self.log(
-                f"epoch {s.epoch}: train perplexity {math.exp(min(avg, 100)):.3f}, "
-                f"{total_tokens / max(time.perf_counter() - start, 1e-9):.0f} target tokens/s"
+                f"epoch {s.epoch}: train perplexity {math.exp(min(epoch.avg, 100)):.3f}, "
+                f"{epoch.tokens_per_second:.0f} target tokens/s"
             )
 
 
@@ -455,7 +588,7 @@ def train(
     out_dir: str | Path,
     *,
     resume: str | Path | None = None,
-    log: Log = print,
+    log: Log = echo,
     progress: bool = True,
 ) -> TrainState:
     """Train a model as configured; checkpoints go to `out_dir`."""

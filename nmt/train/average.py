@@ -1,0 +1,99 @@
+"""Checkpoint averaging: one model whose weights are the mean of several checkpoints'.
+
+Averaging the last few checkpoints of a run (OpenNMT-py's `average_models`, Vaswani et al.
+2017) usually translates a little better than any one of them. The checkpoints must hold
+the same network: the same parameter names and shapes, the same vocabularies and the same
+model settings (dropout and initialisation aside); anything else is refused with one line
+naming the two files. The output keeps the first checkpoint's config and tokenizers and
+lists its inputs; it holds no optimizer state, so it is for `nmt translate`, not `--resume`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from nmt.errors import NmtError
+from nmt.train.checkpoint import load_checkpoint, save_checkpoint
+
+IGNORED_MODEL_KEYS = ("dropout", "param_init")  # settings that leave the weights' meaning alone
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equality of plain checkpoint values (dicts, lists, tensors, numbers, strings)."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return (
+            isinstance(a, torch.Tensor)
+            and isinstance(b, torch.Tensor)
+            and a.shape == b.shape
+            and torch.equal(a, b)
+        )
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return a == b
+
+
+def _check_compatible(first: Path, ref: dict, path: Path, ckpt: dict) -> None:
+    where = f"{path}: cannot be averaged with {first}"
+    settings = {
+        k: v for k, v in ckpt["config"].get("model", {}).items() if k not in IGNORED_MODEL_KEYS
+    }
+    ref_settings = {
+        k: v for k, v in ref["config"].get("model", {}).items() if k not in IGNORED_MODEL_KEYS
+    }
+    for key in sorted(settings.keys() | ref_settings.keys()):
+        if settings.get(key) != ref_settings.get(key):
+            raise NmtError(
+                f"{where}: model.{key} is {settings.get(key)!r}, not {ref_settings.get(key)!r}"
+            )
+    for side in ("src_tokenizer", "tgt_tokenizer"):
+        if not _same(ckpt[side], ref[side]):
+            raise NmtError(f"{where}: the {side.split('_')[0]} vocabularies differ")
+    weights, ref_weights = ckpt["model"], ref["model"]
+    if weights.keys() != ref_weights.keys():
+        name = sorted(weights.keys() ^ ref_weights.keys())[0]
+        raise NmtError(f"{where}: parameter {name} is in one of them only")
+    for name, value in weights.items():
+        if value.shape != ref_weights[name].shape:
+            raise NmtError(
+                f"{where}: parameter {name} has shape {tuple(value.shape)}, "
+                f"not {tuple(ref_weights[name].shape)}"
+            )
+
+
+def average_checkpoints(paths: list[Path]) -> dict[str, Any]:
+    """The averaged checkpoint of `paths` (summed in float64, stored in the first's dtypes)."""
+    if not paths:
+        raise NmtError("average: no checkpoints given")
+    first = load_checkpoint(paths[0])
+    sums = {k: v.to(torch.float64) for k, v in first["model"].items()}
+    steps = [first.get("step")]
+    for path in paths[1:]:
+        ckpt = load_checkpoint(path)
+        _check_compatible(paths[0], first, path, ckpt)
+        for name, value in ckpt["model"].items():
+            sums[name] += value.to(torch.float64)
+        steps.append(ckpt.get("step"))
+    n = len(paths)
+    weights = {k: (v / n).to(first["model"][k].dtype) for k, v in sums.items()}
+    return {
+        "model": weights,
+        "config": first["config"],
+        "src_tokenizer": first["src_tokenizer"],
+        "tgt_tokenizer": first["tgt_tokenizer"],
+        "averaged": [
+            {"path": str(p), "step": -1 if s is None else int(s)}
+            for p, s in zip(paths, steps, strict=True)
+        ],
+    }
+
+
+def average_files(paths: list[Path], output: Path) -> dict[str, Any]:
+    """Average `paths` into `output` (written atomically); returns what was written."""
+    state = average_checkpoints(paths)
+    save_checkpoint(state, output)
+    return state
