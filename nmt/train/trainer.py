@@ -25,6 +25,7 @@ from nmt.data.corpus import Corpus, load_corpus
 from nmt.data.tokenizers import tokenizer_from_state
 from nmt.devices import DTYPES, resolve_device
 from nmt.errors import NmtError
+from nmt.loss import batch_nll
 from nmt.model import Seq2SeqAttn, build_model
 from nmt.train import distributed as dd
 from nmt.train.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
@@ -77,8 +78,10 @@ def evaluate(
     batches: list[Batch],
     device: torch.device,
     ctx: dd.DistContext | None = None,
+    loss_chunk: int = 1,
 ) -> float:
-    """Validation perplexity: exp(summed NLL / non-PAD target tokens), dropout off.
+    """Validation perplexity: exp(summed NLL / non-PAD target tokens), dropout off, the loss
+    over `loss_chunk` target positions at a time (`nmt.loss`: no B x T x V logits).
     With several ranks, each scores every world_size-th batch and the sums are reduced."""
     ctx = ctx or dd.DistContext()
     was_training = model.training
@@ -86,7 +89,7 @@ def evaluate(
     total, tokens = 0.0, 0
     for batch in batches[ctx.rank :: ctx.world_size]:
         batch = batch.to(device)
-        total += float(model.nll(batch.src, batch.tgt_in, batch.tgt_out))
+        total += float(batch_nll(model, batch, loss_chunk))
         tokens += batch.n_tokens
     model.train(was_training)
     total, tokens = dd.all_reduce_sums([total, float(tokens)], ctx, device)
@@ -134,7 +137,7 @@ class Trainer:
             torch.manual_seed(cfg.train.seed + self.dist.rank)
         self.optimizer = make_optimizer(cfg.train, list(self.model.parameters()))
         self.schedule = LearningRateSchedule.from_config(cfg.train)
-        self.executor = make_executor(cfg, self.model)
+        self.executor = make_executor(cfg, self.model, self.dist.world_size)
         self.train_batches = make_batches(self.corpus.train, cfg.train.batch_size)
         self.valid_batches = make_batches(self.corpus.valid, cfg.train.batch_size)
         self.state = TrainState()
@@ -222,7 +225,9 @@ class Trainer:
     # ---- the loop --------------------------------------------------------------------------
 
     def validate(self) -> float:
-        ppl = evaluate(self.model, self.valid_batches, self.device, self.dist)
+        ppl = evaluate(
+            self.model, self.valid_batches, self.device, self.dist, self.cfg.train.loss_chunk
+        )
         s = self.state
         s.last_valid_ppl = ppl
         best = ppl < s.best_valid_ppl

@@ -1,0 +1,81 @@
+"""The output layer and the loss over the target positions, a chunk of positions at a time.
+
+The generator's logits, their log-softmax and the gradients of both are batch x positions x
+vocabulary: with 50k words, 64 sentences and 51 positions, 650 MB each. seq2seq-attn never
+holds them for all positions at once (its generator runs per position) and OpenNMT-py shards
+its loss the same way. Here the autograd executor (`train.loss_chunk` positions per chunk),
+validation and gold scoring all compute the output layer and the loss through this module,
+so the peak holds one chunk's vocabulary-sized tensors; chunk 0 means all positions at once
+(the unsharded autograd of `nmt memreport`'s `autograd-full` row).
+
+Sharded backward: each chunk of the decoder outputs is cut from the graph (a leaf), its
+loss runs backward on its own - freeing its logits - and the gradients of the outputs,
+collected chunk by chunk, then run through the encoder-decoder graph once.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from nmt.data.batching import Batch
+from nmt.data.vocab import PAD
+from nmt.model import Seq2SeqAttn
+
+
+def spans(length: int, chunk: int) -> list[slice]:
+    """The position ranges of `length` positions in chunks of `chunk` (0: one range)."""
+    if chunk <= 0 or chunk >= length:
+        return [slice(0, length)]
+    return [slice(i, min(i + chunk, length)) for i in range(0, length, chunk)]
+
+
+def gold_log_probs(model: Seq2SeqAttn, out: Tensor, gold: Tensor) -> Tensor:
+    """log p(gold token) under the generator, 0 at PAD: out (..., H), gold (...) -> (...),
+    e.g. one position (B x H, B) as gold scoring calls it."""
+    logp = model.log_probs(out)
+    picked = logp.gather(-1, gold.unsqueeze(-1)).squeeze(-1)
+    return picked.masked_fill(gold == PAD, 0.0)
+
+
+def chunk_nll(model: Seq2SeqAttn, out: Tensor, gold: Tensor) -> Tensor:
+    """The training criterion on some positions: summed NLL of the non-PAD gold tokens."""
+    logp = model.log_probs(out)
+    return F.nll_loss(logp.flatten(0, 1), gold.flatten(), ignore_index=PAD, reduction="sum")
+
+
+def nll(model: Seq2SeqAttn, out: Tensor, gold: Tensor, chunk: int) -> Tensor:
+    """Summed NLL of decoder outputs `out` (B x T x H) against `gold` (B x T), chunk by chunk
+    (differentiable when autograd is on, but then every chunk's graph is kept: train with
+    `nll_backward`)."""
+    parts = [chunk_nll(model, out[:, s], gold[:, s]) for s in spans(gold.size(1), chunk)]
+    return parts[0] if len(parts) == 1 else torch.stack(parts).sum()
+
+
+def nll_backward(
+    model: Seq2SeqAttn, out: Tensor, gold: Tensor, chunk: int, divisor: float
+) -> Tensor:
+    """Backpropagate d(summed NLL / divisor) through the generator and `out`'s graph, holding
+    one chunk's logits at a time; returns the summed NLL (detached)."""
+    ranges = spans(gold.size(1), chunk)
+    if len(ranges) == 1:  # all at once: plain autograd, no detour through leaves
+        loss = chunk_nll(model, out, gold)
+        (loss / divisor).backward()
+        return loss.detach()
+    grad = torch.empty_like(out)  # d loss / d out, collected chunk by chunk
+    total = out.new_zeros(())
+    for s in ranges:
+        leaf = out[:, s].detach().requires_grad_()
+        loss = chunk_nll(model, leaf, gold[:, s])
+        (loss / divisor).backward()
+        grad[:, s] = leaf.grad
+        total += loss.detach()
+    out.backward(grad)
+    return total
+
+
+def batch_nll(model: Seq2SeqAttn, batch: Batch, chunk: int) -> Tensor:
+    """Teacher-forced summed NLL of a batch, the loss in chunks (validation; call it under
+    `torch.no_grad()`, dropout as the model's mode says)."""
+    return nll(model, model(batch.src, batch.tgt_in), batch.tgt_out, chunk)
