@@ -49,8 +49,13 @@ def nll(model: Seq2SeqAttn, out: Tensor, gold: Tensor, chunk: int) -> Tensor:
     """Summed NLL of decoder outputs `out` (B x T x H) against `gold` (B x T), chunk by chunk
     (differentiable when autograd is on, but then every chunk's graph is kept: train with
     `nll_backward`)."""
-    parts = [chunk_nll(model, out[:, s], gold[:, s]) for s in spans(gold.size(1), chunk)]
-    return parts[0] if len(parts) == 1 else torch.stack(parts).sum()
+    ranges = spans(gold.size(1), chunk)
+    if len(ranges) == 1:
+        return chunk_nll(model, out, gold)
+    total = out.new_zeros(())
+    for s in ranges:  # summed in place: nothing of a chunk outlives it (no heap fragments)
+        total += chunk_nll(model, out[:, s], gold[:, s])
+    return total
 
 
 def nll_backward(
