@@ -20,6 +20,7 @@ import torch
 from tqdm import tqdm
 
 from nmt.config import Config, shape_keys
+from nmt.cpu_memory import map_large_allocations
 from nmt.data.batching import Batch, epoch_order, make_batches
 from nmt.data.corpus import Corpus, load_corpus
 from nmt.data.tokenizers import tokenizer_from_state
@@ -110,6 +111,8 @@ class Trainer:
     ):
         device = resolve_device(cfg.train.device)
         self.dist, self.device = dd.init_distributed(device)
+        if self.device.type == "cpu":  # the peak nmt memreport accounts, not a fragmented heap
+            map_large_allocations()
         if not self.dist.is_main:  # one voice: rank 0 logs, shows progress, writes files
             log, progress = (lambda message: None), False
         run_log = RunLog(Path(out_dir) if self.dist.is_main else None, log)
