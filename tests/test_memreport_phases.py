@@ -136,3 +136,41 @@ def test_cli_translate_option(tmp_path: Path) -> None:
 def test_translate_option_rejects_garbage(text: str) -> None:
     with pytest.raises(NmtError, match="--translate"):
         Translation.parse(text)
+
+
+def _json_keys(obj: object, path: tuple[str, ...] = ()) -> set[str]:
+    """Every key of the JSON, except those that are data (row names, model keys)."""
+    found: set[str] = set()
+    if isinstance(obj, dict):
+        named_by_data = path[-1:] in (("policies",), ("model",)) or path[-2:] == (
+            "lengths",
+            "peak_bytes",
+        )
+        for key, value in obj.items():
+            if not named_by_data:
+                found.add(key)
+            found |= _json_keys(value, (*path, key))
+    elif isinstance(obj, list):
+        for value in obj:
+            found |= _json_keys(value, path)
+    return found
+
+
+def test_readme_documents_every_json_field(tmp_path: Path) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        "data: {src_vocab_size: 30, tgt_vocab_size: 40, max_src_len: 3, max_tgt_len: 3}\n"
+        "model: {num_layers: 1, rnn_size: 6, word_vec_size: 4}\n"
+        "train: {batch_size: 2}\n",
+        encoding="utf-8",
+    )
+    cfg = load_config(config, require_data=False)
+    report = build_report(
+        cfg, str(config), device="cpu", budget=2**20, lengths=True, translation=Translation(2, 3, 4)
+    )
+    data = json.loads(json.dumps(to_json(report)))
+    assert data["schema_version"] == 2
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    section = readme.split("The JSON (`--json`, `schema_version` 2) holds:", 1)[1].split("\n## ")[0]
+    missing = sorted(k for k in _json_keys(data) if f"`{k}`" not in section)
+    assert not missing, f"README's JSON section does not describe: {missing}"
