@@ -234,7 +234,7 @@ def average(
 
 @app.command(
     help=f"Training memory per preallocation policy ({', '.join(policies.names())}) and "
-    "plain autograd."
+    "plain autograd: the training step, validation and their peak."
 )
 def memreport(
     config: ConfigOpt,
@@ -254,15 +254,27 @@ def memreport(
     ] = None,
     budget: Annotated[
         str | None,
-        typer.Option(help="A size like 16GiB, 500MB or 2G: the largest batch / length that fits."),
+        typer.Option(
+            help="A size like 16GiB, 500MB or 2G: the largest batch / length whose peak "
+            "(training step, validation, translation if asked) fits."
+        ),
     ] = None,
     detail: Annotated[
         str,
         typer.Option(
-            help=f"Policy of the largest-buffers table: {'|'.join(policies.names())}|autograd."
+            help=f"Row of the largest-buffers table: {'|'.join(policies.names())}|autograd"
+            "|autograd-full."
         ),
     ] = policies.DEFAULT,
     top: Annotated[int, typer.Option(help="Rows of the largest-buffers table.")] = 15,
+    translate: Annotated[
+        str | None,
+        typer.Option(
+            metavar="BEAM[,BATCH]",
+            help="Also account a beam search of this beam size and batch size (default 32; "
+            "sources at data.max_src_len, outputs up to 250 tokens) as a phase of the run.",
+        ),
+    ] = None,
 ) -> None:
     from nmt.config import load_config
     from nmt.memreport import run as run_memreport
@@ -279,6 +291,7 @@ def memreport(
             budget=budget,
             detail=detail,
             top=top,
+            translate=translate,
         )
     except NmtError as exc:
         raise _fail(exc) from None

@@ -166,6 +166,13 @@ class TrainConfig:
         choices=("clones", "autograd"),
         doc="clones: seq2seq-attn's cloned graphs; autograd: plain PyTorch",
     )
+    loss_chunk: int = _opt(
+        1,
+        min=0,
+        doc="target positions whose output layer and loss are computed at once by the "
+        "autograd executor and by validation (OpenNMT-py's loss sharding; the clone executor "
+        "does one); 0: all positions at once",
+    )
     prealloc: str = _opt(
         policies.DEFAULT,
         choices=policies.names,

@@ -1,4 +1,5 @@
-"""Training speed, side by side in one process: clones (prealloc all / none) vs autograd.
+"""Training speed, side by side in one process: clones (prealloc all / none) vs autograd
+(its loss in chunks of --loss-chunk positions, and `autograd-full`: all positions at once).
 
 Each executor trains its own copy of the same model (same initialisation) on the same
 ende-demo batches, in the same order; the executors take turns batch by batch, so machine
@@ -47,8 +48,12 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument(
         "--executors",
-        default="all,none,autograd",
-        help=f"comma list of: {', '.join(policies.names())} (clone policies), autograd",
+        default="all,none,autograd,autograd-full",
+        help=f"comma list of: {', '.join(policies.names())} (clone policies), autograd, "
+        "autograd-full",
+    )
+    ap.add_argument(
+        "--loss-chunk", type=int, default=1, help="train.loss_chunk of the autograd row"
     )
     args = ap.parse_args()
     if args.threads:
@@ -72,11 +77,13 @@ def main() -> None:
     for name in args.executors.split(","):
         torch.manual_seed(3435)
         model = build_model(cfg, sv, tv, device=args.device, dtype=torch.float32).train()
-        if name == "autograd":
-            executor = AutogradExecutor(model)
+        if name in ("autograd", "autograd-full"):
+            executor = AutogradExecutor(model, args.loss_chunk if name == "autograd" else 0)
         else:
             plan = planner.plan(cfg, name)
-            executor = CloneExecutor(model, data_cfg.max_src_len, data_cfg.max_tgt_len, plan)
+            executor = CloneExecutor(
+                model, data_cfg.max_src_len, data_cfg.max_tgt_len, plan, batch_size=args.batch
+            )
         runners[name] = (model, executor, torch.optim.SGD(model.parameters(), lr=1.0))
 
     def sync() -> None:
@@ -109,7 +116,11 @@ def main() -> None:
     speed = {name: tokens / s for name, s in seconds.items()}
     base = speed.get("autograd")
     for name, v in speed.items():
-        label = name if name == "autograd" else f"clones, prealloc {name}"
+        label = f"clones, prealloc {name}"
+        if name == "autograd":
+            label = f"autograd, loss in chunks of {args.loss_chunk}"
+        elif name == "autograd-full":
+            label = "autograd-full, loss over all positions"
         ratio = f"{v / base:.2f}x" if base else "-"
         print(f"| {label} | {v:,.0f} | {ratio} |")
     if "all" in speed and "none" in speed:

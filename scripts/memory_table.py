@@ -1,5 +1,6 @@
 """Print the README's memory table (nmt memreport on meta for the published points, one
-column per registered preallocation policy and autograd), or rewrite it in README.md.
+column per registered preallocation policy, autograd and autograd-full: each a run's peak,
+the larger of a training step and a validation pass), or rewrite it in README.md.
 
 python scripts/memory_table.py            # print
 python scripts/memory_table.py --write    # replace the README's table in place
@@ -13,7 +14,7 @@ from pathlib import Path
 
 from nmt.config import load_config
 from nmt.engine import policies
-from nmt.memreport.measure import AUTOGRAD, report_policies
+from nmt.memreport.measure import AUTOGRAD_ROWS, report_policies
 from nmt.memreport.report import build_report
 
 REPO = Path(__file__).resolve().parents[1]
@@ -60,15 +61,15 @@ def _size(n: int, unit: str) -> str:
 
 
 def row(point: Point) -> str:
-    """One line of the table: the accounted totals of `point` on meta, per report row."""
+    """One line of the table: the accounted peaks of `point` on meta, per report row."""
     cfg = load_config(REPO / "configs" / point.config, require_data=False)
     memory = build_report(cfg, point.config, device="meta").memory
-    base = memory[policies.OFF].total_bytes
+    base = memory[policies.OFF].peak_bytes
     cells = [point.label, point.published]
     for p, m in memory.items():
-        cell = _size(m.total_bytes, point.unit)
-        if p != AUTOGRAD and p != policies.OFF:
-            cell += f" ({m.total_bytes / base:.2f}x)"
+        cell = _size(m.peak_bytes, point.unit)
+        if p not in AUTOGRAD_ROWS and p != policies.OFF:
+            cell += f" ({m.peak_bytes / base:.2f}x)"
         cells.append(cell)
     return "| " + " | ".join(cells) + " |"
 

@@ -460,7 +460,7 @@ def test_memreport_out_of_memory_says_what_does_not_fit(tmp_path, monkeypatch):
     line = result.stderr.strip().splitlines()[-1]  # after the progress lines
     assert "real step check failed" not in result.stderr
     assert line.startswith("error: out of memory on cpu in the real step of none, autograd")
-    assert "(attention, all did)" in line and f"--config {config}" in line
+    assert "(attention, all, autograd-full did)" in line and f"--config {config}" in line
     assert "batch of 3 sentences, source length 6, target length 6" in line
 
 
@@ -489,8 +489,17 @@ def test_memreport_compares_allocated_with_accounted_on_cuda(
     result = CliRunner().invoke(app, ["memreport", "-c", str(config), "--device", "cuda"])
     assert result.exit_code == exit_code, result.stderr
     lines = [s for s in result.stdout.splitlines() if "max_memory_allocated" in s and " vs " in s]
-    assert [s.split(":")[0] for s in lines] == ["none", "attention", "all", "autograd"]
+    assert [s.split(":")[0] for s in lines] == [
+        "none",
+        "attention",
+        "all",
+        "autograd",
+        "autograd-full",
+    ]
     verdict = "within 10%" if exit_code == 0 else "FAILED: more than 10%"
     assert all(verdict in s and s.count(" MiB") == 2 for s in lines)
     if exit_code:
-        assert "real step check failed for none, attention, all, autograd" in result.stderr
+        assert (
+            "real step check failed for none, attention, all, autograd, autograd-full"
+            in result.stderr
+        )

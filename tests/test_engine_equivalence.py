@@ -12,9 +12,9 @@ from nmt.engine import planner, policies, seq2seq
 from nmt.engine.clones import CloneExecutor
 from nmt.engine.graph import StateSpec
 from nmt.errors import NmtError
+from nmt.loss import smoothed_loss
 from nmt.model import Seq2SeqAttn
 from nmt.train.executors import AutogradExecutor
-from nmt.train.loss import smoothed_loss
 from tests.conftest import TEST_DEVICE, model_structures
 
 B, S, T = 3, 5, 4  # one source length per batch; targets padded

@@ -156,7 +156,10 @@ def test_an_extra_policy_is_accepted_planned_and_reported(extra_policy, tmp_path
 
     # memreport: a row in the report, its JSON and its text; the README table a column
     report = build_report(cfg, str(path), device="meta", budget=2**20, detail=extra_policy)
-    assert list(report.memory) == ["none", "attention", "all", extra_policy, "autograd"]
+    assert list(report.memory) == [
+        *("none", "attention", "all", extra_policy),
+        *("autograd", "autograd-full"),
+    ]
     assert list(report.largest) == list(report.memory)
     data = json.loads(json.dumps(to_json(report)))
     row = data["policies"][extra_policy]
@@ -178,9 +181,9 @@ def test_cli_memreport_lists_an_extra_policy(extra_policy, tmp_path) -> None:
     result = CliRunner().invoke(app, [*args, "--json", str(out), "--plot", str(png)])
     assert result.exit_code == 0, result.output
     data = json.loads(out.read_text())
-    rows = [*policies.names(), "autograd"]
+    rows = [*policies.names(), "autograd", "autograd-full"]
     assert rows[3] == extra_policy
-    assert list(data["policies"]) == list(data["lengths"]["total_bytes"]) == rows
+    assert list(data["policies"]) == list(data["lengths"]["peak_bytes"]) == rows
     assert f"largest buffers, policy {extra_policy}" in result.stdout
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

@@ -2,8 +2,8 @@
 
 Identity comes from the tensor objects the engine created (a shared buffer is one tensor
 object referenced by many clones), not from data pointers, so the same accounting works on
-the `meta` device: `account()` runs one step of a full-size model there, at maximum lengths,
-and reports what it would hold without allocating any of it.
+the `meta` device: `account()` builds a full-size executor there, which sizes its buffers
+by one step at maximum lengths, and reports what it holds without allocating any of it.
 """
 
 from __future__ import annotations
@@ -11,11 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import torch
-from torch import Tensor
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from nmt.config import ModelConfig
-from nmt.data.batching import Batch
 from nmt.engine import planner
 from nmt.engine.clones import CloneExecutor
 from nmt.engine.records import BufferRecord
@@ -57,24 +54,6 @@ def summarize(records: Iterable[BufferRecord]) -> dict[str, int]:
     return out
 
 
-class _SizesOnly(TorchDispatchMode):
-    """On meta, an op writing into an existing tensor (out=, in place) changes no size, since
-    the engine sizes every buffer with `resize_` before writing into it: skip such ops and
-    return the written tensor (3x faster; test_engine_accounting checks the equality with
-    a live executor). Resizes, allocations and views run as usual."""
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        schema = func._schema
-        if schema.is_mutable and not func.__name__.startswith(("resize", "set_")):
-            for i, arg in enumerate(schema.arguments):
-                if arg.alias_info is not None and arg.alias_info.is_write:
-                    written = kwargs[arg.name] if arg.name in kwargs else args[i]
-                    if isinstance(written, Tensor) and written.is_meta:
-                        return written
-        return func(*args, **kwargs)
-
-
 def account(
     model_cfg: ModelConfig,
     src_vocab: int,
@@ -85,18 +64,13 @@ def account(
     policy: str,
     dtype: torch.dtype = torch.float32,
 ) -> list[BufferRecord]:
-    """The executor's buffers (and the model's parameters and gradients, clone "model") after
-    one training step at maximum lengths, computed on the meta device: nothing is allocated."""
+    """The executor's buffers (and the model's parameters and gradients, clone "model") as an
+    executor built for `batch_size` sentences holds them: sized up front by one training step
+    at maximum lengths, computed on the meta device, so nothing is allocated."""
     model = build_model(model_cfg, src_vocab, tgt_vocab, device="meta", dtype=dtype)
-    with torch.device("meta"):
-        batch = Batch(
-            torch.zeros(batch_size, max_src_len + 2, dtype=torch.long),
-            torch.zeros(batch_size, max_tgt_len + 1, dtype=torch.long),
-            torch.zeros(batch_size, max_tgt_len + 1, dtype=torch.long),
-        )
     model.train()
     plan = planner.plan(model_cfg, policy)
-    executor = CloneExecutor(model, max_src_len, max_tgt_len, plan, device="meta")
-    with _SizesOnly():
-        executor.step(batch)
+    executor = CloneExecutor(
+        model, max_src_len, max_tgt_len, plan, device="meta", batch_size=batch_size
+    )
     return executor.buffers() + model_records(model)

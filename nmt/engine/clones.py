@@ -7,6 +7,10 @@ preallocation plan shares between clones. A step: encoder clones forward, decode
 forward, then from the last target position to the first: generator forward+backward on
 that position, decoder clone backward, context gradient added to the encoder accumulator;
 finally the encoder clones backward. Everything runs under no_grad with out=/in-place ops.
+
+Given the batch size, the executor allocates every buffer at its size for that batch at the
+maximum lengths when it is built (`reserve`): a run that starts fits to its end, and the
+buffers never grow (nor fragment a CUDA cache) mid-epoch.
 """
 
 from __future__ import annotations
@@ -19,18 +23,21 @@ from nmt.data.vocab import PAD
 from nmt.devices import same_device
 from nmt.engine.generator import Generator
 from nmt.engine.graph import Graph, Tracer
+from nmt.engine.meta import SizesOnly
 from nmt.engine.node import resized
 from nmt.engine.records import BufferRecord, records_for
 from nmt.engine.seq2seq import decoder_graph, encoder_graph
 from nmt.engine.sharing import SharingPlan
 from nmt.errors import NmtError
-from nmt.model import Seq2SeqAttn
+from nmt.model import Seq2SeqAttn, build_model
 
 
 class CloneExecutor:
     """Trains a Seq2SeqAttn with cloned graphs; the buffers `plan` names are shared by all
     clones (the planner finds the plan, `nmt.engine.planner.plan(model.cfg, policy)`).
-    Its buffers live on the model's device; `device`, if given, must name it."""
+    Its buffers live on the model's device; `device`, if given, must name it. With
+    `batch_size`, every buffer is allocated up front (`reserve`); without, buffers grow as
+    batches need them (the planner's probe)."""
 
     def __init__(
         self,
@@ -39,6 +46,7 @@ class CloneExecutor:
         max_tgt_len: int,
         plan: SharingPlan,
         device: torch.device | str | None = None,
+        batch_size: int | None = None,
         *,
         label_smoothing: float = 0.0,
     ):
@@ -84,6 +92,39 @@ class CloneExecutor:
         for r in ("src", "tgt_in", "tgt_out"):
             self.loop[r] = torch.empty(0, device=dev, dtype=torch.long)
         self.loop["loss"] = torch.zeros((), device=dev, dtype=torch.float64)
+        if batch_size is not None:
+            self.reserve(batch_size)
+
+    def reserve(self, batch_size: int) -> None:
+        """Allocate every buffer at its size for `batch_size` sentences at the maximum lengths.
+        The sizes come from one step of a twin executor on the meta device (nothing computed,
+        no random number drawn, no gradient touched); on meta the executor is its own twin."""
+        if self.device.type == "meta":
+            twin = self
+        else:
+            model = self.model
+            meta_model = build_model(
+                self.cfg,
+                model.src_embedding.weight.shape[0],
+                model.generator.weight.shape[0],
+                device="meta",
+                dtype=self.dtype,
+            ).train()
+            twin = CloneExecutor(meta_model, self.n_enc - 2, self.n_dec - 1, self.plan, "meta")
+        with torch.device("meta"):
+            full = Batch(
+                torch.zeros(batch_size, self.n_enc, dtype=torch.long),
+                torch.zeros(batch_size, self.n_dec, dtype=torch.long),
+                torch.zeros(batch_size, self.n_dec, dtype=torch.long),
+            )
+        with SizesOnly():
+            twin.step(full)
+        if twin is self:
+            return
+        for mine, theirs in zip(self._owned(), twin._owned(), strict=True):
+            need = theirs.untyped_storage().nbytes()
+            if mine.untyped_storage().nbytes() < need:
+                mine.untyped_storage().resize_(need)
 
     def _share(self, plan: SharingPlan) -> dict[tuple[str, str], Tensor]:
         """Point the same node of every clone at one tensor for each shared (node, role)."""
@@ -103,7 +144,7 @@ class CloneExecutor:
 
     def forward_backward(self, batch: Batch) -> float:
         """Accumulate d(training loss / batch_size)/d(param) (the NLL, or with label smoothing
-        the smoothed cross-entropy of `nmt.train.loss`) into each parameter's .grad (zeros are
+        the smoothed cross-entropy of `nmt.loss`) into each parameter's .grad (zeros are
         created where .grad is None) and return the summed NLL of the non-PAD tokens.
 
         Dropout is used iff model.training, with masks drawn in the order of
@@ -149,6 +190,9 @@ class CloneExecutor:
                 self.clones["enc_bwd"], range(S - 1, -1, -1), src_t, zeros, context, tr, "add_"
             )
             init = resized(lp["init_state"], (n_state, B, H))
+            if tr is not None:  # the loop reads both final states: a phase of its own
+                tr.begin("loop:init_state")
+                tr.touch(final, final_b)
             for k in range(n_state):
                 torch.add(final[k], final_b[k], out=init[k])
             states = list(init.unbind(0))
@@ -175,8 +219,9 @@ class CloneExecutor:
         for t in range(T - 1, -1, -1):
             g = dec[t]
             out_t = g.outputs()[n_state]
-            if tr is not None:
-                tr.touch(out_t)  # the generator reads this clone's output now
+            if tr is not None:  # the generator reads this clone's output: the loop's phase
+                tr.begin(f"loop:generator[{t}]")
+                tr.touch(out_t)
             out_grad.add_(self.generator.step(out_t, tout[t], valid[t], weight[t], loss))
             ig = _backward(g, [*grads, out_grad], tr, "dec", t)
             enc_acc.add_(ig["context"])
@@ -244,9 +289,10 @@ class CloneExecutor:
             for i, g in enumerate(graphs)
         ]
 
-    def buffers(self) -> list[BufferRecord]:
-        """Every buffer the engine holds: one record per (clone, node, role); a shared storage
-        appears once per clone that references it, with the same storage_key."""
+    def owned(self) -> list[tuple[str, str, str, Tensor]]:
+        """(clone, node, role, tensor) for every buffer the engine holds, in a fixed order:
+        every clone's nodes, the generator's, then the loop's; a shared tensor once per clone
+        that references it."""
         owned = [
             (name, node.name, role, t)
             for name, g in self.clone_graphs()
@@ -259,7 +305,15 @@ class CloneExecutor:
             for role, t in node.buffers()
         ]
         owned += [("loop", "loop", role, t) for role, t in self.loop.items()]
-        return records_for(owned)
+        return owned
+
+    def _owned(self) -> list[Tensor]:
+        return [t for _, _, _, t in self.owned()]
+
+    def buffers(self) -> list[BufferRecord]:
+        """Every buffer the engine holds: one record per (clone, node, role); a shared storage
+        appears once per clone that references it, with the same storage_key."""
+        return records_for(self.owned())
 
 
 def _forward(g: Graph, tr: Tracer | None, kind: str, t: int) -> None:

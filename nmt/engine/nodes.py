@@ -353,7 +353,7 @@ class LogSoftMaxNLL(Node):
     The forward keeps log-probabilities in `output`; backward overwrites them in place with
     d loss / d logits (= w * (softmax - onehot)), which is also its grad_input: one V-sized
     buffer for the whole criterion. With label smoothing eps the target distribution is
-    `nmt.train.loss`'s q (1 - eps on the reference, 0 on PAD, s = eps / (V - 2) elsewhere)
+    `nmt.loss`'s q (1 - eps on the reference, 0 on PAD, s = eps / (V - 2) elsewhere)
     and the gradient w * (softmax - q) = w * (softmax - s) + w s onehot(PAD)
     - w (1 - eps - s) onehot(target), still computed in the same buffer.
     """

@@ -13,12 +13,18 @@ compared by data pointer, so a view is the tensor it views. A buffer touched in 
 (a sigmoid output read again by its backward, an i2h input, a state that leaves the clone)
 is never shared. Names are per layer, so encoder and decoder nodes of one name share.
 
+The analysis fails closed: a buffer the probe never touched is not shared (nothing shows
+it safe); the training loop's reads between clone calls are phases of their own; and a node
+holding a tensor that none of its declared roles (`Node.ROLES`) accounts for - a private
+buffer the analysis cannot see - is an `UndeclaredBufferError` at planning time.
+
 Which of the safe buffers are shared is the policy's choice (`nmt.engine.policies`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from functools import lru_cache
 from typing import Any
 
@@ -29,11 +35,17 @@ from nmt.data.batching import Batch
 from nmt.engine import policies
 from nmt.engine.clones import CloneExecutor
 from nmt.engine.graph import Tracer
+from nmt.engine.node import flat
 from nmt.engine.nodes import MM
 from nmt.engine.sharing import SharingPlan, Slot
 from nmt.model import build_model, private_rng
 
 StructureKey = tuple[tuple[str, Any], ...]  # (field, value) of every field, normalised
+
+
+class UndeclaredBufferError(TypeError):
+    """A node holds a tensor outside its declared roles: a node class bug, not a user error
+    (the planner could not tell whether sharing around it is safe)."""
 
 
 def structure_key(model_cfg: ModelConfig) -> StructureKey:
@@ -88,6 +100,7 @@ def analyse(
         )
         tracer = Tracer()
         executor.step(batch, tracer)
+    check_declared(executor, [batch.src, batch.tgt_in, batch.tgt_out])
 
     reasons: dict[Slot, str] = {}
     sizes: dict[Slot, int] = {}
@@ -108,13 +121,38 @@ def analyse(
     return frozenset(seen - set(reasons)), reasons, sizes, frozenset(mm)
 
 
+def check_declared(executor: CloneExecutor, extra: Iterable[torch.Tensor] = ()) -> None:
+    """Every tensor a node of a clone (or the generator) holds after the probe's step must be
+    a declared buffer of the engine (any node's role, a loop buffer), a view of one, a
+    parameter or gradient, or one of `extra` (the batch); anything else is a private buffer
+    the planner cannot see: UndeclaredBufferError names the node and the attribute."""
+    owned = executor.owned()
+    declared_ids = {id(t) for _, _, _, t in owned}
+    declared = {t.untyped_storage().data_ptr() for _, _, _, t in owned}
+    model = [t for p in executor.model.parameters() for t in (p, p.grad) if t is not None]
+    declared |= {t.untyped_storage().data_ptr() for t in [*model, *extra]}
+    declared.discard(0)
+    nodes = [n for _, g in executor.clone_graphs() for n in g.all_nodes()]
+    for node in [*nodes, *executor.generator.nodes()]:
+        for attr, value in vars(node).items():
+            for t in flat(value):
+                ptr = t.untyped_storage().data_ptr()
+                if ptr in declared or (not ptr and id(t) in declared_ids):
+                    continue
+                raise UndeclaredBufferError(
+                    f"{node!r} holds a tensor in attribute {attr!r} that is none of its declared "
+                    f"buffers {sorted(node.ROLES)}: declare it in {type(node).__name__}.ROLES "
+                    "(and what its backward reads) so the planner and the accounting see it"
+                )
+
+
 def _verdict(clone: str, ptr: int, tracer, leaving: set[int]) -> str:
     """Why this buffer must stay private to its clone ('' when it may be shared)."""
-    if not ptr:
-        return "never used by the probe"
+    phases = tracer.phases.get(ptr, set()) if ptr else set()
+    if not phases:
+        return "never touched by the probe"
     if ptr in leaving:
         return "leaves the clone"
-    phases = tracer.phases.get(ptr, set())
     mine = {p for p in phases if p.startswith(clone + ":")}
     if phases != mine:
         return "read outside its clone's call"

@@ -1,7 +1,9 @@
 """`nmt memreport`: what one training step holds in memory, per preallocation policy.
 
-measure.py   accounting per policy on the meta device (clones: the engine's inventory;
-             autograd: a storage tracker with saved-tensor hooks)
+measure.py   accounting per row and phase on the meta device (clones: the engine's
+             inventory; autograd: the storage tracker with saved-tensor hooks; validation)
+tracker.py   the storage tracker: live bytes, their peak, what was live then
+translation.py  beam search's peak, replayed on meta (--translate)
 live.py      one real step per policy on cpu / cuda, checked against the accounting
 budget.py    sizes like 16GiB; the largest batch / target length that fits a budget
 report.py    assembling the numbers; the JSON schema
@@ -22,6 +24,7 @@ from nmt.errors import NmtError
 from nmt.memreport.budget import parse_size
 from nmt.memreport.report import Report, build_report, to_json
 from nmt.memreport.text import render
+from nmt.memreport.translation import Translation
 
 __all__ = ["Report", "build_report", "parse_size", "render", "run", "to_json"]
 
@@ -40,11 +43,13 @@ def run(
     budget: str | None = None,
     detail: str = policies.DEFAULT,
     top: int = 15,
+    translate: str | None = None,
     quiet: bool = False,
 ) -> Report:
     """Build the report, print it, and write the JSON / PNG asked for. Progress goes to
     stderr, the report to stdout."""
     budget_bytes = parse_size(budget) if budget is not None else None
+    translation = Translation.parse(translate) if translate is not None else None
     if plot_path is not None:
         from nmt.memreport.plot import require_matplotlib
 
@@ -57,6 +62,7 @@ def run(
         detail=detail,
         top=top,
         lengths=plot_path is not None,
+        translation=translation,
         log=(lambda _: None) if quiet else _log,
     )
     print(render(report), flush=True)

@@ -1,9 +1,11 @@
 """One real training step per policy, to hold the accounting to what a real device holds.
 
 On cpu and cuda the step runs at maximum lengths on a real model. For the clone policies
-the storages the executor then holds are walked independently (by data pointer, through
-every node's attributes) and compared with the meta accounting; for autograd the storage
-tracker's peak on the real device is compared with its peak on meta. On cuda the step is
+the storages the executor holds are walked independently (by data pointer, through every
+node's attributes) and compared with the meta accounting, right after it is built (its
+buffers are allocated up front) and again after the step (they did not grow); for the
+autograd rows the storage tracker's peak on the real device is compared with its peak on
+meta. On cuda the step is
 a whole training step (zero_grad, forward/backward, clipping, optimizer step) in a fresh
 allocator state, and `max_memory_allocated` / `max_memory_reserved` are read after it:
 the allocated peak must lie within `ALLOCATED_TOLERANCE` of the accounted total. A step that
@@ -22,7 +24,13 @@ from nmt.engine import planner
 from nmt.engine.accounting import summarize
 from nmt.engine.clones import CloneExecutor
 from nmt.engine.node import flat
-from nmt.memreport.measure import PolicyMemory, Setting, autograd_step
+from nmt.memreport.measure import (
+    AUTOGRAD_ROWS,
+    PolicyMemory,
+    Setting,
+    autograd_step,
+    row_loss_chunk,
+)
 from nmt.model import Seq2SeqAttn, private_rng
 from nmt.out_of_memory import batch_shape, is_out_of_memory, memreport_advice, ran_out
 from nmt.train.schedule import make_optimizer
@@ -112,11 +120,18 @@ def held_storage_bytes(executor: CloneExecutor, model: Seq2SeqAttn) -> int:
     return sum(storages.values())
 
 
-def _clone_step(setting: Setting, policy: str, model: Seq2SeqAttn, device: torch.device):
+def _clone_executor(
+    setting: Setting, policy: str, model: Seq2SeqAttn, device: torch.device
+) -> CloneExecutor:
     plan = planner.plan(setting.model, policy)
-    executor = CloneExecutor(model, setting.max_src_len, setting.max_tgt_len, plan, device)
-    executor.forward_backward(setting.full_batch(device))
-    return executor
+    return CloneExecutor(
+        model,
+        setting.max_src_len,
+        setting.max_tgt_len,
+        plan,
+        device,
+        batch_size=setting.batch_size,
+    )
 
 
 def real_step(
@@ -155,17 +170,22 @@ def _run(
     params = list(model.parameters())
     optimizer = make_optimizer(TrainConfig(optimizer=setting.optimizer), params)
     optimizer.zero_grad(set_to_none=False)
-    if policy == "autograd":
-        step = autograd_step(setting, model, setting.full_batch(device))
+    if policy in AUTOGRAD_ROWS:
+        batch = setting.full_batch(device)
+        step = autograd_step(setting, model, batch, row_loss_chunk(setting, policy))
         result.accounted_bytes, result.live_bytes = accounted.buffer_bytes, step.peak
     else:
-        executor = _clone_step(setting, policy, model, device)
+        executor = _clone_executor(setting, policy, model, device)
+        built = held_storage_bytes(executor, model)
+        executor.forward_backward(setting.full_batch(device))
         live = summarize(executor.buffers())["buffers"]
         walked = held_storage_bytes(executor, model)
         result.accounted_bytes = summarize(accounted.records)["buffers"]
         result.live_bytes = walked
         if live != walked:
             result.error = f"executor inventory {live} B != storages held {walked} B"
+        elif built != walked:
+            result.error = f"built with {built} B of buffers, {walked} B after a step"
     if device.type == "cuda":
         torch.nn.utils.clip_grad_norm_(params, CLIP_NORM)
         optimizer.step()

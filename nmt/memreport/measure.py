@@ -1,26 +1,30 @@
-"""Accounted memory of one training step at maximum lengths, per policy, on the meta device.
+"""Accounted memory of a training run at maximum lengths, per row, on the meta device.
 
-Clone policies (`nmt.engine.policies`) come from the engine's exact buffer inventory
+A row is a clone policy (`nmt.engine.policies`), `autograd` (the autograd executor with the
+configured `train.loss_chunk`) or `autograd-full` (its loss over all positions at once).
+A run's memory has phases: the training step, the validation pass (and, when asked, a beam
+search), each on top of what stays allocated between them (the resident bytes: parameters,
+gradients, optimizer state and the clone executor's buffers); its peak is their maximum.
+
+Clone policies' buffers come from the engine's exact inventory
 (`nmt.engine.accounting.account`). Plain autograd has no persistent buffers to list, so its
-step is run on meta under a storage tracker: every storage an op creates is followed until
-it is freed, which gives the peak of live activation memory; the storages saved for backward
-(`saved_tensors_hooks`) are told apart from the temporaries live at that peak. The same
-tracker around the clone step shows that its temporaries are negligible. Parameters and
-gradients are counted as allocated (the steady state of training), optimizer state as the
-configured optimizer holds it after a step.
+step is run on meta under a storage tracker (`nmt.memreport.tracker`): every storage an op
+creates is followed until it is freed, which gives the peak of live activation memory; the
+storages saved for backward (`saved_tensors_hooks`) are told apart from the temporaries live
+at that peak. The same tracker gives the clone step's temporaries, the validation pass's
+activations (the model's forward without gradients, the loss in chunks: `nmt.loss`) and the
+beam search's (`nmt.memreport.translation`). Parameters and gradients are counted as
+allocated (the steady state of training), optimizer state as the configured optimizer
+holds it after a step.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import weakref
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 from nmt.config import Config, ModelConfig, TrainConfig
 from nmt.data.batching import Batch
@@ -28,12 +32,20 @@ from nmt.devices import DTYPES
 from nmt.engine import planner, policies
 from nmt.engine.accounting import MODEL_ROLES, account, summarize
 from nmt.engine.records import BufferRecord
+from nmt.loss import batch_nll
+from nmt.memreport.tracker import StorageTracker, storage_key  # noqa: F401 (first lived here)
+from nmt.memreport.translation import Translation, beam_peak
 from nmt.model import Seq2SeqAttn, build_model
+from nmt.train.executors import AutogradExecutor
 from nmt.train.schedule import make_optimizer
 
-AUTOGRAD = "autograd"  # the reference row: plain PyTorch, no clones
+AUTOGRAD = "autograd"  # the reference row: the autograd executor, loss in chunks
+AUTOGRAD_FULL = "autograd-full"  # the autograd executor with the loss over all positions
+AUTOGRAD_ROWS = (AUTOGRAD, AUTOGRAD_FULL)
 # buffer categories: the clone engine's (by role) and autograd's (saved / temporaries)
 CATEGORIES = ("output", "grad_input", "accumulator", "other", "saved", "transient")
+ACTIVATIONS = ("saved", "transient")  # live during the step only; the rest stays allocated
+PHASES = ("step", "validation", "translation")
 ACCUMULATOR_ROLES = ("grad_output_acc", "encoder_acc", "state_grad", "state_grad_bwd", "out_grad")
 
 
@@ -49,9 +61,11 @@ class Setting:
     max_tgt_len: int
     dtype: str = "float32"
     optimizer: str = "sgd"
+    loss_chunk: int = 1  # train.loss_chunk: the autograd row and validation
+    translation: Translation | None = None  # a beam search's phase, when asked
 
     @classmethod
-    def from_config(cls, cfg: Config) -> Setting:
+    def from_config(cls, cfg: Config, translation: Translation | None = None) -> Setting:
         d = cfg.data
         return cls(
             cfg.model,
@@ -62,9 +76,11 @@ class Setting:
             d.max_tgt_len,
             cfg.train.dtype,
             cfg.train.optimizer,
+            cfg.train.loss_chunk,
+            translation,
         )
 
-    def replace(self, **changes: int) -> Setting:
+    def replace(self, **changes: object) -> Setting:
         return dataclasses.replace(self, **changes)
 
     @property
@@ -106,9 +122,11 @@ class Setting:
 
 @dataclass
 class PolicyMemory:
-    """The accounted memory of one policy. `parts`: buffer bytes by category (only the
-    categories that apply: clone roles + transient, or saved + transient for autograd);
-    `records`: what the buffers are, for the per-node table."""
+    """The accounted memory of one row. `parts`: the training step's buffer bytes by category
+    (only the categories that apply: clone roles + transient, or saved + transient for
+    autograd); `records`: what the buffers are, for the per-node table; `validation_peak` /
+    `translation_peak`: activation bytes at the peak of a validation pass / a beam search
+    (None: not accounted), on top of the resident bytes."""
 
     policy: str
     param_bytes: int
@@ -116,6 +134,8 @@ class PolicyMemory:
     optimizer_bytes: int
     parts: dict[str, int]
     records: list[BufferRecord]
+    validation_peak: int | None = None
+    translation_peak: int | None = None
 
     @property
     def buffer_bytes(self) -> int:
@@ -123,7 +143,35 @@ class PolicyMemory:
 
     @property
     def total_bytes(self) -> int:
+        """The training step: what is allocated at its peak."""
         return self.param_bytes + self.grad_bytes + self.optimizer_bytes + self.buffer_bytes
+
+    @property
+    def resident_bytes(self) -> int:
+        """What stays allocated between steps: all but the step's activations."""
+        return self.total_bytes - sum(self.parts.get(c, 0) for c in ACTIVATIONS)
+
+    @property
+    def phases(self) -> dict[str, int]:
+        """Total bytes at the peak of each phase accounted: step, validation, translation."""
+        out = {"step": self.total_bytes}
+        for name, extra in (
+            ("validation", self.validation_peak),
+            ("translation", self.translation_peak),
+        ):
+            if extra is not None:
+                out[name] = self.resident_bytes + extra
+        return out
+
+    @property
+    def peak_phase(self) -> str:
+        phases = self.phases
+        return max(phases, key=lambda p: (phases[p], -PHASES.index(p)))
+
+    @property
+    def peak_bytes(self) -> int:
+        """A run's peak: the largest phase."""
+        return self.phases[self.peak_phase]
 
     def buffer_records(self) -> list[BufferRecord]:
         return [r for r in self.records if r.role not in MODEL_ROLES]
@@ -140,78 +188,18 @@ def category(role: str) -> str:
     return "other"  # dropout masks, the loop's context, token ids, loss weights
 
 
-# ---- following storages ------------------------------------------------------------------
-
-
-def storage_key(t: Tensor) -> int:
-    """Identity of a tensor's storage (views included) on any device, meta too."""
-    return t.untyped_storage()._cdata
-
-
-class StorageTracker(TorchDispatchMode):
-    """Follows every storage created by an op until it is freed: live bytes, their peak, and
-    which storages were live at the peak. Storages of `known` tensors (parameters, gradients,
-    the batch) are not counted. A storage is counted at the size it had when first seen, so
-    buffers the engine creates empty and grows with `resize_` do not count: only the
-    temporaries and the allocations of full-size tensors do."""
-
-    def __init__(self, known: Iterable[Tensor] = ()):
-        super().__init__()
-        self._ids: dict[int, int] = {}  # storage key -> serial, while live
-        self._known = {storage_key(t) for t in known}
-        self.info: list[tuple[str, tuple[int, ...], int]] = []  # serial -> (op, shape, bytes)
-        self._events: list[int] = []  # +serial+1 allocated, -(serial+1) freed
-        self.live = self.peak = 0
-        self._peak_event = 0
-
-    def serial(self, t: Tensor) -> int | None:
-        """The serial of a tracked tensor's storage (None when not created under tracking)."""
-        return self._ids.get(storage_key(t))
-
-    def _free(self, key: int, serial: int, size: int) -> None:
-        if self._ids.get(key) == serial:
-            del self._ids[key]
-        self.live -= size
-        self._events.append(-(serial + 1))
-
-    def _track(self, op: str, t: Tensor) -> None:
-        st = t.untyped_storage()
-        key = st._cdata
-        if key in self._ids or key in self._known:
-            return
-        serial, size = len(self.info), st.nbytes()
-        self.info.append((op, tuple(t.shape), size))
-        self._ids[key] = serial
-        self._events.append(serial + 1)
-        self.live += size
-        if self.live > self.peak:
-            self.peak, self._peak_event = self.live, len(self._events)
-        weakref.finalize(st, self._free, key, serial, size).atexit = False
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in tree_flatten(out)[0]:
-            if isinstance(t, Tensor):
-                self._track(func.overloadpacket.__name__, t)
-        return out
-
-    def live_at_peak(self) -> set[int]:
-        """Serials of the storages live when the peak was reached."""
-        live: set[int] = set()
-        for e in self._events[: self._peak_event]:
-            if e > 0:
-                live.add(e - 1)
-            else:
-                live.discard(-e - 1)
-        return live
-
-
 # ---- the policies ------------------------------------------------------------------------
 
 
 def report_policies() -> tuple[str, ...]:
-    """The report's rows: every registered preallocation policy, then plain autograd."""
-    return (*policies.names(), AUTOGRAD)
+    """The report's rows: every registered preallocation policy, then the autograd executor
+    with the configured loss chunks and with the loss over all positions at once."""
+    return (*policies.names(), *AUTOGRAD_ROWS)
+
+
+def row_loss_chunk(setting: Setting, row: str) -> int:
+    """train.loss_chunk as the row's run would have it (autograd-full: 0, all at once)."""
+    return 0 if row == AUTOGRAD_FULL else setting.loss_chunk
 
 
 def optimizer_bytes(setting: Setting) -> int:
@@ -274,8 +262,11 @@ class AutogradStep:
         return out
 
 
-def autograd_step(setting: Setting, model: Seq2SeqAttn, batch: Batch) -> AutogradStep:
-    """Run d(NLL / B) on `model` (meta, cpu or cuda) under the storage tracker."""
+def autograd_step(
+    setting: Setting, model: Seq2SeqAttn, batch: Batch, loss_chunk: int
+) -> AutogradStep:
+    """Run the autograd executor's step (d(NLL / B), the loss in chunks of `loss_chunk`
+    positions) on `model` (meta, cpu or cuda) under the storage tracker."""
     known = [t for p in model.parameters() for t in (p, p.grad) if t is not None]
     tracker = StorageTracker([*known, batch.src, batch.tgt_in, batch.tgt_out])
     saved: set[int] = set()
@@ -286,10 +277,10 @@ def autograd_step(setting: Setting, model: Seq2SeqAttn, batch: Batch) -> Autogra
             saved.add(serial)
         return t
 
+    executor = AutogradExecutor(model, loss_chunk)
     with tracker:
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            loss = model.nll(batch.src, batch.tgt_in, batch.tgt_out)
-        (loss / batch.size).backward()
+            loss = executor.step(batch)
         del loss
     records = []
     for serial in sorted(tracker.live_at_peak()):
@@ -299,18 +290,49 @@ def autograd_step(setting: Setting, model: Seq2SeqAttn, batch: Batch) -> Autogra
     return AutogradStep(tracker.peak, records)
 
 
-def measure_autograd(setting: Setting, opt_bytes: int) -> PolicyMemory:
-    """Plain PyTorch autograd on meta: parameters, gradients, and the peak of activations."""
+def measure_autograd(setting: Setting, row: str, opt_bytes: int) -> PolicyMemory:
+    """The autograd executor on meta: parameters, gradients, and the peak of activations."""
     model = setting.build_model("meta")
-    step = autograd_step(setting, model, setting.full_batch("meta"))
+    step = autograd_step(setting, model, setting.full_batch("meta"), row_loss_chunk(setting, row))
     param = sum(p.untyped_storage().nbytes() for p in model.parameters())
-    return PolicyMemory(AUTOGRAD, param, param, opt_bytes, step.parts(), step.records)
+    return PolicyMemory(row, param, param, opt_bytes, step.parts(), step.records)
+
+
+def validation_peak(setting: Setting, loss_chunk: int, model: Seq2SeqAttn | None = None) -> int:
+    """Activation bytes at the peak of validating one batch of `setting.batch_size` sentences
+    at maximum lengths (`nmt.loss.batch_nll`: dropout off, no gradients, the loss in chunks
+    of `loss_chunk` positions); on `model`'s device, meta by default."""
+    model = model if model is not None else setting.build_model("meta")
+    batch = setting.full_batch(next(model.parameters()).device)
+    known = [t for p in model.parameters() for t in (p, p.grad) if t is not None]
+    tracker = StorageTracker([*known, batch.src, batch.tgt_in, batch.tgt_out])
+    was_training = model.training
+    model.eval()
+    try:
+        with tracker, torch.no_grad():
+            batch_nll(model, batch, loss_chunk)
+    finally:
+        model.train(was_training)
+    return tracker.peak
+
+
+def translation_peak(setting: Setting) -> int | None:
+    """Activation bytes at the peak of the beam search `setting.translation` asks for (None:
+    not asked), with sources of the maximum length, on meta."""
+    if setting.translation is None:
+        return None
+    return beam_peak(setting.build_model("meta"), setting.encoder_clones, setting.translation)
 
 
 def measure(setting: Setting, policy: str, opt_bytes: int | None = None) -> PolicyMemory:
-    """The accounted memory of `policy` for `setting`, on meta (nothing is allocated)."""
+    """The accounted memory of row `policy` for `setting`, every phase, on meta (nothing is
+    allocated)."""
     if opt_bytes is None:
         opt_bytes = optimizer_bytes(setting)
-    if policy == AUTOGRAD:
-        return measure_autograd(setting, opt_bytes)
-    return measure_clones(setting, policy, opt_bytes)
+    if policy in AUTOGRAD_ROWS:
+        memory = measure_autograd(setting, policy, opt_bytes)
+    else:
+        memory = measure_clones(setting, policy, opt_bytes)
+    memory.validation_peak = validation_peak(setting, row_loss_chunk(setting, policy))
+    memory.translation_peak = translation_peak(setting)
+    return memory

@@ -1,4 +1,5 @@
-"""The report as a PNG: stacked bars per policy, and total memory against target length.
+"""The report as a PNG: stacked bars per row (the training step, a mark at the run's peak),
+and the peak against target length.
 
 matplotlib is an optional extra (`pip install 'nmt[plot]'`): `require_matplotlib` says so
 in one line before any accounting work starts.
@@ -61,7 +62,7 @@ def write_plot(report: Report, data: dict, path: str | Path) -> None:
     s = report.setting
     pol = data["policies"]
     rows = list(pol)  # the report's rows: the registry's policies, then autograd
-    unit, scale = _unit(max(pol[p]["total_bytes"] for p in rows))
+    unit, scale = _unit(max(pol[p]["peak_bytes"] for p in rows))
     has_curve = bool(report.lengths)
     fig, axes = plt.subplots(1, 2 if has_curve else 1, figsize=(13 if has_curve else 7, 5.2))
     bars = axes[0] if has_curve else axes
@@ -72,14 +73,19 @@ def write_plot(report: Report, data: dict, path: str | Path) -> None:
             continue
         bars.bar(rows, values, bottom=bottoms, label=label, color=color, width=0.6)
         bottoms = [b + v for b, v in zip(bottoms, values, strict=True)]
+    peaks = [pol[p]["peak_bytes"] / scale for p in rows]
+    bars.hlines(peaks, [i - 0.35 for i in range(len(rows))], [i + 0.35 for i in range(len(rows))],
+                colors="black", linestyles="--", lw=1.2, label="run peak")  # fmt: skip
     for i, p in enumerate(rows):
         note = f"{pol[p]['total_bytes'] / scale:,.2f} {unit}"
         if p != policies.OFF:
             note += f"\n{pol[p]['total_ratio']:.2f}x"
-        bars.text(i, bottoms[i], note, ha="center", va="bottom", fontsize=9)
-    bars.set_ylim(0, max(bottoms) * 1.15)
+        if pol[p]["peak_phase"] != "step":
+            note += f"\npeak {peaks[i]:,.2f} ({pol[p]['peak_phase']})"
+        bars.text(i, max(bottoms[i], peaks[i]), note, ha="center", va="bottom", fontsize=8)
+    bars.set_ylim(0, max(*bottoms, *peaks) * 1.2)
     bars.set_ylabel(f"{unit} (accounted)")
-    bars.set_title("one training step at maximum lengths")
+    bars.set_title("one training step at maximum lengths, and the run's peak")
     bars.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.07), ncol=3)
 
     if has_curve:
@@ -92,9 +98,9 @@ def write_plot(report: Report, data: dict, path: str | Path) -> None:
         if report.budget and report.budget <= 2 * top:  # a far budget would flatten the lines
             curve.axhline(report.budget / scale, ls="--", color="black", lw=1, label="budget")
         curve.set_xlabel("maximum target length (tokens)")
-        curve.set_ylabel(f"total {unit} (accounted)")
+        curve.set_ylabel(f"peak {unit} (accounted)")
         curve.set_ylim(bottom=0)
-        curve.set_title(f"total against target length (batch {s.batch_size})")
+        curve.set_title(f"a run's peak against target length (batch {s.batch_size})")
         curve.legend(fontsize=8)
         curve.grid(alpha=0.3)
 

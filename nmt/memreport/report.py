@@ -1,5 +1,6 @@
-"""Assemble the memory report: accounting per policy, the seed's arithmetic, the per-node
-table, real-step checks, the budget search, length curves; and its stable JSON schema."""
+"""Assemble the memory report: accounting per row and phase, the seed's arithmetic, the
+per-node table, real-step checks, the budget search, length curves; and its stable JSON
+schema (`SCHEMA_VERSION`; every field is described in the README)."""
 
 from __future__ import annotations
 
@@ -24,15 +25,22 @@ from nmt.memreport.budget import (
 )
 from nmt.memreport.live import LiveResult, real_step
 from nmt.memreport.measure import (
+    AUTOGRAD_ROWS,
     CATEGORIES,
+    PHASES,
     PolicyMemory,
     Setting,
     measure,
     optimizer_bytes,
     report_policies,
+    row_loss_chunk,
 )
+from nmt.memreport.translation import Translation
 
-SCHEMA_VERSION = 1
+# 2: autograd-full row; validation / translation phases and peak_bytes; the budget and the
+#    length curves on peak_bytes; seed_arithmetic term by term
+SCHEMA_VERSION = 2
+SEED_POLICY = "attention"  # seq2seq-attn PR #45: the two attention products shared
 RAM_FRACTION = 0.25  # auto device: meta when the largest total exceeds this share of RAM
 CPU_GFLOP_LIMIT = 20.0  # ... or when one real CPU step would cost more than this
 MIB = 2**20
@@ -59,6 +67,7 @@ class Report:
         return self.memory[policies.OFF]
 
     def saving(self, policy: str) -> int:
+        """What `policy` saves on the training step against sharing nothing."""
         return self.baseline.total_bytes - self.memory[policy].total_bytes
 
     def shared_fraction(self, policy: str) -> float | None:
@@ -154,21 +163,23 @@ def build_report(
     detail: str = policies.DEFAULT,
     top: int = 15,
     lengths: bool = False,
+    translation: Translation | None = None,
     log: Log = lambda _: None,
 ) -> Report:
-    """Account every policy on meta; then, as asked, real steps, the budget, length curves."""
+    """Account every row and phase on meta; then, as asked, real steps, the budget, length
+    curves. `translation`: also account a beam search (a phase of its own)."""
     rows = report_policies()
     if detail not in rows:
         raise NmtError(f"--detail {detail!r}: expected one of {', '.join(rows)}")
     if top < 1:
         raise NmtError(f"--top {top}: expected at least 1 row")
-    setting = Setting.from_config(cfg)
+    setting = Setting.from_config(cfg, translation)
     choose_device(device, setting, 0)  # a mistyped device fails before any work
     opt = optimizer_bytes(setting)
     memory = {
         p: _timed(log, f"accounted {p} on meta", lambda p=p: measure(setting, p, opt)) for p in rows
     }
-    largest_total = max(m.total_bytes for m in memory.values())
+    largest_total = max(m.peak_bytes for m in memory.values())
     dev, why = choose_device(device, setting, largest_total)
     report = Report(setting, config_path, dev, why, memory, detail_policy=detail, top=top)
     if dev != "meta":
@@ -190,7 +201,7 @@ def build_report(
             report.largest[p] = _timed(
                 log,
                 f"budget search {p}",
-                lambda p=p: search_budget(setting, p, opt, budget, memory[p].total_bytes),
+                lambda p=p: search_budget(setting, p, opt, budget, memory[p].peak_bytes),
             )
     if lengths:
         for p in rows:
@@ -204,12 +215,13 @@ def search_budget(
     setting: Setting, policy: str, opt: int, budget: int, here: int | None = None
 ) -> dict[str, Largest]:
     """Largest batch size (at the configured lengths) and largest target length (at the
-    configured batch size) whose accounted total fits in `budget` bytes; `here`: the total
-    at the configured point when known."""
+    configured batch size) whose accounted peak (training step, validation and, when asked,
+    translation) fits in `budget` bytes; `here`: the peak at the configured point when known.
+    The translation's own batch size stays as asked."""
     if here is None:
-        here = measure(setting, policy, opt).total_bytes
+        here = measure(setting, policy, opt).peak_bytes
     batch = largest_fitting(
-        lambda b: measure(setting.replace(batch_size=b), policy, opt).total_bytes,
+        lambda b: measure(setting.replace(batch_size=b), policy, opt).peak_bytes,
         setting.batch_size,
         here,
         budget,
@@ -218,7 +230,7 @@ def search_budget(
         BATCH_CAP,
     )
     length = largest_fitting(
-        lambda t: measure(setting.replace(max_tgt_len=t), policy, opt).total_bytes,
+        lambda t: measure(setting.replace(max_tgt_len=t), policy, opt).peak_bytes,
         setting.max_tgt_len,
         here,
         budget,
@@ -232,15 +244,15 @@ def search_budget(
 def length_curve(
     setting: Setting, policy: str, opt: int, here: PolicyMemory, points: int = 5
 ) -> list[tuple[int, int]]:
-    """Accounted totals at `points` target lengths up to the configured maximum."""
+    """Accounted peaks at `points` target lengths up to the configured maximum."""
     T = setting.max_tgt_len
     xs = sorted({max(1, round(T * k / points)) for k in range(1, points + 1)})
     return [
         (
             t,
-            here.total_bytes
+            here.peak_bytes
             if t == T
-            else measure(setting.replace(max_tgt_len=t), policy, opt).total_bytes,
+            else measure(setting.replace(max_tgt_len=t), policy, opt).peak_bytes,
         )
         for t in xs
     ]
@@ -249,21 +261,52 @@ def length_curve(
 # ---- derived numbers ---------------------------------------------------------------------
 
 
-def seed_arithmetic(report: Report) -> dict[str, float | int]:
-    """The seed's own estimate of what sharing the two attention products saves: one
-    context-sized grad input (batch x source length x rnn size x element size) per decoder
-    clone, for each of the two products."""
+def seed_arithmetic(report: Report) -> dict | None:
+    """What sharing the two attention products saves, by arithmetic, beside what the
+    accounting finds. The seed multiplied one context-sized grad input (batch x source length
+    x rnn size x element size) by the decoder clones, for each product; but one shared copy
+    stays, and the products' small outputs and other grad inputs are shared too. So the
+    prediction is term by term: every slot the policy shares, its bytes per clone (from the
+    inventory without sharing) times the copies that go (all but the largest, which the
+    shared tensor keeps). None when the policy is not registered."""
+    if SEED_POLICY not in report.memory:
+        return None
     s = report.setting
     context = s.batch_size * s.encoder_clones * s.model.rnn_size * s.element_bytes
-    predicted = 2 * context * s.decoder_clones
-    actual = report.saving("attention")
+    shared = planner.plan(s.model, SEED_POLICY).shared
+    by_slot: dict[tuple[str, str], list] = {}
+    for r in report.baseline.records:
+        if "[" in r.clone and (r.node, r.role) in shared:
+            by_slot.setdefault((r.node, r.role), []).append(r)
+    terms = []
+    for (node, role), recs in sorted(by_slot.items()):
+        per_clone = max(r.bytes for r in recs)
+        shape = max(recs, key=lambda r: r.bytes).shape
+        terms.append(
+            {
+                "node": node,
+                "role": role,
+                "shape": list(shape),
+                "bytes_per_clone": per_clone,
+                "clones": len(recs),
+                "saved_bytes": sum(r.bytes for r in recs) - per_clone,
+                "context_sized": per_clone == context,
+            }
+        )
+    terms.sort(key=lambda t: (-t["saved_bytes"], t["node"], t["role"]))
+    predicted = sum(t["saved_bytes"] for t in terms)
+    actual = report.saving(SEED_POLICY)
     return {
+        "policy": SEED_POLICY,
         "batch_size": s.batch_size,
         "source_length": s.encoder_clones,
         "rnn_size": s.model.rnn_size,
         "element_bytes": s.element_bytes,
         "context_grad_input_bytes": context,
         "decoder_clones": s.decoder_clones,
+        "seed_estimate_bytes": 2 * context * s.decoder_clones,
+        "context_term_bytes": 2 * context * (s.decoder_clones - 1),
+        "terms": terms,
         "predicted_saving_bytes": predicted,
         "actual_saving_bytes": actual,
         "actual_over_predicted": actual / predicted if predicted else 0.0,
@@ -314,7 +357,7 @@ def detail_rows(memory: PolicyMemory, top: int) -> list[dict]:
 
 def policy_numbers(report: Report, policy: str) -> dict:
     m = report.memory[policy]
-    none_total = report.baseline.total_bytes
+    base = report.baseline
     out = {
         "param_bytes": m.param_bytes,
         "grad_bytes": m.grad_bytes,
@@ -325,12 +368,21 @@ def policy_numbers(report: Report, policy: str) -> dict:
         out[f"{c}_bytes"] = m.parts.get(c)
     live = report.live.get(policy)
     largest = report.largest.get(policy)
+    phases = m.phases
     out |= {
         "total_bytes": m.total_bytes,
         "saving_bytes": report.saving(policy),
-        "saving_percent": 100.0 * report.saving(policy) / none_total,
-        "total_ratio": m.total_bytes / none_total,
+        "saving_percent": 100.0 * report.saving(policy) / base.total_bytes,
+        "total_ratio": m.total_bytes / base.total_bytes,
         "shared_fraction": report.shared_fraction(policy),
+        "resident_bytes": m.resident_bytes,
+        "loss_chunk": row_loss_chunk(report.setting, policy) if policy in AUTOGRAD_ROWS else None,
+        "validation_activation_bytes": m.validation_peak,
+        "translation_activation_bytes": m.translation_peak,
+        **{f"{p}_bytes": phases.get(p) for p in PHASES},
+        "peak_bytes": m.peak_bytes,
+        "peak_phase": m.peak_phase,
+        "peak_ratio": m.peak_bytes / base.peak_bytes,
         "live": None if live is None else dataclasses.asdict(live) | {"ok": live.ok},
         "budget": None if largest is None else {k: v.to_dict() for k, v in largest.items()},
     }
@@ -353,6 +405,8 @@ def to_json(report: Report) -> dict:
         "dtype": s.dtype,
         "element_bytes": s.element_bytes,
         "optimizer": s.optimizer,
+        "loss_chunk": s.loss_chunk,
+        "translation": None if s.translation is None else dataclasses.asdict(s.translation),
         "device": report.device,
         "device_reason": report.device_reason,
     }
@@ -361,7 +415,7 @@ def to_json(report: Report) -> dict:
         first = next(iter(report.lengths.values()))
         lengths = {
             "max_tgt_len": [t for t, _ in first],
-            "total_bytes": {p: [b for _, b in pts] for p, pts in report.lengths.items()},
+            "peak_bytes": {p: [b for _, b in pts] for p, pts in report.lengths.items()},
         }
     return {
         "schema_version": SCHEMA_VERSION,

@@ -4,7 +4,7 @@ comparison needs them."""
 from __future__ import annotations
 
 from nmt.engine import policies
-from nmt.memreport.measure import CATEGORIES, Setting
+from nmt.memreport.measure import AUTOGRAD_ROWS, CATEGORIES, Setting
 from nmt.memreport.report import Report, to_json
 
 MIB = 2**20
@@ -63,7 +63,8 @@ def render(report: Report) -> str:
         _model_line(report.setting),
         f"device: {report.device} ({report.device_reason})",
         "",
-        "one training step at maximum lengths, MiB (gradients and optimizer state as allocated)",
+        "one training step at maximum lengths, MiB (gradients and optimizer state as "
+        "allocated; saving and ratio against the step without sharing)",
     ]
     base = policies.OFF
     rows = []
@@ -101,21 +102,9 @@ def render(report: Report) -> str:
     ]
     out.append(table(["policy", *labels.values(), "buffers"], rows))
     out += ["", *(report.plan_summary(p) for p in policies.names() if p != base)]
-
-    a = data["seed_arithmetic"]
-    ctx, n = a["context_grad_input_bytes"], a["decoder_clones"]
-    predicted, actual = a["predicted_saving_bytes"], a["actual_saving_bytes"]
-    out += [
-        "",
-        "the seed's arithmetic (seq2seq-attn PR #45, the two attention products shared):",
-        f"  one context-sized grad input = {a['batch_size']} x {a['source_length']} x "
-        f"{a['rnn_size']} x {a['element_bytes']} B = {ctx:,} B ({mib(ctx)} MiB)",
-        f"  x {n} decoder clones = {ctx * n:,} B ({mib(ctx * n)} MiB) per product, "
-        f"x 2 products = {predicted:,} B ({mib(predicted)} MiB)",
-        f"  'attention' saved {actual:,} B ({mib(actual)} MiB)"
-        f" = {a['actual_over_predicted']:.1%} of that (one shared copy of each stays; the "
-        "products' small outputs are shared too)",
-    ]
+    out += ["", _phase_section(report, data)]
+    if data["seed_arithmetic"] is not None:
+        out += ["", _seed_section(data["seed_arithmetic"])]
 
     d = data["detail"]
     out += ["", f"largest buffers, policy {d['policy']} (top {len(d['rows'])}), bytes"]
@@ -133,7 +122,7 @@ def render(report: Report) -> str:
         for r in d["rows"]
     ]
     heads = ["node", "in", "role", "shape", "per clone", "clones", "shared", "total"]
-    if d["policy"] == "autograd":  # storages grouped by the op that made them, and shape
+    if d["policy"] in AUTOGRAD_ROWS:  # storages grouped by the op that made them, and shape
         heads = ["op", "in", "kind", "shape", "each", "count", "shared", "total"]
     out.append(table(heads, rows, left=4))
 
@@ -142,11 +131,92 @@ def render(report: Report) -> str:
     if report.largest:
         out += ["", _budget_section(report)]
     if report.lengths:
-        out += ["", "accounted total, MiB, against the maximum target length"]
+        out += ["", "accounted peak, MiB, against the maximum target length"]
         first = next(iter(report.lengths.values()))
         rows = [[p, *(mib(b) for _, b in report.lengths[p])] for p in report.lengths]
         out.append(table(["policy", *(str(t) for t, _ in first)], rows))
     return "\n".join(out)
+
+
+def _phase_section(report: Report, data: dict) -> str:
+    """A run's peak: the training step, the validation pass, the beam search if asked."""
+    s, pol = report.setting, data["policies"]
+    what = f"validation batch {s.batch_size}"
+    if s.translation is not None:
+        t = s.translation
+        what += (
+            f"; translation beam {t.beam_size}, batch {t.batch_size}, up to {t.max_length} tokens"
+        )
+    lines = [
+        f"a run's peak, MiB: the training step, a validation pass ({what}) on top of what "
+        "stays allocated (parameters, gradients, optimizer state, clone buffers)"
+    ]
+    heads = ["policy", "loss chunk", "resident", "step", "validation"]
+    has_translation = s.translation is not None
+    if has_translation:
+        heads.append("translation")
+    heads += ["peak", "peak bytes", "at", f"vs {policies.OFF}"]
+    rows = []
+    for p, n in pol.items():
+        chunk = n["loss_chunk"]
+        row = [
+            p,
+            "-" if chunk is None else ("all" if chunk == 0 else str(chunk)),
+            mib(n["resident_bytes"]),
+            mib(n["step_bytes"]),
+            mib(n["validation_bytes"]),
+        ]
+        if has_translation:
+            row.append(mib(n["translation_bytes"]))
+        row += [
+            mib(n["peak_bytes"]),
+            f"{n['peak_bytes']:,}",
+            n["peak_phase"],
+            f"{n['peak_ratio']:.3f}x",
+        ]
+        rows.append(row)
+    lines.append(table(heads, rows))
+    lines.append(
+        "(loss chunk: target positions whose output layer and loss run at once, in the "
+        "autograd step and in validation; the clone executor's step runs one)"
+    )
+    return "\n".join(lines)
+
+
+def _seed_section(a: dict) -> str:
+    """The seed's arithmetic, corrected and term by term, beside the achieved saving."""
+    n, copies = a["decoder_clones"], a["decoder_clones"] - 1
+    ctx = a["context_grad_input_bytes"]
+    lines = [
+        f"the seed's arithmetic (seq2seq-attn PR #45, policy '{a['policy']}': the two "
+        f"attention products shared by the {n} decoder clones; one shared copy stays, "
+        f"{copies} go):",
+        f"  the seed: 2 products x {a['batch_size']} x {a['source_length']} x "
+        f"{a['rnn_size']} x {a['element_bytes']} B x {n} clones = "
+        f"{a['seed_estimate_bytes']:,} B; with one copy kept: x {copies} = "
+        f"{a['context_term_bytes']:,} B",
+    ]
+    rows = [
+        [
+            t["node"],
+            t["role"],
+            " x ".join(map(str, t["shape"])),
+            f"{t['bytes_per_clone']:,}",
+            f"x {t['clones'] - 1}",
+            f"{t['saved_bytes']:,}",
+            "context-sized" if t["bytes_per_clone"] == ctx else "",
+        ]
+        for t in a["terms"]
+    ]
+    heads = ["  node", "role", "shape", "bytes per clone", "copies", "saved bytes", ""]
+    rows = [[f"  {r[0]}", *r[1:]] for r in rows]
+    lines.append(table(heads, rows, left=3))
+    predicted, actual = a["predicted_saving_bytes"], a["actual_saving_bytes"]
+    lines.append(
+        f"  predicted saving {predicted:,} B ({mib(predicted)} MiB); '{a['policy']}' saved "
+        f"{actual:,} B ({mib(actual)} MiB) = {a['actual_over_predicted']:.1%} of the prediction"
+    )
+    return "\n".join(lines)
 
 
 def _live_section(report: Report) -> str:
@@ -187,7 +257,7 @@ def _live_section(report: Report) -> str:
 def _budget_section(report: Report) -> str:
     s, b = report.setting, report.budget or 0
     lines = [
-        f"budget {size_text(b)} ({b:,} B) for the accounted total: the largest batch "
+        f"budget {size_text(b)} ({b:,} B) for the accounted peak: the largest batch "
         f"size at max lengths {s.max_src_len} / {s.max_tgt_len}, and the largest target "
         f"length at batch {s.batch_size}"
     ]
@@ -198,7 +268,7 @@ def _budget_section(report: Report) -> str:
             f = found[dim]
             row += [f"{f.value}{'+' if f.capped else ''}", mib(f.total_bytes), f.how]
         rows.append(row)
-    heads = ["policy", "batch", "total MiB", "how", "target len", "total MiB", "how"]
+    heads = ["policy", "batch", "peak MiB", "how", "target len", "peak MiB", "how"]
     lines.append(table(heads, rows))
     lines.append(
         "how: fit = two accounted points give a line, its answer and the next value are "

@@ -23,6 +23,7 @@ import torch
 from tqdm import tqdm
 
 from nmt.config import Config, shape_keys
+from nmt.cpu_memory import map_large_allocations
 from nmt.data.batching import Batch, epoch_order, make_batches
 from nmt.data.corpus import Corpus, load_corpus
 from nmt.data.tokenizers import tokenizer_from_state
@@ -47,7 +48,6 @@ from nmt.train.validation import BleuSet, greedy_bleu, perplexity, validation_ba
 from nmt.translate.translator import SearchOptions
 
 Log = Callable[[str], None]
-VALID_BATCH_SIZE = 128  # validation pairs per padded batch (at least train.batch_size)
 
 
 def echo(message: str) -> None:
@@ -139,6 +139,8 @@ class Trainer:
         device = setup_device(t.device, deterministic=t.deterministic, tf32=t.tf32)
         self.dist, self.device = dd.init_distributed(device)
         self.failures = RankFailures(self.dist, self.device, self._out_of_memory)
+        if self.device.type == "cpu":  # the peak nmt memreport accounts, not a fragmented heap
+            map_large_allocations()
         if not self.dist.is_main:  # one voice: rank 0 logs, shows progress, writes files
             log, progress = (lambda message: None), False
         run_log = RunLog(Path(out_dir) if self.dist.is_main else None, log)
@@ -148,12 +150,12 @@ class Trainer:
         checkpoint = load_checkpoint(resume) if resume else None
         tokenizers = None
         if checkpoint is not None:
+            check_resume_config(cfg, checkpoint["config"], resume)
             if "optimizer" not in checkpoint or "schedule" not in checkpoint:
                 raise NmtError(
                     f"{resume}: holds no training state (an averaged checkpoint?); resume from "
                     "a last.pt or ckpt_step*.pt"
                 )
-            check_resume_config(cfg, checkpoint["config"], resume)
             tokenizers = (
                 tokenizer_from_state(checkpoint["src_tokenizer"]),
                 tokenizer_from_state(checkpoint["tgt_tokenizer"]),
@@ -171,9 +173,13 @@ class Trainer:
             torch.manual_seed(cfg.train.seed + self.dist.rank)
         self.optimizer = make_optimizer(cfg.train, list(self.model.parameters()))
         self.schedule = LearningRateSchedule.from_config(cfg.train)
-        self.executor = make_executor(cfg, self.model)
+        self.executor = make_executor(cfg, self.model, self.dist.world_size)
         self.train_batches = make_batches(self.corpus.train, cfg.train.batch_size)
-        self.valid_batch_size = max(cfg.train.batch_size, VALID_BATCH_SIZE)
+        # validation as memreport accounts it: padded batches of train.batch_size pairs, the
+        # generator over one training loss chunk's rows at a time (all positions: chunk 0)
+        self.valid_batch_size = cfg.train.batch_size
+        chunk = cfg.train.loss_chunk or cfg.data.max_tgt_len + 1
+        self.valid_rows = cfg.train.batch_size * chunk
         self.valid_batches = validation_batches(self.corpus.valid, self.valid_batch_size)
         self.bleu_set = (
             BleuSet.sample(
@@ -310,7 +316,9 @@ class Trainer:
         if s.valid_step == s.step:
             return s.last_valid_ppl
         start = time.perf_counter()
-        ppl = perplexity(self.model, self.valid_batches, self.device, self.dist, self.failures)
+        ppl = perplexity(
+            self.model, self.valid_batches, self.device, self.dist, self.failures, self.valid_rows
+        )
         bleu = math.nan
         if self.bleu_set is not None:
             bleu = greedy_bleu(

@@ -72,8 +72,12 @@ def validation_batches(examples: list[Example], batch_size: int) -> list[ValidBa
     return batches
 
 
-def batch_nll(model: Seq2SeqAttn, batch: ValidBatch) -> tuple[float, int]:
-    """Summed NLL of the batch's real target tokens, and their number (no autograd)."""
+def batch_nll(model: Seq2SeqAttn, batch: ValidBatch, rows: int | None = None) -> tuple[float, int]:
+    """Summed NLL of the batch's real target tokens, and their number (no autograd). The
+    generator scores `rows` target positions at a time (default: logits of at most
+    LOGIT_ELEMENTS); the trainer passes a training loss chunk's rows (batch size x
+    `train.loss_chunk`), so validation holds no larger vocabulary-sized tensors than
+    `nmt memreport` accounts for it."""
     context, final = model.encode(batch.src, batch.src_mask)
     state = model.init_decoder_state(final)
     outs = []
@@ -83,12 +87,14 @@ def batch_nll(model: Seq2SeqAttn, batch: ValidBatch) -> tuple[float, int]:
     real = batch.tgt_out != PAD
     hidden = torch.stack(outs, dim=1)[real]  # N x H, the real positions only
     target = batch.tgt_out[real]
-    rows = max(1, LOGIT_ELEMENTS // model.generator.out_features)
-    total = 0.0
+    if rows is None:
+        rows = LOGIT_ELEMENTS // model.generator.out_features
+    rows = max(1, rows)
+    total = hidden.new_zeros((), dtype=torch.float64)
     for start in range(0, target.numel(), rows):
         logp = model.log_probs(hidden[start : start + rows])
-        total -= float(logp.gather(1, target[start : start + rows].unsqueeze(1)).sum())
-    return total, target.numel()
+        total -= logp.gather(1, target[start : start + rows].unsqueeze(1)).sum()
+    return float(total), target.numel()
 
 
 def perplexity(
@@ -97,6 +103,7 @@ def perplexity(
     device: torch.device,
     ctx: dd.DistContext | None = None,
     failures: RankFailures | None = None,
+    rows: int | None = None,
 ) -> float:
     """exp(summed NLL / real target tokens), dropout off. With several ranks, each scores
     every world_size-th batch and the sums are reduced, so every rank gets the same value;
@@ -111,7 +118,7 @@ def perplexity(
             for batch in batches[ctx.rank :: ctx.world_size]:
 
                 def score(batch: ValidBatch = batch) -> tuple[float, int]:
-                    return batch_nll(model, batch.to(device))
+                    return batch_nll(model, batch.to(device), rows)
 
                 nll, n = failures.attempt("validation", batch, score, (0.0, 0))
                 total, tokens = total + nll, tokens + n

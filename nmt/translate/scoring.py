@@ -3,7 +3,8 @@
 A reference's score is the sum of the log-probabilities of its tokens and of </s> under
 teacher forcing, the same quantity beam search reports for a finished hypothesis, so an
 n-best score can be checked by feeding the hypothesis back as a reference. Sources are
-padded and masked exactly as in translation.
+padded and masked exactly as in translation; the output layer runs one position at a time
+(`nmt.loss`), so no batch x length x vocabulary tensor is made.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from nmt.data.vocab import BOS, EOS, PAD
+from nmt.loss import gold_log_probs
 from nmt.model import Seq2SeqAttn
 from nmt.translate.translator import evaluating, length_batches, pad_sources
 
@@ -63,8 +65,7 @@ def gold_scores(
             for t in range(T):
                 out, state, _ = model.decode_step(tgt_in[:, t], state, context, mask)
                 gold = tgt_out[:, t]
-                logp = model.log_probs(out).gather(1, gold.unsqueeze(1)).squeeze(1)
-                total += torch.where(gold != PAD, logp, 0.0).double()
+                total += gold_log_probs(model, out, gold).double()
             for i, score in zip(batch, total.tolist(), strict=True):
                 scores[i] = score
     return GoldScores(scores, sum(len(t) + 1 for t in targets))

@@ -1,0 +1,70 @@
+"""Buffers sized up front: an executor built for a batch size holds at once what a step at
+maximum lengths needs, and never grows again."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from nmt.config import ModelConfig
+from nmt.data.batching import Batch
+from nmt.engine import planner
+from nmt.engine.accounting import account, summarize
+from nmt.engine.clones import CloneExecutor
+from nmt.model import Seq2SeqAttn
+
+CFG = ModelConfig(num_layers=2, rnn_size=6, word_vec_size=5, dropout=0.3, bidirectional=True)
+MAX_SRC, MAX_TGT, BATCH = 5, 6, 4
+
+
+def batch(b: int, s: int, t: int, seed: int) -> Batch:
+    g = torch.Generator().manual_seed(seed)
+    return Batch(
+        torch.randint(4, 11, (b, s + 2), generator=g),
+        torch.randint(4, 13, (b, t + 1), generator=g),
+        torch.randint(4, 13, (b, t + 1), generator=g),
+    )
+
+
+def storages(executor: CloneExecutor) -> dict[int, tuple[int, int]]:
+    """id of each owned tensor -> (data pointer, storage bytes)."""
+    return {
+        id(t): (t.untyped_storage().data_ptr(), t.untyped_storage().nbytes())
+        for _, _, _, t in executor.owned()
+    }
+
+
+@pytest.mark.parametrize("policy", ["none", "attention", "all"])
+def test_built_executor_holds_what_the_accounting_says(policy: str) -> None:
+    torch.manual_seed(0)
+    model = Seq2SeqAttn(CFG, 11, 13).train()
+    rng = torch.get_rng_state()
+    executor = CloneExecutor(model, MAX_SRC, MAX_TGT, planner.plan(CFG, policy), batch_size=BATCH)
+    assert torch.equal(torch.get_rng_state(), rng)  # sizing drew no random number
+    assert all(p.grad is None for p in model.parameters())  # nor touched a gradient
+    accounted = account(CFG, 11, 13, BATCH, MAX_SRC, MAX_TGT, policy)
+    buffers = [r for r in accounted if r.clone != "model"]
+    assert summarize(executor.buffers())["buffers"] == summarize(buffers)["buffers"] > 0
+    before = storages(executor)
+    assert all(ptr for ptr, size in before.values() if size)  # allocated, not just counted
+    for seed, (b, s, t) in enumerate([(2, 3, 2), (BATCH, MAX_SRC, MAX_TGT), (3, 1, 6)]):
+        executor.forward_backward(batch(b, s, t, seed))
+    assert storages(executor) == before  # no buffer grew or moved
+
+
+def test_sized_and_lazy_executors_train_identically() -> None:
+    torch.manual_seed(0)
+    start = Seq2SeqAttn(CFG, 11, 13).train()
+    runs = {}
+    for sized in (False, True):
+        model = copy.deepcopy(start)
+        executor = CloneExecutor(
+            model, MAX_SRC, MAX_TGT, planner.plan(CFG, "all"), batch_size=BATCH if sized else None
+        )
+        torch.manual_seed(3)
+        losses = [executor.forward_backward(batch(3, 4, 5, seed)) for seed in range(3)]
+        runs[sized] = (losses, [p.grad.clone() for p in model.parameters()])
+    assert runs[True][0] == runs[False][0]
+    assert all(torch.equal(a, b) for a, b in zip(runs[True][1], runs[False][1], strict=True))

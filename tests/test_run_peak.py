@@ -1,0 +1,83 @@
+"""memreport's `peak_bytes` against a real run: 2 training steps and a validation pass on the
+CPU, in a fresh process, measured as its peak resident memory above its baseline."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from nmt.config import load_config
+from nmt.memreport.measure import Setting, measure
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "scripts" / "run_peak.py"
+MIB = 2**20
+# What a run holds beyond the accounted tensors: the corpus and its two 50k-word tokenizers
+# (~22 MiB here), the checkpoint written after validation, the interpreter's own growth.
+ALLOWANCE = 64 * MIB
+VOCAB, LENGTH = 50000, 12  # large vocabularies, short sentences: seconds per run
+
+
+def _run(*args: str, timeout: int = 600) -> str:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+@pytest.fixture(scope="module")
+def config(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("run_peak")
+    corpus = root / "corpus"
+    _run("corpus", str(corpus), "--vocab", str(VOCAB), "--length", str(LENGTH))
+    path = root / "config.yaml"
+    path.write_text(
+        f"""data:
+  train_src: {corpus / "train.src"}
+  train_tgt: {corpus / "train.tgt"}
+  valid_src: {corpus / "valid.src"}
+  valid_tgt: {corpus / "valid.tgt"}
+  src_vocab_size: {VOCAB}
+  tgt_vocab_size: {VOCAB}
+  max_src_len: {LENGTH}
+  max_tgt_len: {LENGTH}
+model: {{num_layers: 1, rnn_size: 64, word_vec_size: 64, dropout: 0.3}}
+train: {{batch_size: 64, max_steps: 2, device: cpu}}
+""",
+        encoding="utf-8",
+    )
+    return path
+
+
+@pytest.mark.parametrize(
+    ("row", "overrides"),
+    [
+        ("all", ["train.prealloc=all"]),
+        ("none", ["train.prealloc=none"]),
+        ("autograd", ["train.executor=autograd"]),
+    ],
+)
+def test_a_real_run_peaks_where_memreport_says(config: Path, row: str, overrides: list[str]):
+    """The corpus fills both vocabularies and every batch is at maximum lengths, so the run
+    reaches the point memreport accounts."""
+    cfg = load_config(config, overrides)
+    predicted = measure(Setting.from_config(cfg), row)
+    args = ["train", "--config", str(config)] + [a for o in overrides for a in ("--set", o)]
+    measured = json.loads(_run(*args).strip().splitlines()[-1])
+    assert measured["reset"] == 1, "the kernel's high-water mark could not be reset"
+    above = measured["above_bytes"]
+    report = f"{row}: measured {above / MIB:.1f} MiB, predicted {predicted.peak_bytes / MIB:.1f}"
+    assert 0.7 * predicted.peak_bytes <= above, report
+    assert above <= 1.3 * predicted.peak_bytes + ALLOWANCE, report
