@@ -141,6 +141,12 @@ class TrainConfig:
         choices=("clones", "autograd"),
         doc="clones: seq2seq-attn's cloned graphs; autograd: plain PyTorch",
     )
+    autograd_encoder: str = _opt(
+        "cells",
+        choices=("cells", "nn_lstm"),
+        doc="the autograd executor's encoder: cells: the model's LSTM cells position by "
+        "position; nn_lstm: torch's LSTM kernel (cuDNN, oneDNN) on the same parameters",
+    )
     prealloc: str = _opt(
         policies.DEFAULT,
         choices=policies.names,

@@ -48,7 +48,7 @@ def clone_grads(
     executor = CloneExecutor(model, S - 2, T - 1, plan)
     torch.manual_seed(5)  # the same dropout masks as the autograd run
     loss = executor.forward_backward(batch)
-    return loss, {n: p.grad.clone() for n, p in model.named_parameters()}
+    return float(loss), {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
 def max_rel_err(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:

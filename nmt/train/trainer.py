@@ -4,6 +4,12 @@ One obvious path: `train(cfg, out_dir)` builds everything from the typed config,
 of shuffled batches through the chosen executor, clips the global gradient norm, steps the
 optimizer, validates, decays the learning rate the seq2seq-attn way and writes `last.pt`
 (every validation) and `model.pt` (best validation perplexity).
+
+A step reads nothing back from the device (`nmt.train.update`): the loss, the finite check and
+the skip of a non-finite update stay there, and `Trainer.settle` reads them back, in one
+synchronisation, only where the host needs them - at log steps, validation, checkpoints, the
+end - counting a skipped update out of `state.step` then (see `_run_epoch` for why every log,
+validation and `max_steps` still happens at exactly the step it did when each step was read).
 """
 
 from __future__ import annotations
@@ -13,10 +19,11 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from torch import Tensor
 from tqdm import tqdm
 
 from nmt.config import Config, shape_keys
@@ -32,7 +39,13 @@ from nmt.train.checkpoint import load_checkpoint, rng_state, save_checkpoint, se
 from nmt.train.executors import make_executor
 from nmt.train.failures import RankFailures, plain_description
 from nmt.train.runlog import RunLog
-from nmt.train.schedule import LearningRateSchedule, make_optimizer, set_learning_rate
+from nmt.train.schedule import (
+    LearningRateSchedule,
+    load_optimizer_state,
+    make_optimizer,
+    set_learning_rate,
+)
+from nmt.train.update import DeviceUpdate
 
 Log = Callable[[str], None]
 
@@ -71,6 +84,15 @@ class TrainState:
     best_valid_ppl: float = math.inf
     last_valid_ppl: float = math.inf
     bad_steps: int = 0  # consecutive steps skipped for a non-finite loss or gradient norm
+
+
+@dataclass
+class Tally:
+    """Loss and target tokens of the applied updates since `start` (a log window, an epoch)."""
+
+    loss: float = 0.0
+    tokens: int = 0
+    start: float = field(default_factory=time.perf_counter)
 
 
 @torch.no_grad()
@@ -147,7 +169,14 @@ class Trainer:
         self.optimizer = make_optimizer(cfg.train, list(self.model.parameters()))
         self.schedule = LearningRateSchedule.from_config(cfg.train)
         self.executor = make_executor(cfg, self.model)
+        params = list(self.model.parameters())
+        self.update = DeviceUpdate(params, self.optimizer, cfg.train.max_grad_norm)
+        self._zero = torch.zeros((), dtype=torch.float64, device=self.device)  # a failed rank's
         self.train_batches = make_batches(self.corpus.train, cfg.train.batch_size)
+        # counted once on the host: counting a batch on the device would read it back
+        self.train_tokens = [batch.n_tokens for batch in self.train_batches]
+        self._pending = 0  # steps since `settle` last read the device's counts
+        self._window, self._epoch = Tally(), Tally()  # the current log window and epoch
         self.valid_batches = make_batches(self.corpus.valid, cfg.train.batch_size)
         self.state = TrainState()
         self._signal: int | None = None  # a signal this process received
@@ -167,7 +196,7 @@ class Trainer:
     def _executor_name(self) -> str:
         t = self.cfg.train
         if t.executor == "autograd":
-            return "autograd"
+            return f"autograd (encoder {t.autograd_encoder})"
         return f"clones (prealloc {t.prealloc})"
 
     # ---- checkpoints -----------------------------------------------------------------------
@@ -192,6 +221,7 @@ class Trainer:
         }
 
     def save(self, best: bool) -> None:
+        self.settle()  # the exact step count
         state = self.checkpoint_state()  # a collective: every rank takes part
         if not self.dist.is_main:
             return
@@ -207,7 +237,7 @@ class Trainer:
             raise NmtError(
                 f"{path}: checkpoint does not match the configured model: {first}"
             ) from None
-        self.optimizer.load_state_dict(ckpt["optimizer"])
+        load_optimizer_state(self.optimizer, ckpt["optimizer"])
         self.schedule.load_state_dict(ckpt["schedule"])
         set_learning_rate(self.optimizer, self.schedule.learning_rate)
         self.state = TrainState(
@@ -235,6 +265,7 @@ class Trainer:
     # ---- the loop --------------------------------------------------------------------------
 
     def validate(self) -> float:
+        self.settle()
         ppl = evaluate(self.model, self.valid_batches, self.device, self.dist, self.failures)
         s = self.state
         s.last_valid_ppl = ppl
@@ -256,41 +287,64 @@ class Trainer:
         )
         return ppl
 
-    def train_step(self, batch: Batch) -> float | None:
-        """One update; None when the step was skipped for a non-finite loss or gradient.
-        A rank that fails in it (out of memory) stops every rank before the step ends."""
+    def train_step(self, batch: Batch, n_tokens: int) -> None:
+        """One update, queued on the device and skipped there when the loss or the gradient
+        norm is not finite; `state.step` counts it until `settle` says otherwise. `n_tokens`:
+        the batch's target tokens. A rank that fails in it (out of memory) stops every rank
+        before the step ends."""
         self.optimizer.zero_grad(set_to_none=False)
         part = dd.shard(batch, self.dist)
-        attempt, step = self.failures.attempt, self.state.step + 1
+        attempt, step, zero = self.failures.attempt, self.state.step + 1, self._zero
 
-        def forward_backward() -> float:
-            return self.executor.forward_backward(part) if part is not None else 0.0
+        def forward_backward() -> Tensor:
+            return self.executor.forward_backward(part) if part is not None else zero
 
-        loss = attempt(f"the forward/backward pass of step {step}", batch, forward_backward, 0.0)
+        loss = attempt(f"the forward/backward pass of step {step}", batch, forward_backward, zero)
         stop = float(self._signal is not None)
         if self.dist.enabled:
-            loss, stop, failed = dd.all_reduce_sums(
-                [loss, stop, self.failures.flag], self.dist, self.device
-            )
+            loss, (stop, failed) = dd.all_reduce_loss(loss, [stop, self.failures.flag], self.dist)
             self.failures.settle(failed)
             share = (part.size if part is not None else 0) / batch.size
             dd.all_reduce_gradients(list(self.model.parameters()), share, self.dist)
         self._stop = stop > 0
-        max_norm = self.cfg.train.max_grad_norm or math.inf
+        norm = attempt(f"gradient clipping of step {step}", batch, self.update.clip, zero)
 
-        def clip() -> float:
-            return float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
+        def apply() -> None:
+            self.update.apply(loss, norm, n_tokens)
 
-        norm = attempt(f"gradient clipping of step {step}", batch, clip, 0.0)
-        finite = math.isfinite(loss) and math.isfinite(norm)
-        if finite:
-            attempt(f"the optimizer step of step {step}", batch, self.optimizer.step, None)
+        attempt(f"the optimizer step of step {step}", batch, apply, None)
         self.failures.vote()  # clipping or the optimizer step may have failed on one rank
-        if not finite:
-            return self._skip_step(loss, norm)
-        self.state.bad_steps = 0
         self.state.step += 1
-        return loss
+        self._pending += 1
+
+    def settle(self) -> None:
+        """Read back what the steps since the last call did (one host synchronisation, none
+        when there were none): skipped updates leave `state.step`, the loss and tokens of the
+        others join the log's tallies, and a run of `train.max_bad_steps` consecutive skipped
+        updates stops training - noticed here, up to a log window late; the skipped updates
+        changed nothing meanwhile."""
+        if not self._pending:
+            return
+        s, steps = self.state, self._pending
+        done = self.update.drain()
+        self._pending = 0
+        s.step -= done.skipped
+        s.bad_steps = done.bad_run
+        for tally in (self._window, self._epoch):
+            tally.loss += done.loss
+            tally.tokens += done.tokens
+        if done.skipped:
+            self.log(
+                f"warning: skipped the update of {done.skipped} of the last {steps} batches "
+                f"for a non-finite loss or gradient norm, now at step {s.step} "
+                f"({done.bad_run} in a row)"
+            )
+        if done.worst_run >= self.cfg.train.max_bad_steps:
+            raise NmtError(
+                f"training diverged: {done.worst_run} consecutive steps with a non-finite loss "
+                f"or gradient (at step {s.step}); the last good checkpoint is "
+                f"{self.out_dir / 'last.pt'}: lower train.learning_rate or train.max_grad_norm"
+            )
 
     def _out_of_memory(self, where: str, batch: Batch) -> str:
         return training_message(
@@ -301,22 +355,6 @@ class Trainer:
             world_size=self.dist.world_size,
             checkpoint=self.out_dir / "last.pt",
         )
-
-    def _skip_step(self, loss: float, norm: float) -> None:
-        s = self.state
-        s.bad_steps += 1
-        self.optimizer.zero_grad(set_to_none=False)
-        self.log(
-            f"warning: skipped the update after step {s.step}: loss {loss}, gradient norm "
-            f"{norm} ({s.bad_steps} in a row)"
-        )
-        if s.bad_steps >= self.cfg.train.max_bad_steps:
-            raise NmtError(
-                f"training diverged: {s.bad_steps} consecutive steps with a non-finite loss or "
-                f"gradient (after step {s.step}); the last good checkpoint is "
-                f"{self.out_dir / 'last.pt'}: lower train.learning_rate or train.max_grad_norm"
-            )
-        return None
 
     def _reached_max_steps(self) -> bool:
         return 0 < self.cfg.train.max_steps <= self.state.step
@@ -372,30 +410,38 @@ class Trainer:
             s.position = 0
         if s.position != 0 or s.step == 0:  # stopped mid-epoch: keep what we have
             self.validate()
+        self.settle()
         self.log(
             f"done: {s.step} steps, best validation perplexity {s.best_valid_ppl:.3f}; "
             f"checkpoints in {self.out_dir}"
         )
         return s
 
-    def _log_window(self, window: list) -> None:
+    def _log_window(self) -> None:
         """A metrics record for the steps since the last one (not the epoch's running mean)."""
-        loss, tokens, since = window
-        now = time.perf_counter()
-        avg = loss / max(tokens, 1)
-        s = self.state
+        window, now, s = self._window, time.perf_counter(), self.state
+        avg = window.loss / max(window.tokens, 1)
         self.log.metrics(
             kind="train",
             step=s.step,
             epoch=s.epoch,
             loss=avg,
             ppl=math.exp(min(avg, 100)),
-            tok_s=tokens / max(now - since, 1e-9),
+            tok_s=window.tokens / max(now - window.start, 1e-9),
             lr=self.schedule.learning_rate,
         )
-        window[:] = [0.0, 0, now]
+        self._window = Tally(start=now)
+
+    def _due(self, every: int) -> bool:
+        return every > 0 and self.state.step % every == 0
 
     def _run_epoch(self) -> None:
+        """One epoch from `state.position`. A step's outcome is read back (`settle`) only
+        when, had every pending update been applied, the step count would now be due for a
+        log or validation, or reach `max_steps`. `state.step` is then exact: if an update was
+        skipped, the count is not due yet, and the same test fires again on the step that
+        makes it so - so logs, validations and the stop fall on exactly the steps (and
+        batches) they would if every step were read back at once."""
         cfg, s = self.cfg.train, self.state
         order = epoch_order(len(self.train_batches), cfg.seed, s.epoch)
         todo = order[s.position :]
@@ -407,46 +453,51 @@ class Trainer:
             dynamic_ncols=True,
             mininterval=1.0,
         )
-        total_loss, total_tokens, start = 0.0, 0, time.perf_counter()
-        window = [0.0, 0, start]  # loss, tokens, time since the last progress point
+        self._window, self._epoch = Tally(), Tally()
         for index in bar:
-            batch = self.train_batches[index].to(self.device)
-            loss = self.train_step(batch)
+            self.train_step(self.train_batches[index].to(self.device), self.train_tokens[index])
             s.position += 1
-            if loss is None:
-                self._stop_if_signalled()
-                continue
-            total_loss += loss
-            total_tokens += batch.n_tokens
-            window[0] += loss
-            window[1] += batch.n_tokens
-            elapsed = max(time.perf_counter() - start, 1e-9)
-            if s.step % cfg.log_every == 0 or s.position == len(self.train_batches):
-                avg = total_loss / max(total_tokens, 1)
-                self._log_window(window)
-                bar.set_postfix(
-                    loss=f"{avg:.3f}",
-                    ppl=f"{math.exp(min(avg, 100)):.2f}",
-                    tok_s=f"{total_tokens / elapsed:.0f}",
-                    refresh=False,
-                )
-                if not self.progress:
-                    self.log(
-                        f"step {s.step} epoch {s.epoch}: loss {avg:.3f} "
-                        f"ppl {math.exp(min(avg, 100)):.2f} "
-                        f"{total_tokens / elapsed:.0f} target tokens/s"
-                    )
-            if cfg.valid_every and s.step % cfg.valid_every == 0:
+            end = s.position == len(self.train_batches)
+            log, valid = self._due(cfg.log_every) or end, self._due(cfg.valid_every)
+            if log or valid or self._reached_max_steps():
+                self.settle()
+                if s.bad_steps:  # this update was skipped: nothing is due
+                    self._stop_if_signalled()
+                    continue
+                log, valid = self._due(cfg.log_every) or end, self._due(cfg.valid_every)
+            if log:
+                self._log_progress(bar)
+            if valid:
                 self.validate()
             self._stop_if_signalled()
             if self._reached_max_steps():
                 break
         bar.close()
-        if total_tokens:
-            avg = total_loss / total_tokens
+        self.settle()
+        epoch = self._epoch
+        if epoch.tokens:
+            avg = epoch.loss / epoch.tokens
             self.log(
                 f"epoch {s.epoch}: train perplexity {math.exp(min(avg, 100)):.3f}, "
-                f"{total_tokens / max(time.perf_counter() - start, 1e-9):.0f} target tokens/s"
+                f"{epoch.tokens / max(time.perf_counter() - epoch.start, 1e-9):.0f} "
+                "target tokens/s"
+            )
+
+    def _log_progress(self, bar: tqdm) -> None:
+        s, epoch = self.state, self._epoch
+        avg = epoch.loss / max(epoch.tokens, 1)
+        speed = epoch.tokens / max(time.perf_counter() - epoch.start, 1e-9)
+        self._log_window()
+        bar.set_postfix(
+            loss=f"{avg:.3f}",
+            ppl=f"{math.exp(min(avg, 100)):.2f}",
+            tok_s=f"{speed:.0f}",
+            refresh=False,
+        )
+        if not self.progress:
+            self.log(
+                f"step {s.step} epoch {s.epoch}: loss {avg:.3f} "
+                f"ppl {math.exp(min(avg, 100)):.2f} {speed:.0f} target tokens/s"
             )
 
 
