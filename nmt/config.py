@@ -173,6 +173,12 @@ class TrainConfig:
         "autograd executor and by validation (OpenNMT-py's loss sharding; the clone executor "
         "does one); 0: all positions at once",
     )
+    autograd_encoder: str = _opt(
+        "cells",
+        choices=("cells", "nn_lstm"),
+        doc="the autograd executor's encoder: cells: the model's LSTM cells position by "
+        "position; nn_lstm: torch's LSTM kernel (cuDNN, oneDNN) on the same parameters",
+    )
     prealloc: str = _opt(
         policies.DEFAULT,
         choices=policies.names,

@@ -10,7 +10,7 @@ Shapes: B batch, S source length, T target length, H rnn_size, E word_vec_size.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -24,6 +24,9 @@ from nmt.config import ModelConfig
 from nmt.data.vocab import PAD
 
 LayerState = tuple[Tensor, Tensor]  # (h, c), each B x H
+# src B x S -> (context B x S x H, final state of every layer): `Seq2SeqAttn.encode` or another
+# implementation of the same arithmetic (`nmt.nn_lstm`)
+Encode = Callable[[Tensor], tuple[Tensor, list[LayerState]]]
 
 
 # (seed, {device: generator}) inside `private_rng`; None: the global generators
@@ -60,6 +63,16 @@ def dropout_mask(shape: tuple[int, ...], p: float, like: Tensor) -> Tensor:
     """An inverted-dropout mask (0 or 1/(1-p)) drawn from the RNG of `like`'s device."""
     mask = torch.empty(shape, dtype=like.dtype, device=like.device)
     return mask.bernoulli_(1.0 - p, generator=_generator(mask.device)).div_(1.0 - p)
+
+
+def dropout_masks(n: int, shape: tuple[int, ...], p: float, like: Tensor) -> Tensor:
+    """n x shape: slice k is the mask the k-th of n successive `dropout_mask(shape, p, like)`
+    calls would draw (the same draws from the same generator, in order), divided once."""
+    masks = torch.empty((n, *shape), dtype=like.dtype, device=like.device)
+    generator = _generator(masks.device)
+    for mask in masks:
+        mask.bernoulli_(1.0 - p, generator=generator)
+    return masks.div_(1.0 - p)
 
 
 class LSTMLayer(nn.Module):
@@ -208,9 +221,10 @@ class Seq2SeqAttn(nn.Module):
             out = out * dropout_mask(out.shape, self.cfg.dropout, out)
         return out, DecoderState(layers, out), attn
 
-    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
-        """Teacher-forced decoder outputs B x T x H (before the generator)."""
-        context, final = self.encode(src)
+    def forward(self, src: Tensor, tgt_in: Tensor, encode: Encode | None = None) -> Tensor:
+        """Teacher-forced decoder outputs B x T x H (before the generator); `encode`
+        replaces `self.encode`."""
+        context, final = (encode or self.encode)(src)
         state = self.init_decoder_state(final)
         outs = []
         for t in range(tgt_in.size(1)):
@@ -221,9 +235,11 @@ class Seq2SeqAttn(nn.Module):
     def log_probs(self, out: Tensor) -> Tensor:
         return F.log_softmax(self.generator(out), dim=-1)
 
-    def nll(self, src: Tensor, tgt_in: Tensor, tgt_out: Tensor) -> Tensor:
+    def nll(
+        self, src: Tensor, tgt_in: Tensor, tgt_out: Tensor, encode: Encode | None = None
+    ) -> Tensor:
         """Summed negative log-likelihood of the non-PAD target tokens."""
-        logp = self.log_probs(self.forward(src, tgt_in))
+        logp = self.log_probs(self.forward(src, tgt_in, encode))
         return F.nll_loss(logp.flatten(0, 1), tgt_out.flatten(), ignore_index=PAD, reduction="sum")
 
 

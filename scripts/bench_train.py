@@ -1,37 +1,142 @@
-"""Training speed, side by side in one process: clones (prealloc all / none) vs autograd
-(its loss in chunks of --loss-chunk positions, and `autograd-full`: all positions at once).
+"""Training speed, side by side in one process: clone and autograd variants on the same batches.
 
-Each executor trains its own copy of the same model (same initialisation) on the same
-ende-demo batches, in the same order; the executors take turns batch by batch, so machine
-load hits them alike. Each step is a full training step (forward, backward, clipping, SGD).
-Prints target tokens/s per executor and the ratios the project targets:
-clones+all >= autograd, and all >= none.
+The variants (`VARIANTS`: a name and the config keys it sets; the first four by default):
+  clones-nngraph    the clone executor with seq2seq-attn's node granularity (prealloc all)
+  clones-fused      the clone executor with fused nodes (where model.granularity exists)
+  autograd-cells    autograd over the model's LSTM cells, position by position
+  autograd-nn_lstm  autograd with the encoders on torch's LSTM kernel (cuDNN, oneDNN)
+  clones-none       the clone executor without sharing (train.prealloc none)
+  clones-recompute  the clone executor with train.prealloc recompute (where it exists)
+  autograd-full     autograd with the loss over all positions at once (train.loss_chunk 0)
+Each trains its own copy of the same model (same initialisation) on the same ende-demo batches
+in the same order, the variants taking turns batch by batch so that machine load hits them
+alike. A step is the trainer's: zero_grad, forward/backward, clipping and the optimizer step,
+skipped on the device when not finite, nothing read back (`nmt.train.update`). Prints target
+tokens/s per variant and the ratios between them.
+
+--count-ops also counts one step of each (after the warm-up): aten ops (~ kernel launches) and
+host synchronisations per step, and the synchronisations of a log step (one that reads the
+loss back). The counts are device-independent; --fixed-length N counts (and times) batches of
+random sentences of N words on both sides (the issue-13 table: 50).
 
     python scripts/bench_train.py                      # 2x256, batch 64, 20 batches
     python scripts/bench_train.py --data data/ende-demo --steps 40 --device cuda
+    python scripts/bench_train.py --rnn 500 --fixed-length 50 --steps 0 --count-ops
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
-from nmt.config import DataConfig, ModelConfig
-from nmt.data.batching import epoch_order, make_batches
+from nmt.config import all_keys, apply_overrides, from_dict
+from nmt.data.batching import Batch, epoch_order, make_batches
 from nmt.data.corpus import load_corpus
-from nmt.engine import planner, policies
-from nmt.engine.clones import CloneExecutor
+from nmt.data.vocab import PAD
+from nmt.devices import DTYPES
+from nmt.engine import policies
 from nmt.model import build_model
-from nmt.train.executors import AutogradExecutor
+from nmt.opcount import count
+from nmt.train.executors import Executor, make_executor
+from nmt.train.schedule import make_optimizer
+from nmt.train.update import DeviceUpdate
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def main() -> None:
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    sets: dict[str, object]  # section.key -> value; a key this version lacks is left out
+    needs: str | None = None  # a section.key (or policy name) without which it does not exist
+
+
+VARIANTS = (
+    Variant("clones-nngraph", {"train.executor": "clones", "model.granularity": "nngraph"}),
+    Variant(
+        "clones-fused",
+        {"train.executor": "clones", "model.granularity": "fused"},
+        needs="model.granularity",
+    ),
+    Variant("clones-none", {"train.executor": "clones", "train.prealloc": "none"}),
+    Variant(
+        "clones-recompute",
+        {"train.executor": "clones", "train.prealloc": "recompute"},
+        needs="recompute",
+    ),
+    Variant("autograd-cells", {"train.executor": "autograd", "train.autograd_encoder": "cells"}),
+    Variant(
+        "autograd-nn_lstm",
+        {"train.executor": "autograd", "train.autograd_encoder": "nn_lstm"},
+        needs="train.autograd_encoder",
+    ),
+    Variant("autograd-full", {"train.executor": "autograd", "train.loss_chunk": 0}),
+)
+BASELINES = ("clones-nngraph", "autograd-nn_lstm")  # the ratio columns
+DEFAULT = ("clones-nngraph", "clones-fused", "autograd-cells", "autograd-nn_lstm")
+
+
+def config_keys() -> set[str]:
+    return set(all_keys()) | set(policies.names())
+
+
+def available() -> list[Variant]:
+    keys = config_keys()
+    return [v for v in VARIANTS if v.needs is None or v.needs in keys]
+
+
+@dataclass
+class Runner:
+    """One variant's model, executor, optimizer and device-side update."""
+
+    executor: Executor
+    update: DeviceUpdate
+    optimizer: torch.optim.Optimizer
+
+    def step(self, batch: Batch, n_tokens: int) -> None:
+        """The trainer's step (`Trainer.train_step` without ranks and failure handling)."""
+        self.optimizer.zero_grad(set_to_none=False)
+        loss = self.executor.forward_backward(batch)
+        self.update.apply(loss, self.update.clip(), n_tokens)
+
+
+def build(variant: Variant, raw: dict, vocab: tuple[int, int]) -> Runner:
+    keys = config_keys()
+    raw = {k: dict(v) for k, v in raw.items()}
+    for dotted, value in variant.sets.items():
+        if dotted in keys:
+            section, key = dotted.split(".")
+            raw.setdefault(section, {})[key] = value
+    cfg = from_dict(raw, "bench_train")
+    torch.manual_seed(cfg.train.seed)
+    dtype = DTYPES[cfg.train.dtype]
+    model = build_model(cfg.model, *vocab, device=cfg.train.device, dtype=dtype).train()
+    params = list(model.parameters())
+    optimizer = make_optimizer(cfg.train, params)
+    update = DeviceUpdate(params, optimizer, cfg.train.max_grad_norm)
+    return Runner(make_executor(cfg, model), update, optimizer)
+
+
+def random_batches(n: int, size: int, words: int, vocab: tuple[int, int]) -> list[Batch]:
+    """Batches of random tokens (ids from 4: no specials), every sentence `words` long: source
+    length words + 2 and target length words + 1 (BOS/EOS), the largest step the data allow
+    with data.max_src_len = data.max_tgt_len = words (memreport's full batch)."""
+    g = torch.Generator().manual_seed(0)
+    out = []
+    for _ in range(n):
+        src = torch.randint(4, vocab[0], (size, words + 2), generator=g)
+        tgt = torch.randint(4, vocab[1], (size, words + 2), generator=g)
+        out.append(Batch(src, tgt[:, :-1], tgt[:, 1:]))
+    return out
+
+
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
         "--data",
@@ -43,88 +148,127 @@ def main() -> None:
     ap.add_argument("--rnn", type=int, default=256)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--vocab", type=int, default=50000, help="word vocabulary cap per side")
-    ap.add_argument("--steps", type=int, default=20, help="timed batches per executor")
+    ap.add_argument("--steps", type=int, default=20, help="timed batches per variant")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
     ap.add_argument("--device", default="cpu")
+    names = [v.name for v in available()]
     ap.add_argument(
-        "--executors",
-        default="all,none,autograd,autograd-full",
-        help=f"comma list of: {', '.join(policies.names())} (clone policies), autograd, "
-        "autograd-full",
+        "--variants",
+        default=",".join(n for n in names if n in DEFAULT),
+        help="comma list of: " + ", ".join(names),
     )
     ap.add_argument(
-        "--loss-chunk", type=int, default=1, help="train.loss_chunk of the autograd row"
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a config key for every variant, e.g. train.prealloc=none (repeatable)",
     )
-    args = ap.parse_args()
+    ap.add_argument(
+        "--count-ops", action="store_true", help="print aten ops and host syncs per step"
+    )
+    ap.add_argument(
+        "--fixed-length",
+        type=int,
+        default=0,
+        help="random batches of sentences this many words long (0: the data)",
+    )
+    return ap.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     d = args.data
-    data_cfg = DataConfig(
-        str(d / "src-train.txt"),
-        str(d / "targ-train.txt"),
-        str(d / "src-val.txt"),
-        str(d / "targ-val.txt"),
-        src_vocab_size=args.vocab,
-        tgt_vocab_size=args.vocab,
-    )
-    corpus = load_corpus(data_cfg, None, log=lambda s: None)
-    batches = make_batches(corpus.train, args.batch)
-    order = epoch_order(len(batches), 3435, 1)[: args.steps + 1]  # +1: warm-up batch
-    cfg = ModelConfig(num_layers=args.layers, rnn_size=args.rnn, word_vec_size=args.rnn)
-    sv, tv = len(corpus.src_tokenizer), len(corpus.tgt_tokenizer)
+    data = {
+        "train_src": str(d / "src-train.txt"),
+        "train_tgt": str(d / "targ-train.txt"),
+        "valid_src": str(d / "src-val.txt"),
+        "valid_tgt": str(d / "targ-val.txt"),
+        "src_vocab_size": args.vocab,
+        "tgt_vocab_size": args.vocab,
+    }
+    if args.fixed_length:
+        data["max_src_len"] = data["max_tgt_len"] = args.fixed_length
+    model = {"num_layers": args.layers, "rnn_size": args.rnn, "word_vec_size": args.rnn}
+    raw = {"data": data, "model": model, "train": {"device": args.device}}
+    raw = apply_overrides(raw, args.set)
+    base = from_dict(raw, "bench_train")
+    corpus = load_corpus(base.data, None, log=lambda s: None)
+    vocab = (len(corpus.src_tokenizer), len(corpus.tgt_tokenizer))
+    n = args.steps + 1 + bool(args.count_ops)  # + the warm-up batch, + the counted one
+    if args.fixed_length:
+        batches = random_batches(n, args.batch, args.fixed_length, vocab)
+        order = list(range(n))
+    else:
+        batches = make_batches(corpus.train, args.batch)
+        order = epoch_order(len(batches), 3435, 1)[:n]
+    order = order * (n // len(order) + 1)  # a tiny corpus: go round again
+    batches = [batches[i] for i in order[:n]]
+    tokens = [int((b.tgt_out != PAD).sum()) for b in batches]
+    batches = [b.to(args.device) for b in batches]
 
-    runners = {}
-    for name in args.executors.split(","):
-        torch.manual_seed(3435)
-        model = build_model(cfg, sv, tv, device=args.device, dtype=torch.float32).train()
-        if name in ("autograd", "autograd-full"):
-            executor = AutogradExecutor(model, args.loss_chunk if name == "autograd" else 0)
-        else:
-            plan = planner.plan(cfg, name)
-            executor = CloneExecutor(
-                model, data_cfg.max_src_len, data_cfg.max_tgt_len, plan, batch_size=args.batch
-            )
-        runners[name] = (model, executor, torch.optim.SGD(model.parameters(), lr=1.0))
+    variants = {v.name: v for v in available()}
+    chosen = [variants[name] for name in args.variants.split(",")]
+    runners = {v.name: build(v, raw, vocab) for v in chosen}
+    sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
 
-    def sync() -> None:
-        if args.device.startswith("cuda"):
-            torch.cuda.synchronize()
+    for runner in runners.values():  # batch 0 warms up: buffers grow to size, kernels load
+        runner.step(batches[0], tokens[0])
+    first = 1
+    if args.count_ops:
+        counted = batches[first]
+        print_counts(runners, lambda r: r.step(counted, tokens[first]), counted)
+        first += 1
 
     seconds = dict.fromkeys(runners, 0.0)
-    tokens = 0
-    for i, index in enumerate(tqdm(order, desc="batches", leave=False)):
-        batch = batches[index].to(args.device)
-        for name, (model, executor, optimizer) in runners.items():
+    for batch, n_tokens in tqdm(
+        list(zip(batches, tokens, strict=True))[first:], desc="batches", leave=False
+    ):
+        for name, runner in runners.items():
             sync()
             t0 = time.perf_counter()
-            optimizer.zero_grad(set_to_none=False)
-            executor.forward_backward(batch)
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0)
-            optimizer.step()
+            runner.step(batch, n_tokens)
             sync()
-            if i:  # batch 0 warms up: buffers grow to size, kernels load
-                seconds[name] += time.perf_counter() - t0
-        if i:
-            tokens += batch.n_tokens
+            seconds[name] += time.perf_counter() - t0
+    for name, runner in runners.items():
+        skipped = runner.update.drain().skipped
+        if skipped:
+            print(f"warning: {name} skipped {skipped} non-finite update(s)")
+    if args.steps:
+        print_speeds(args, vocab, {name: sum(tokens[first:]) / s for name, s in seconds.items()})
 
+
+def print_counts(runners: dict[str, Runner], step: Callable[[Runner], None], batch: Batch) -> None:
     print(
-        f"{args.layers}x{args.rnn}, batch {args.batch}, vocabularies {sv}/{tv}, "
-        f"{args.steps} ende-demo batches, {torch.get_num_threads()} thread(s), {args.device}"
+        f"per training step, on a batch of {batch.size} sentences, source length "
+        f"{batch.src.size(1)}, target length {batch.tgt_in.size(1)}:"
     )
-    print("| executor | target tokens/s | vs autograd |")
-    print("|---|---|---|")
-    speed = {name: tokens / s for name, s in seconds.items()}
-    base = speed.get("autograd")
+    print("| variant | aten ops | host syncs | host syncs on a log step |")
+    print("|---|---|---|---|")
+    for name, runner in runners.items():
+        plain = count(lambda runner=runner: step(runner))
+        logged = count(lambda runner=runner: (step(runner), runner.update.drain()))
+        print(f"| {name} | {plain.ops:,} | {plain.syncs} | {logged.syncs} |")
+
+
+def print_speeds(args: argparse.Namespace, vocab: tuple[int, int], speed: dict[str, float]) -> None:
+    data = f"random length-{args.fixed_length}" if args.fixed_length else args.data.name
+    print(
+        f"{args.layers}x{args.rnn}, batch {args.batch}, vocabularies {vocab[0]}/{vocab[1]}, "
+        f"{args.steps} {data} batches, {torch.get_num_threads()} thread(s), {args.device}"
+    )
+    baselines = [b for b in BASELINES if b in speed]
+    print("| variant | target tokens/s |" + "".join(f" vs {b} |" for b in baselines))
+    print("|---|---|" + "---|" * len(baselines))
     for name, v in speed.items():
-        label = f"clones, prealloc {name}"
-        if name == "autograd":
-            label = f"autograd, loss in chunks of {args.loss_chunk}"
-        elif name == "autograd-full":
-            label = "autograd-full, loss over all positions"
-        ratio = f"{v / base:.2f}x" if base else "-"
-        print(f"| {label} | {v:,.0f} | {ratio} |")
-    if "all" in speed and "none" in speed:
-        print(f"prealloc all / none: {speed['all'] / speed['none']:.2f}x")
+        ratios = "".join(f" {v / speed[b]:.2f}x |" for b in baselines)
+        print(f"| {name} | {v:,.0f} |{ratios}")
+    if baselines:
+        b = baselines[0]
+        others = ", ".join(f"{name} {v / speed[b]:.2f}x" for name, v in speed.items() if name != b)
+        print(f"ratios vs {b}: {others}")
 
 
 if __name__ == "__main__":

@@ -88,7 +88,7 @@ allocated() {  # cuda: each policy's allocated-vs-accounted verdict; cpu: the by
         echo "$(grep -cE '^(none|attention|all|autograd) .* yes$' "$1")/4 policies match byte for byte"
     fi
 }
-speed() { grep -o 'prealloc all / none: .*' "$1"; }
+speed() { grep -o '^ratios vs .*' "$1"; }
 
 run_engine() {
     NMT_TEST_DEVICE=$device "$py" -m pytest -q -p no:cacheprovider \

@@ -54,8 +54,8 @@ def clone_grads(
     plan = plan or planner.plan(model.cfg, policy)
     executor = CloneExecutor(model, S - 2, T - 1, plan, label_smoothing=label_smoothing)
     torch.manual_seed(5)  # the same dropout masks as the autograd run
-    loss = executor.forward_backward(batch)
-    return loss, {n: p.grad.clone() for n, p in model.named_parameters()}
+    loss = float(executor.forward_backward(batch))
+    return float(loss), {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
 def max_rel_err(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
@@ -215,6 +215,6 @@ def test_label_smoothing_in_the_autograd_executor() -> None:
     ref_nll, ref = smoothed_autograd_grads(model, batch, 0.3)
     model.zero_grad(set_to_none=True)
     torch.manual_seed(5)
-    nll = AutogradExecutor(model, label_smoothing=0.3).forward_backward(batch)
+    nll = float(AutogradExecutor(model, label_smoothing=0.3).forward_backward(batch))
     assert nll == pytest.approx(ref_nll, rel=1e-12)
     assert max_rel_err({n: p.grad for n, p in model.named_parameters()}, ref) < 1e-12

@@ -57,7 +57,7 @@ def test_policies_give_bitwise_identical_parameters(structure: dict, determinist
         losses = []
         for batch in batches:
             opt.zero_grad(set_to_none=False)
-            losses.append(executor.forward_backward(batch))
+            losses.append(float(executor.forward_backward(batch)))
             opt.step()
         results[policy] = (losses, [p.detach().clone() for p in model.parameters()])
     ref_losses, ref_params = results["none"]

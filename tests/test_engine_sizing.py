@@ -64,7 +64,7 @@ def test_sized_and_lazy_executors_train_identically() -> None:
             model, MAX_SRC, MAX_TGT, planner.plan(CFG, "all"), batch_size=BATCH if sized else None
         )
         torch.manual_seed(3)
-        losses = [executor.forward_backward(batch(3, 4, 5, seed)) for seed in range(3)]
+        losses = [float(executor.forward_backward(batch(3, 4, 5, seed))) for seed in range(3)]
         runs[sized] = (losses, [p.grad.clone() for p in model.parameters()])
     assert runs[True][0] == runs[False][0]
     assert all(torch.equal(a, b) for a, b in zip(runs[True][1], runs[False][1], strict=True))

@@ -47,7 +47,7 @@ def test_chunked_step_equals_the_unsharded_one(chunk: int) -> None:
     for c in (0, chunk):
         model.zero_grad(set_to_none=True)
         torch.manual_seed(5)
-        value = AutogradExecutor(model, c).forward_backward(batch)
+        value = float(AutogradExecutor(model, c).forward_backward(batch))
         results[c] = (value, {n: p.grad.clone() for n, p in model.named_parameters()})
     (ref, ref_grads), (got, grads) = results[0], results[chunk]
     assert got == pytest.approx(ref, rel=1e-12)
@@ -63,12 +63,12 @@ def test_the_chunked_autograd_step_matches_the_clone_executor() -> None:
     model, batch = make_model(), make_batch(seed=2)
     model.zero_grad(set_to_none=True)
     torch.manual_seed(5)
-    value = AutogradExecutor(model, 2).forward_backward(batch)
+    value = float(AutogradExecutor(model, 2).forward_backward(batch))
     ref = {n: p.grad.clone() for n, p in model.named_parameters()}
     model.zero_grad(set_to_none=True)
     torch.manual_seed(5)
     executor = CloneExecutor(model, S - 2, T - 1, planner.plan(model.cfg, "all"))
-    assert executor.forward_backward(batch) == pytest.approx(value, rel=1e-12)
+    assert float(executor.forward_backward(batch)) == pytest.approx(value, rel=1e-12)
     for name, p in model.named_parameters():
         torch.testing.assert_close(p.grad, ref[name], rtol=1e-10, atol=1e-12)
 

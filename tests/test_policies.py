@@ -148,7 +148,7 @@ def test_an_extra_policy_is_accepted_planned_and_reported(extra_policy, tmp_path
         executor = CloneExecutor(model, 6, 6, planner.plan(cfg.model, name))
         assert executor.plan.shared == planner.plan(cfg.model, name).shared
         torch.manual_seed(42)
-        losses = [executor.forward_backward(b) for b in batches()]
+        losses = [float(executor.forward_backward(b)) for b in batches()]
         results[name] = (losses, [p.grad.clone() for p in model.parameters()])
     assert results[extra_policy][0] == results["none"][0]
     for a, b in zip(results[extra_policy][1], results["none"][1], strict=True):

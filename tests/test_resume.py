@@ -117,7 +117,7 @@ class PoisonedExecutor:
         if self.calls in self.bad_calls:
             for p in self.inner.model.parameters():
                 p.grad.fill_(math.nan)
-            return math.nan
+            return torch.full_like(loss, math.nan)
         return loss
 
 

@@ -142,14 +142,15 @@ class CloneExecutor:
 
     # ---- the training step ---------------------------------------------------------------
 
-    def forward_backward(self, batch: Batch) -> float:
+    def forward_backward(self, batch: Batch) -> Tensor:
         """Accumulate d(training loss / batch_size)/d(param) (the NLL, or with label smoothing
         the smoothed cross-entropy of `nmt.loss`) into each parameter's .grad (zeros are
-        created where .grad is None) and return the summed NLL of the non-PAD tokens.
+        created where .grad is None) and return the summed NLL of the non-PAD tokens (a
+        0-dim float64 tensor of its own on the device: nothing is read back).
 
         Dropout is used iff model.training, with masks drawn in the order of
         Seq2SeqAttn.forward (encoder, backward encoder, then decoder positions)."""
-        return float(self.step(batch))
+        return self.step(batch).clone()
 
     @torch.no_grad()
     def step(self, batch: Batch, tr: Tracer | None = None) -> Tensor:

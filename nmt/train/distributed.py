@@ -147,6 +147,18 @@ def broadcast_values(values: list[float], ctx: DistContext, device: torch.device
     return t.tolist()
 
 
+def all_reduce_loss(
+    loss: torch.Tensor, flags: list[float], ctx: DistContext
+) -> tuple[torch.Tensor, list[float]]:
+    """Sum a step's loss (a device scalar, kept there) and the host flags (stop, failed) over
+    ranks in one collective; only the flags are read back."""
+    if not ctx.enabled:
+        return loss, flags
+    t = torch.cat([loss.reshape(1).double(), loss.new_tensor(flags, dtype=torch.float64)])
+    dist.all_reduce(t)
+    return t[0], t[1:].tolist()
+
+
 def barrier(ctx: DistContext) -> None:
     if ctx.enabled:
         dist.barrier()

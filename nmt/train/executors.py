@@ -1,9 +1,10 @@
 """The two ways to compute a training step's gradients, behind one interface.
 
 An executor fills each model parameter's `.grad` with d(summed training loss / batch
-size)/d(param) and returns the summed NLL. The training loss is the NLL, or with
-`train.label_smoothing` the smoothed cross-entropy of `nmt.loss`. The trainer never
-cares which one ran.
+size)/d(param) and returns the summed NLL as a 0-dim float64 tensor on the model's device:
+reading it on the host would wait for the device, so the trainer does that only when it
+logs. The training loss is the NLL, or with `train.label_smoothing` the smoothed
+cross-entropy of `nmt.loss`. The trainer never cares which one ran.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import math
 from typing import Protocol
 
+import torch
 from torch import Tensor
 
 from nmt import loss
@@ -19,25 +21,35 @@ from nmt.data.batching import Batch
 from nmt.engine import planner
 from nmt.engine.clones import CloneExecutor
 from nmt.model import Seq2SeqAttn
+from nmt.nn_lstm import NnLstmEncoder
 
 
 class Executor(Protocol):
-    def forward_backward(self, batch: Batch) -> float: ...
+    def forward_backward(self, batch: Batch) -> Tensor: ...
 
 
 class AutogradExecutor:
     """Plain PyTorch autograd: the reference the clones must match. The output layer and
-    the loss run over `loss_chunk` target positions at a time (`nmt.loss`; 0: all at once)."""
+    the loss run over `loss_chunk` target positions at a time (`nmt.loss`; 0: all at once).
+    `encoder`: "cells" runs the model's own cells position by position; "nn_lstm" runs the
+    encoders on torch's LSTM kernel with the same parameters (`nmt.nn_lstm`)."""
 
-    def __init__(self, model: Seq2SeqAttn, loss_chunk: int = 1, label_smoothing: float = 0.0):
+    def __init__(
+        self,
+        model: Seq2SeqAttn,
+        loss_chunk: int = 1,
+        label_smoothing: float = 0.0,
+        encoder: str = "cells",
+    ):
         self.model, self.loss_chunk, self.label_smoothing = model, loss_chunk, label_smoothing
+        self.encode = NnLstmEncoder(model) if encoder == "nn_lstm" else None
 
-    def forward_backward(self, batch: Batch) -> float:
-        return float(self.step(batch))
+    def forward_backward(self, batch: Batch) -> Tensor:
+        return self.step(batch).to(torch.float64)
 
     def step(self, batch: Batch) -> Tensor:
-        """forward_backward's step, returning the summed NLL as a 0-dim tensor."""
-        out = self.model(batch.src, batch.tgt_in)
+        """The summed NLL as a 0-dim tensor (detached), gradients accumulated."""
+        out = self.model(batch.src, batch.tgt_in, self.encode)
         return loss.nll_backward(
             self.model, out, batch.tgt_out, self.loss_chunk, batch.size, self.label_smoothing
         )
@@ -48,7 +60,8 @@ def make_executor(cfg: Config, model: Seq2SeqAttn, world_size: int = 1) -> Execu
     executor gets the planner's sharing plan for the model's structure and allocates its
     buffers up front for this rank's share of a batch (`nmt.train.distributed.shard`)."""
     if cfg.train.executor == "autograd":
-        return AutogradExecutor(model, cfg.train.loss_chunk, cfg.train.label_smoothing)
+        t = cfg.train
+        return AutogradExecutor(model, t.loss_chunk, t.label_smoothing, t.autograd_encoder)
     plan = planner.plan(cfg.model, cfg.train.prealloc)
     device = next(model.parameters()).device
     rows = math.ceil(cfg.train.batch_size / world_size)

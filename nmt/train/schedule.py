@@ -53,10 +53,34 @@ class LearningRateSchedule:
         self.history = [float(x) for x in state["history"]]
 
 
+# devices with torch's fused SGD / Adam kernels (elsewhere, e.g. on meta, the plain ones)
+FUSED_DEVICES = ("cpu", "cuda")
+
+
 def make_optimizer(cfg: TrainConfig, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    """SGD or Adam, fused where torch has the kernel: one kernel for every parameter, which
+    can also skip a non-finite update on the device (`nmt.train.update`)."""
+    fused = all(p.device.type in FUSED_DEVICES for p in params) or None
     if cfg.optimizer == "adam":
-        return torch.optim.Adam(params, lr=cfg.learning_rate)
-    return torch.optim.SGD(params, lr=cfg.learning_rate)
+        return torch.optim.Adam(params, lr=cfg.learning_rate, fused=fused)
+    return torch.optim.SGD(params, lr=cfg.learning_rate, fused=fused)
+
+
+def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict) -> None:
+    """`optimizer.load_state_dict(state)`, but how it runs (fused, foreach) stays this
+    optimizer's choice rather than the checkpoint's: a checkpoint written before the fused
+    kernels, or on another device, would otherwise bring back an implementation that cannot
+    skip an update on the device."""
+    optimizer.load_state_dict(state)
+    fused = optimizer.defaults.get("fused")
+    for group in optimizer.param_groups:
+        for key in ("fused", "foreach"):
+            if key in optimizer.defaults:
+                group[key] = optimizer.defaults[key]
+        for p in group["params"] if fused else []:  # fused kernels count steps on the device
+            step = optimizer.state.get(p, {}).get("step")
+            if isinstance(step, torch.Tensor):
+                optimizer.state[p]["step"] = step.to(device=p.device, dtype=torch.float32)
 
 
 def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:

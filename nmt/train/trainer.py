@@ -7,6 +7,12 @@ seq2seq-attn way and writes `last.pt` (every validation), `model.pt` (the best v
 `train.early_stopping_metric`) and, with `train.keep_checkpoints`, `ckpt_step{STEP}.pt`.
 The final step is always validated, every step at most once, and the run's last line says
 which file holds which model.
+
+A step reads nothing back from the device (`nmt.train.update`): the loss, the finite check and
+the skip of a non-finite update stay there, and `Trainer.settle` reads them back, in one
+synchronisation, only where the host needs them - at log steps, validation, checkpoints, the
+end - counting a skipped update out of `state.step` then (see `_run_epoch` for why every log,
+validation and `max_steps` still happens at exactly the step it did when each step was read).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch import Tensor
 from tqdm import tqdm
 
 from nmt.config import Config, shape_keys
@@ -42,8 +49,14 @@ from nmt.train.checkpoint import (
 from nmt.train.executors import make_executor
 from nmt.train.failures import RankFailures
 from nmt.train.runlog import RunLog
-from nmt.train.schedule import LearningRateSchedule, make_optimizer, set_learning_rate
+from nmt.train.schedule import (
+    LearningRateSchedule,
+    load_optimizer_state,
+    make_optimizer,
+    set_learning_rate,
+)
 from nmt.train.stopping import EarlyStopping
+from nmt.train.update import DeviceUpdate
 from nmt.train.validation import BleuSet, greedy_bleu, perplexity, validation_batches
 from nmt.translate.translator import SearchOptions
 
@@ -174,7 +187,13 @@ class Trainer:
         self.optimizer = make_optimizer(cfg.train, list(self.model.parameters()))
         self.schedule = LearningRateSchedule.from_config(cfg.train)
         self.executor = make_executor(cfg, self.model, self.dist.world_size)
+        params = list(self.model.parameters())
+        self.update = DeviceUpdate(params, self.optimizer, cfg.train.max_grad_norm)
+        self._zero = torch.zeros((), dtype=torch.float64, device=self.device)  # a failed rank's
         self.train_batches = make_batches(self.corpus.train, cfg.train.batch_size)
+        # counted once on the host: counting a batch on the device would read it back
+        self.train_tokens = [batch.n_tokens for batch in self.train_batches]
+        self._pending = 0  # steps since `settle` last read the device's counts
         # validation as memreport accounts it: padded batches of train.batch_size pairs, the
         # generator over one training loss chunk's rows at a time (all positions: chunk 0)
         self.valid_batch_size = cfg.train.batch_size
@@ -198,6 +217,8 @@ class Trainer:
         self.stopping = EarlyStopping(cfg.train.early_stopping_metric, cfg.train.early_stopping)
         self.state = TrainState()
         self._valid_seconds = 0.0  # spent validating in this process
+        self._window, self._epoch = Meter(self._train_clock), Meter(self._train_clock)
+        self._bar = tqdm(disable=True)  # the run's progress bar, made by `run`
         self._early_stop = False
         self._signal: int | None = None  # a signal this process received
         self._stop = False  # some rank received one: all stop at this step boundary
@@ -251,6 +272,7 @@ class Trainer:
 
     def save(self, best: bool, step_checkpoint: bool = False) -> None:
         """last.pt, model.pt when `best`, ckpt_step{STEP}.pt with train.keep_checkpoints."""
+        self.settle()  # the exact step count
         state = self.checkpoint_state()  # a collective: every rank takes part
         if not self.dist.is_main:
             return
@@ -270,7 +292,7 @@ class Trainer:
             raise NmtError(
                 f"{path}: checkpoint does not match the configured model: {first}"
             ) from None
-        self.optimizer.load_state_dict(ckpt["optimizer"])
+        load_optimizer_state(self.optimizer, ckpt["optimizer"])
         self.schedule.load_state_dict(ckpt["schedule"])
         set_learning_rate(self.optimizer, self.schedule.learning_rate)
         self.state = TrainState(
@@ -312,6 +334,7 @@ class Trainer:
         """Measure the model at this step (once: a second call returns the first's result),
         write the checkpoints, follow the best model and early stopping; returns the
         validation perplexity. Every rank takes part and takes the same decisions."""
+        self.settle()
         s = self.state
         if s.valid_step == s.step:
             return s.last_valid_ppl
@@ -357,41 +380,65 @@ class Trainer:
             )
         return ppl
 
-    def train_step(self, batch: Batch) -> float | None:
-        """One update; None when the step was skipped for a non-finite loss or gradient.
-        A rank that fails in it (out of memory) stops every rank before the step ends."""
+    def train_step(self, batch: Batch, n_tokens: int) -> None:
+        """One update, queued on the device and skipped there when the loss or the gradient
+        norm is not finite; `state.step` counts it until `settle` says otherwise. `n_tokens`:
+        the batch's target tokens. A rank that fails in it (out of memory) stops every rank
+        before the step ends."""
         self.optimizer.zero_grad(set_to_none=False)
         part = dd.shard(batch, self.dist)
-        attempt, step = self.failures.attempt, self.state.step + 1
+        attempt, step, zero = self.failures.attempt, self.state.step + 1, self._zero
 
-        def forward_backward() -> float:
-            return self.executor.forward_backward(part) if part is not None else 0.0
+        def forward_backward() -> Tensor:
+            return self.executor.forward_backward(part) if part is not None else zero
 
-        loss = attempt(f"the forward/backward pass of step {step}", batch, forward_backward, 0.0)
+        loss = attempt(f"the forward/backward pass of step {step}", batch, forward_backward, zero)
         stop = float(self._signal is not None)
         if self.dist.enabled:
-            loss, stop, failed = dd.all_reduce_sums(
-                [loss, stop, self.failures.flag], self.dist, self.device
-            )
+            loss, (stop, failed) = dd.all_reduce_loss(loss, [stop, self.failures.flag], self.dist)
             self.failures.settle(failed)
             share = (part.size if part is not None else 0) / batch.size
             dd.all_reduce_gradients(list(self.model.parameters()), share, self.dist)
         self._stop = stop > 0
-        max_norm = self.cfg.train.max_grad_norm or math.inf
+        norm = attempt(f"gradient clipping of step {step}", batch, self.update.clip, zero)
 
-        def clip() -> float:
-            return float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
+        def apply() -> None:
+            self.update.apply(loss, norm, n_tokens)
 
-        norm = attempt(f"gradient clipping of step {step}", batch, clip, 0.0)
-        finite = math.isfinite(loss) and math.isfinite(norm)
-        if finite:
-            attempt(f"the optimizer step of step {step}", batch, self.optimizer.step, None)
+        attempt(f"the optimizer step of step {step}", batch, apply, None)
         self.failures.vote()  # clipping or the optimizer step may have failed on one rank
-        if not finite:
-            return self._skip_step(loss, norm)
-        self.state.bad_steps = 0
         self.state.step += 1
-        return loss
+        self._pending += 1
+        self._bar.update(1)
+
+    def settle(self) -> None:
+        """Read back what the steps since the last call did (one host synchronisation, none
+        when there were none): skipped updates leave `state.step`, the loss and tokens of the
+        others join the log's tallies, and a run of `train.max_bad_steps` consecutive skipped
+        updates stops training - noticed here, up to a log window late; the skipped updates
+        changed nothing meanwhile."""
+        if not self._pending:
+            return
+        s, steps = self.state, self._pending
+        done = self.update.drain()
+        self._pending = 0
+        s.step -= done.skipped
+        s.bad_steps = done.bad_run
+        self._bar.update(-done.skipped)
+        for meter in (self._window, self._epoch):
+            meter.add(done.loss, done.tokens)
+        if done.skipped:
+            self.log(
+                f"warning: skipped the update of {done.skipped} of the last {steps} batches "
+                f"for a non-finite loss or gradient norm, now at step {s.step} "
+                f"({done.bad_run} in a row)"
+            )
+        if done.worst_run >= self.cfg.train.max_bad_steps:
+            raise NmtError(
+                f"training diverged: {done.worst_run} consecutive steps with a non-finite loss "
+                f"or gradient (at step {s.step}); the last good checkpoint is "
+                f"{self.out_dir / 'last.pt'}: lower train.learning_rate or train.max_grad_norm"
+            )
 
     def _out_of_memory(self, where: str, batch: Batch) -> str:
         return training_message(
@@ -402,22 +449,6 @@ class Trainer:
             world_size=self.dist.world_size,
             checkpoint=self.out_dir / "last.pt",
         )
-
-    def _skip_step(self, loss: float, norm: float) -> None:
-        s = self.state
-        s.bad_steps += 1
-        self.optimizer.zero_grad(set_to_none=False)
-        self.log(
-            f"warning: skipped the update after step {s.step}: loss {loss}, gradient norm "
-            f"{norm} ({s.bad_steps} in a row)"
-        )
-        if s.bad_steps >= self.cfg.train.max_bad_steps:
-            raise NmtError(
-                f"training diverged: {s.bad_steps} consecutive steps with a non-finite loss or "
-                f"gradient (after step {s.step}); the last good checkpoint is "
-                f"{self.out_dir / 'last.pt'}: lower train.learning_rate or train.max_grad_norm"
-            )
-        return None
 
     def _reached_max_steps(self) -> bool:
         return 0 < self.cfg.train.max_steps <= self.state.step
@@ -504,6 +535,7 @@ class Trainer:
                 s.epoch += 1
                 s.position = 0
             self.validate()  # the final model, unless this step was just validated
+            self.settle()
         finally:
             self._bar.close()
         self.log(self._summary())
@@ -561,29 +593,41 @@ class Trainer:
         else:
             self.log(line)
 
+    def _due(self, every: int) -> bool:
+        return every > 0 and self.state.step % every == 0
+
     def _run_epoch(self) -> None:
+        """One epoch from `state.position`. A step's outcome is read back (`settle`) only
+        when, had every pending update been applied, the step count would now be due for a
+        log or validation, or reach `max_steps`. `state.step` is then exact: if an update was
+        skipped, the count is not due yet, and the same test fires again on the step that
+        makes it so - so logs, validations and the stop fall on exactly the steps (and
+        batches) they would if every step were read back at once."""
         cfg, s = self.cfg.train, self.state
         order = epoch_order(len(self.train_batches), cfg.seed, s.epoch)
         self._bar.set_description(f"epoch {s.epoch}", refresh=False)
-        epoch, window = Meter(self._train_clock), Meter(self._train_clock)
+        self._epoch, self._window = Meter(self._train_clock), Meter(self._train_clock)
         for index in order[s.position :]:
-            batch = self.train_batches[index].to(self.device)
-            loss = self.train_step(batch)
+            self.train_step(self.train_batches[index].to(self.device), self.train_tokens[index])
             s.position += 1
-            if loss is None:
-                self._stop_if_signalled()
-                continue
-            self._bar.update(1)
-            epoch.add(loss, batch.n_tokens)
-            window.add(loss, batch.n_tokens)
-            if s.step % cfg.log_every == 0 or s.position == len(self.train_batches):
-                self._log_window(window)
-                window = Meter(self._train_clock)
-            if cfg.valid_every and s.step % cfg.valid_every == 0:
+            end = s.position == len(self.train_batches)
+            log, valid = self._due(cfg.log_every) or end, self._due(cfg.valid_every)
+            if log or valid or self._reached_max_steps():
+                self.settle()
+                if s.bad_steps:  # this update was skipped: nothing is due
+                    self._stop_if_signalled()
+                    continue
+                log, valid = self._due(cfg.log_every) or end, self._due(cfg.valid_every)
+            if log:
+                self._log_window(self._window)
+                self._window = Meter(self._train_clock)
+            if valid:
                 self.validate()
             self._stop_if_signalled()
             if self._reached_max_steps() or self._early_stop:
                 break
+        self.settle()
+        epoch = self._epoch
         if epoch.tokens:
             self.log(
                 f"epoch {s.epoch}: train perplexity {math.exp(min(epoch.avg, 100)):.3f}, "

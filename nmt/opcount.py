@@ -1,0 +1,121 @@
+"""What a step asks of the device: aten ops launched, and host synchronisations.
+
+On a GPU a step made of small kernels is bounded by launches and Python dispatch, not by
+arithmetic, and every read of a device value on the host (`.item()`, `float(t)`, `bool(t)`,
+`.tolist()`, a copy to the CPU, an op whose output size depends on the data) makes the host
+wait until the device has drained its queue. Both counts are device-independent - the same
+aten ops dispatch on the CPU - so they can be measured and tested on any machine.
+
+On the CPU the counter cannot tell host data from device data, so it counts every such read
+there: an upper bound of what a GPU would wait for.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+aten = torch.ops.aten
+
+# ops that read a value back (item, float, int, bool, is_nonzero) or whose output size
+# depends on the data, so the host must wait for it
+SYNC_OPS = frozenset(
+    {
+        aten._local_scalar_dense.default,
+        aten.nonzero.default,
+        aten.masked_select.default,
+        aten.unique_consecutive.default,
+        aten._unique2.default,
+    }
+)
+# indexing ops that, given a boolean mask (`x[mask]`, `x[mask] = v`), first find where it is set
+MASK_INDEXING = frozenset({aten.index.Tensor, aten.index_put.default, aten.index_put_.default})
+# Tensor methods that read a CPU tensor's data without dispatching an aten op
+READ_METHODS = frozenset({"tolist", "numpy"})
+
+
+@dataclass
+class OpCounts:
+    """Non-view aten ops dispatched, host synchronisations among them, and ops by name."""
+
+    ops: int = 0
+    syncs: int = 0
+    by_op: Counter = field(default_factory=Counter)
+
+
+def _on_cpu(x: object) -> bool:
+    return isinstance(x, torch.Tensor) and x.device.type == "cpu"
+
+
+def _device_to_host(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> bool:
+    """A copy from an accelerator to the CPU (`.cpu()`, `.to("cpu")`, `cpu_t.copy_(cuda_t)`)."""
+    if func is aten._to_copy.default:
+        src, device = args[0], kwargs.get("device")
+        return not _on_cpu(src) and device is not None and torch.device(device).type == "cpu"
+    if func is aten.copy_.default:
+        return _on_cpu(args[0]) and isinstance(args[1], torch.Tensor) and not _on_cpu(args[1])
+    return False
+
+
+def _mask_indexing(func: torch._ops.OpOverload, args: tuple) -> bool:
+    if func not in MASK_INDEXING or len(args) < 2:
+        return False
+    masks = (i for i in args[1] if isinstance(i, torch.Tensor))
+    return any(i.dtype in (torch.bool, torch.uint8) for i in masks)
+
+
+class _Ops(TorchDispatchMode):
+    def __init__(self, counts: OpCounts):
+        super().__init__()
+        self.counts = counts
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        kwargs = kwargs or {}
+        if not func.is_view:
+            self.counts.ops += 1
+            self.counts.by_op[str(func.overloadpacket)] += 1
+            if (
+                func in SYNC_OPS
+                or _device_to_host(func, args, kwargs)
+                or _mask_indexing(func, args)
+            ):
+                self.counts.syncs += 1
+        return func(*args, **kwargs)
+
+
+class _Reads(TorchFunctionMode):
+    """`.tolist()` and `.numpy()` of a CPU tensor (on an accelerator their copy to the CPU
+    dispatches, and `_Ops` counts that)."""
+
+    def __init__(self, counts: OpCounts):
+        super().__init__()
+        self.counts = counts
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        if getattr(func, "__name__", "") in READ_METHODS and args and _on_cpu(args[0]):
+            self.counts.syncs += 1
+        return func(*args, **(kwargs or {}))
+
+
+def count(fn: Callable[[], object]) -> OpCounts:
+    """Run `fn()` once and count what it dispatched (backward passes included)."""
+    counts = OpCounts()
+    with _Reads(counts), _Ops(counts):
+        fn()
+    return counts
+
+
+def count_ops(fn: Callable[[], object]) -> int:
+    """Non-view aten ops that `fn()` dispatches: roughly the kernels a GPU would launch."""
+    return count(fn).ops
+
+
+def count_syncs(fn: Callable[[], object]) -> int:
+    """Host synchronisations in `fn()`: values read back, copies to the host, ops whose
+    output size depends on the data."""
+    return count(fn).syncs

@@ -1,0 +1,79 @@
+"""The update that follows the gradients, decided on the device: no host synchronisation.
+
+A non-finite loss or gradient norm must skip the update (and count towards
+`train.max_bad_steps`), but asking "was it finite?" on the host every step makes the host wait
+for the device to drain its queue, which on a GPU leaves it idle between steps. So here the
+decision stays on the device: the gradient norm is computed and clipped there, the finite flag
+is a tensor, and the fused optimizers (`torch.optim.SGD` / `Adam` with `fused=True`, the
+kernels `GradScaler` drives) skip their whole update - parameters, moments, Adam's step count -
+where their `found_inf` tensor is set. An optimizer without that kernel reads the flag back
+instead (one synchronisation a step).
+
+The loss, the target tokens and the skip counts of the applied updates accumulate in one device
+tensor; `drain()` reads it back in one synchronisation when the trainer needs the figures.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+LOSS, TOKENS, SKIPPED, RUN, WORST = range(5)
+
+
+@dataclass(frozen=True)
+class Drained:
+    """What the steps since the previous `drain` did."""
+
+    loss: float  # summed NLL of the applied updates
+    tokens: int  # their non-PAD target tokens
+    skipped: int  # updates skipped for a non-finite loss or gradient norm
+    bad_run: int  # consecutive skipped updates up to now (0: the last update was applied)
+    worst_run: int  # the longest run of consecutive skips since the previous drain
+
+
+class DeviceUpdate:
+    """Clip, step (or skip) and count, all on the parameters' device."""
+
+    def __init__(
+        self, params: list[nn.Parameter], optimizer: torch.optim.Optimizer, max_norm: float
+    ):
+        self.params, self.optimizer, self.max_norm = params, optimizer, max_norm
+        device = params[0].device
+        self.stats = torch.zeros(5, dtype=torch.float64, device=device)
+        self.found_inf = torch.zeros((), dtype=torch.float32, device=device)
+        self.fused = bool(optimizer.defaults.get("fused"))
+        if self.fused:  # its step() reads the attribute, as under GradScaler
+            optimizer.found_inf = self.found_inf  # type: ignore[attr-defined]
+
+    def clip(self) -> Tensor:
+        """The global gradient norm before clipping; gradients scaled down to `max_norm`
+        (0: no clipping) in place, without reading the norm."""
+        if self.max_norm > 0:
+            return nn.utils.clip_grad_norm_(self.params, self.max_norm, foreach=True)
+        grads = [p.grad for p in self.params if p.grad is not None]
+        return nn.utils.get_total_norm(grads, foreach=True)
+
+    def apply(self, loss: Tensor, norm: Tensor, n_tokens: int) -> None:
+        """The optimizer step, skipped unless `loss` and `norm` are finite; `n_tokens` is the
+        batch's target token count (a host integer: counting them on the device would sync)."""
+        ok = torch.isfinite(loss + norm)
+        torch.logical_not(ok, out=self.found_inf)
+        if self.fused or not self.found_inf.item():  # others have no kernel that can skip
+            self.optimizer.step()
+        s = self.stats
+        s[LOSS].add_(torch.where(ok, loss, 0.0))
+        s[TOKENS].add_(ok, alpha=n_tokens)
+        s[SKIPPED].add_(self.found_inf)
+        s[RUN].add_(self.found_inf).mul_(self.found_inf)  # +1 when skipped, else back to 0
+        torch.maximum(s[WORST], s[RUN], out=s[WORST])
+
+    def drain(self) -> Drained:
+        """Read the counts back (one synchronisation) and start counting afresh; a run of
+        skips carries over."""
+        loss, tokens, skipped, run, worst = self.stats.tolist()
+        self.stats[:RUN].zero_()
+        self.stats[WORST].copy_(self.stats[RUN])
+        return Drained(loss, round(tokens), round(skipped), round(run), round(worst))

@@ -1,0 +1,88 @@
+"""scripts/bench_train.py runs every variant side by side (tiny sizes: no timing is checked)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+NAMES = {
+    "train.src": "src-train",
+    "train.tgt": "targ-train",
+    "valid.src": "src-val",
+    "valid.tgt": "targ-val",
+}
+
+
+def bench_module():
+    """The script as a module (registered: its dataclasses need sys.modules)."""
+    spec = importlib.util.spec_from_file_location("bench_train", REPO / "scripts/bench_train.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bench_train"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_bench(tmp_path: Path, *args: str) -> str:
+    """The script on the toy corpus under ende-demo's file names."""
+    data = tmp_path / "toy"
+    data.mkdir()
+    for name, as_name in NAMES.items():
+        (data / f"{as_name}.txt").symlink_to(REPO / "data" / "toy" / name)
+    cmd = [sys.executable, str(REPO / "scripts" / "bench_train.py"), "--data", str(data)]
+    tiny = ["--layers", "2", "--rnn", "8", "--batch", "8", "--threads", "1"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [*cmd, *tiny, *args], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+def rows(out: str) -> dict[str, list[str]]:
+    table = [line.strip("|").split("|") for line in out.splitlines() if line.startswith("| ")]
+    return {cells[0].strip(): [c.strip() for c in cells[1:]] for cells in table}
+
+
+def test_every_variant_side_by_side_with_counts(tmp_path):
+    variants = [v.name for v in bench_module().available()]
+    assert {"clones-nngraph", "autograd-cells", "autograd-nn_lstm", "autograd-full"} <= set(
+        variants
+    )
+    out = run_bench(tmp_path, "--steps", "2", "--count-ops", "--variants", ",".join(variants))
+    counts, speeds = out.split("\n2x8, batch 8")
+    count_rows, speed_rows = rows(counts), rows(speeds)
+    assert list(count_rows) == ["variant", *variants]
+    assert list(speed_rows) == ["variant", *variants]
+    for name in variants:
+        ops, syncs, log_syncs = count_rows[name]
+        assert int(ops.replace(",", "")) > 100
+        assert (syncs, log_syncs) == ("0", "1")  # nothing read back, but on a log step
+        assert float(speed_rows[name][0].replace(",", "")) > 0
+    assert speed_rows["clones-nngraph"][1] == "1.00x"
+    assert speed_rows["autograd-nn_lstm"][2] == "1.00x"
+    nn_lstm_ops = int(count_rows["autograd-nn_lstm"][0].replace(",", ""))
+    assert nn_lstm_ops < int(count_rows["autograd-cells"][0].replace(",", ""))
+    assert re.search(r"^ratios vs clones-nngraph: .*autograd-cells \d+\.\d\dx", out, re.M)
+
+
+def test_fixed_lengths_and_a_variant_list(tmp_path):
+    out = run_bench(
+        tmp_path,
+        "--steps",
+        "0",
+        "--count-ops",
+        "--fixed-length",
+        "5",
+        "--variants",
+        "autograd-nn_lstm",
+        "--set",
+        "model.dropout=0",
+    )
+    assert "on a batch of 8 sentences, source length 7, target length 6" in out
+    assert list(rows(out)) == ["variant", "autograd-nn_lstm"]
+    assert "tokens/s" not in out  # no timed steps

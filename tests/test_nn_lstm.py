@@ -1,0 +1,101 @@
+"""`train.autograd_encoder: nn_lstm`: torch's LSTM kernel on the model's parameters computes
+the clones' loss and gradients - dropout included, its masks drawn as the cells draw them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nmt.config import Config, TrainConfig
+from nmt.model import dropout_mask, dropout_masks, private_rng
+from nmt.nn_lstm import NnLstmEncoder
+from nmt.opcount import count
+from nmt.train.executors import AutogradExecutor, make_executor
+from tests.conftest import TEST_DEVICE, model_structures
+from tests.test_engine_equivalence import clone_grads, make_batch, make_model, max_rel_err
+
+
+def nn_lstm_grads(model, batch) -> tuple[float, dict[str, torch.Tensor]]:
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(5)  # the clones' masks (clone_grads seeds the same)
+    loss = AutogradExecutor(model, encoder="nn_lstm").forward_backward(batch)
+    return float(loss), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("structure", model_structures())
+def test_equals_the_clones_in_float64(structure: dict) -> None:
+    """Every structure, dropout on and off: 1e-10 against the clone executor."""
+    model = make_model(**structure, param_init=0.3)
+    batch = make_batch()
+    loss, grads = nn_lstm_grads(model, batch)
+    ref_loss, ref = clone_grads(model, batch, "none")
+    assert all(g.abs().max() > 0 for g in grads.values())
+    assert max_rel_err(grads, ref) < 1e-10
+    assert loss == pytest.approx(ref_loss, rel=1e-12)
+
+
+def test_the_decoder_draws_the_same_masks_after_it() -> None:
+    """The encoder leaves the generator where the cells leave it, so what follows matches."""
+    model = make_model(num_layers=3, bidirectional=True)
+    src = make_batch().src
+    after = {}
+    for name, encode in (("cells", model.encode), ("nn_lstm", NnLstmEncoder(model))):
+        torch.manual_seed(5)
+        context, final = encode(src)
+        after[name] = (context, final, torch.rand(8, device=TEST_DEVICE))
+    (c1, f1, r1), (c2, f2, r2) = after.values()
+    assert torch.equal(r1, r2)
+    torch.testing.assert_close(c1, c2, rtol=1e-12, atol=1e-14)
+    for (h1, s1), (h2, s2) in zip(f1, f2, strict=True):
+        torch.testing.assert_close(h1, h2, rtol=1e-12, atol=1e-14)
+        torch.testing.assert_close(s1, s2, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("private", [False, True])
+def test_dropout_masks_are_successive_dropout_mask_draws(private: bool) -> None:
+    like = torch.empty(3, dtype=torch.float32, device=TEST_DEVICE)
+    draws = []
+    for draw in (
+        lambda: torch.stack([dropout_mask((4, 5), 0.3, like) for _ in range(6)]),
+        lambda: dropout_masks(6, (4, 5), 0.3, like),
+    ):
+        torch.manual_seed(11)
+        if private:
+            with private_rng(7):
+                masks = draw()
+        else:
+            masks = draw()
+        draws.append((masks, torch.rand(4, device=TEST_DEVICE)))
+    (a, after_a), (b, after_b) = draws
+    assert torch.equal(a, b) and torch.equal(after_a, after_b)
+    assert a.unique().tolist() == [0.0, pytest.approx(1 / 0.7)]
+
+
+def test_float32_runs_the_fused_kernel_and_fewer_ops() -> None:
+    """cuDNN on a GPU, oneDNN on the CPU: one op per layer instead of a cell per position."""
+    model = make_model(num_layers=2).float()
+    batch = make_batch()
+    runs = {}
+    for encoder in ("cells", "nn_lstm"):
+        model.zero_grad(set_to_none=True)
+        torch.manual_seed(5)
+        executor = AutogradExecutor(model, encoder=encoder)
+        counts = count(lambda executor=executor: executor.forward_backward(batch))
+        runs[encoder] = (counts, {n: p.grad.clone() for n, p in model.named_parameters()})
+    (cells, ref), (fast, grads) = runs["cells"], runs["nn_lstm"]
+    assert max_rel_err(grads, ref) < 1e-4
+    assert fast.ops < cells.ops and fast.syncs == cells.syncs == 0
+    kernel = "aten._cudnn_rnn" if TEST_DEVICE.type == "cuda" else "aten.mkldnn_rnn_layer"
+    if TEST_DEVICE.type == "cuda" or torch.backends.mkldnn.is_available():
+        assert fast.by_op[kernel] == 2  # one call per layer (dropout between them)
+    else:  # a CPU build without oneDNN: torch's own LSTM loop, still correct
+        assert "aten.lstm" in fast.by_op
+
+
+def test_the_config_key_picks_the_encoder() -> None:
+    model = make_model()
+    for encoder, kind in (("cells", type(None)), ("nn_lstm", NnLstmEncoder)):
+        cfg = Config(
+            model=model.cfg, train=TrainConfig(executor="autograd", autograd_encoder=encoder)
+        )
+        assert isinstance(make_executor(cfg, model).encode, kind)

@@ -1,0 +1,126 @@
+"""The trainer's step reads nothing back from the device; the figures come back, in one
+synchronisation, only where the host needs them - and reading them later changes nothing."""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from nmt.config import load_config
+from nmt.opcount import count_syncs
+from nmt.train.runlog import read_metrics
+from nmt.train.trainer import Trainer
+from tests.conftest import write_toy_config
+
+EXECUTORS = {
+    "clones": ["train.executor=clones"],
+    "autograd-cells": ["train.executor=autograd"],
+    "autograd-nn_lstm": ["train.executor=autograd", "train.autograd_encoder=nn_lstm"],
+}
+
+
+def trainer(tmp_path: Path, *overrides: str, logs: list[str] | None = None) -> Trainer:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    path = write_toy_config(
+        tmp_path / "c.yaml",
+        "num_layers: 2, rnn_size: 12, word_vec_size: 8, dropout: 0.3",
+        "batch_size: 256, optimizer: adam, learning_rate: 0.01, device: cpu",
+    )
+    cfg = load_config(path, list(overrides))
+    sink = logs.append if logs is not None else (lambda line: None)
+    return Trainer(cfg, tmp_path / "run", log=sink, progress=False)
+
+
+@pytest.mark.parametrize("executor", list(EXECUTORS))
+def test_a_training_step_reads_nothing_back(tmp_path, executor):
+    t = trainer(tmp_path, *EXECUTORS[executor])
+    batch, tokens = t.train_batches[0].to(t.device), t.train_tokens[0]
+    t.train_step(batch, tokens)  # the clones' buffers grow to size
+    assert count_syncs(lambda: t.train_step(batch, tokens)) == 0
+    assert count_syncs(t.settle) == 1  # loss, tokens, skips: one read
+    assert count_syncs(t.settle) == 0  # nothing pending
+    assert t.state.step == 2 and t._window.tokens == 2 * tokens
+
+
+class Poisoned:
+    """Wraps an executor; on the listed calls, the loss and the gradients are NaN."""
+
+    def __init__(self, inner, bad_calls: set[int]):
+        self.inner, self.bad_calls, self.calls = inner, bad_calls, 0
+
+    def forward_backward(self, batch):
+        self.calls += 1
+        loss = self.inner.forward_backward(batch)
+        if self.calls in self.bad_calls:
+            for p in self.inner.model.parameters():
+                p.grad.fill_(math.nan)
+            return torch.full_like(loss, math.nan)
+        return loss
+
+
+def reference_schedule(bad: set[int], log_every: int, valid_every: int, max_steps: int) -> tuple:
+    """Where logs and validations fall when every step's outcome is known at once (the
+    trainer before the reads moved off the step): only applied updates count as steps."""
+    step = batch = 0
+    logs, valids = [], []
+    while step < max_steps:
+        batch += 1
+        if batch in bad:
+            continue
+        step += 1
+        logs += [step] if step % log_every == 0 else []
+        valids += [step] if step % valid_every == 0 else []
+    return logs, valids, batch
+
+
+@pytest.mark.parametrize("log_every", [1, 3])
+def test_skipped_updates_are_read_late_but_counted_exactly(tmp_path, log_every):
+    bad, valid_every, max_steps = {3, 7, 8, 13, 14}, 4, 14
+    logs: list[str] = []
+    t = trainer(
+        tmp_path,
+        f"train.log_every={log_every}",
+        f"train.valid_every={valid_every}",
+        f"train.max_steps={max_steps}",
+        "train.max_bad_steps=3",
+        logs=logs,
+    )
+    t.executor = Poisoned(t.executor, bad)
+    t.run()
+    want_logs, want_valids, batches = reference_schedule(bad, log_every, valid_every, max_steps)
+    records = read_metrics(tmp_path / "run")
+    assert [r["step"] for r in records if r["kind"] == "train"] == want_logs
+    # every valid_every steps, and once more where max_steps stopped the epoch
+    assert [r["step"] for r in records if r["kind"] == "valid"] == [*want_valids, max_steps]
+    assert (t.state.step, t.state.position) == (max_steps, batches)
+    skipped = [re.search(r"skipped the update of (\d+) of", line) for line in logs]
+    assert sum(int(m.group(1)) for m in skipped if m) == len(bad)
+    # the figures of the applied updates only, whenever they are read
+    assert all(math.isfinite(r["loss"]) for r in records if r["kind"] == "train")
+
+
+def test_reading_back_later_changes_no_number(tmp_path):
+    params = []
+    for log_every in (1, 5):
+        t = trainer(tmp_path / str(log_every), f"train.log_every={log_every}", "train.max_steps=12")
+        t.executor = Poisoned(t.executor, {4, 9})
+        t.run()
+        params.append(t.model.state_dict())
+    for key, value in params[0].items():
+        assert torch.equal(value, params[1][key]), key
+
+
+def test_divergence_is_noticed_at_the_next_read(tmp_path):
+    logs: list[str] = []
+    t = trainer(
+        tmp_path, "train.log_every=10", "train.max_steps=40", "train.max_bad_steps=3", logs=logs
+    )
+    t.executor = Poisoned(t.executor, {4, 5, 6})
+    with pytest.raises(Exception, match="diverged: 3 consecutive steps.*at step 7"):
+        t.run()
+    assert t.state.position == 10  # noticed at the log step, the skipped updates changed nothing
+    assert all(torch.isfinite(p).all() for p in t.model.parameters())
