@@ -1,10 +1,10 @@
-"""Training speed, side by side in one process: clones (prealloc all / none) vs autograd.
+"""Training speed, side by side in one process: clones (each prealloc policy) vs autograd.
 
 Each executor trains its own copy of the same model (same initialisation) on the same
 ende-demo batches, in the same order; the executors take turns batch by batch, so machine
 load hits them alike. Each step is a full training step (forward, backward, clipping, SGD).
-Prints target tokens/s per executor and the ratios the project targets:
-clones+all >= autograd, and all >= none.
+Prints target tokens/s and step time per executor and the ratios the project targets:
+clones+all >= autograd, all >= none, and recompute's step time <= 1.35x all's.
 
     python scripts/bench_train.py                      # 2x256, batch 64, 20 batches
     python scripts/bench_train.py --data data/ende-demo --steps 40 --device cuda
@@ -47,7 +47,7 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument(
         "--executors",
-        default="all,none,autograd",
+        default="all,recompute,none,autograd",
         help=f"comma list of: {', '.join(policies.names())} (clone policies), autograd",
     )
     args = ap.parse_args()
@@ -104,16 +104,18 @@ def main() -> None:
         f"{args.layers}x{args.rnn}, batch {args.batch}, vocabularies {sv}/{tv}, "
         f"{args.steps} ende-demo batches, {torch.get_num_threads()} thread(s), {args.device}"
     )
-    print("| executor | target tokens/s | vs autograd |")
-    print("|---|---|---|")
+    print("| executor | target tokens/s | ms per step | vs autograd |")
+    print("|---|---|---|---|")
     speed = {name: tokens / s for name, s in seconds.items()}
     base = speed.get("autograd")
     for name, v in speed.items():
         label = name if name == "autograd" else f"clones, prealloc {name}"
         ratio = f"{v / base:.2f}x" if base else "-"
-        print(f"| {label} | {v:,.0f} | {ratio} |")
+        print(f"| {label} | {v:,.0f} | {1000 * seconds[name] / args.steps:,.1f} | {ratio} |")
     if "all" in speed and "none" in speed:
         print(f"prealloc all / none: {speed['all'] / speed['none']:.2f}x")
+    if "all" in seconds and "recompute" in seconds:  # same batches: the step-time ratio
+        print(f"step time recompute / all: {seconds['recompute'] / seconds['all']:.2f}x")
 
 
 if __name__ == "__main__":
