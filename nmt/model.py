@@ -75,6 +75,47 @@ def dropout_masks(n: int, shape: tuple[int, ...], p: float, like: Tensor) -> Ten
     return masks.div_(1.0 - p)
 
 
+def mask_rng_state(device: torch.device) -> Tensor | None:
+    """The state of the generator `dropout_mask` draws from on `device` (the private one
+    inside `private_rng`, else the device's global one); None on meta, which draws nothing."""
+    if device.type == "meta":
+        return None
+    private = _generator(device)
+    if private is not None:
+        return private.get_state()
+    if device.type == "cuda":
+        return torch.cuda.get_rng_state(device)
+    if device.type == "cpu":
+        return torch.get_rng_state()
+    raise ValueError(f"no dropout generator known on {device}")
+
+
+def _set_mask_rng_state(device: torch.device, state: Tensor) -> None:
+    private = _generator(device)
+    if private is not None:
+        private.set_state(state)
+    elif device.type == "cuda":
+        torch.cuda.set_rng_state(state, device)
+    else:
+        torch.set_rng_state(state)
+
+
+@contextmanager
+def replayed_masks(device: torch.device, state: Tensor | None) -> Iterator[None]:
+    """Inside, `dropout_mask` on `device` draws again what it drew from `state` (saved by
+    `mask_rng_state`); on exit the generator is back where it was, as if nothing had been
+    drawn (the recompute policy redraws a clone's masks this way). None: nothing to replay."""
+    if state is None:
+        yield
+        return
+    now = mask_rng_state(device)
+    _set_mask_rng_state(device, state)
+    try:
+        yield
+    finally:
+        _set_mask_rng_state(device, now)
+
+
 class LSTMLayer(nn.Module):
     """One LSTM layer as seq2seq-attn builds it: i2h (with bias) + h2h (without), gates i f o g."""
 

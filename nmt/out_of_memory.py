@@ -29,7 +29,9 @@ MARKERS = (
 ADVICE = {
     "none": "turn preallocation on (--preallocate), or lower train.batch_size",
     "attention": "share every safe buffer (train.prealloc=all), or lower train.batch_size",
-    "all": "lower train.batch_size or data.max_src_len / data.max_tgt_len",
+    "all": "re-run each clone's forward in its backward (train.prealloc=recompute), or lower "
+    "train.batch_size or data.max_src_len / data.max_tgt_len",
+    "recompute": "lower train.batch_size or data.max_src_len / data.max_tgt_len",
     "autograd": "the clone executor with preallocation (train.executor=clones) holds less "
     "for large vocabularies, or lower train.batch_size",
 }
@@ -43,7 +45,7 @@ def is_out_of_memory(exc: BaseException) -> bool:
 
 
 def policy_in_force(train: TrainConfig) -> str:
-    """The memory policy a training config runs: a clone policy (none / attention / all) or
+    """The memory policy a training config runs: a clone policy (`nmt.engine.policies`) or
     autograd. The one place here that reads the preallocation keys."""
     if train.executor == "autograd":
         return "autograd"

@@ -1,6 +1,6 @@
 """Training speed, side by side in one process: clone and autograd variants on the same batches.
 
-The variants (`VARIANTS`: a name and the config keys it sets; the first four by default):
+The variants (`VARIANTS`: a name and the config keys it sets; all but the last two by default):
   clones-nngraph    the clone executor with seq2seq-attn's node granularity (prealloc all)
   clones-fused      the clone executor with fused nodes (where model.granularity exists)
   autograd-cells    autograd over the model's LSTM cells, position by position
@@ -79,7 +79,13 @@ VARIANTS = (
     Variant("autograd-full", {"train.executor": "autograd", "train.loss_chunk": 0}),
 )
 BASELINES = ("clones-nngraph", "autograd-nn_lstm")  # the ratio columns
-DEFAULT = ("clones-nngraph", "clones-fused", "autograd-cells", "autograd-nn_lstm")
+DEFAULT = (
+    "clones-nngraph",
+    "clones-fused",
+    "clones-recompute",
+    "autograd-cells",
+    "autograd-nn_lstm",
+)
 
 
 def config_keys() -> set[str]:
@@ -269,6 +275,9 @@ def print_speeds(args: argparse.Namespace, vocab: tuple[int, int], speed: dict[s
         b = baselines[0]
         others = ", ".join(f"{name} {v / speed[b]:.2f}x" for name, v in speed.items() if name != b)
         print(f"ratios vs {b}: {others}")
+    if {"clones-nngraph", "clones-recompute"} <= speed.keys():  # the same tokens, so 1 / speed
+        ratio = speed["clones-nngraph"] / speed["clones-recompute"]
+        print(f"step time recompute / all: {ratio:.2f}x")
 
 
 if __name__ == "__main__":

@@ -85,10 +85,10 @@ allocated() {  # cuda: each policy's allocated-vs-accounted verdict; cpu: the by
         grep -o '^[a-z]*: max_memory_allocated .*' "$1" | sed 's/max_memory_allocated .*: //' |
             paste -sd ';' -
     else
-        echo "$(grep -cE '^(none|attention|all|autograd) .* yes$' "$1")/4 policies match byte for byte"
+        echo "$(grep -cE '^(none|attention|all|recompute|autograd) .* yes$' "$1")/5 policies match byte for byte"
     fi
 }
-speed() { grep -o '^ratios vs .*' "$1"; }
+speed() { grep -oE '^(ratios vs|step time recompute / all).*' "$1" | paste -sd ';' -; }
 
 run_engine() {
     NMT_TEST_DEVICE=$device "$py" -m pytest -q -p no:cacheprovider \

@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 from nmt.cli import app
 from nmt.config import ModelConfig, TrainConfig, load_config
 from nmt.devices import resolve_device, set_tf32, setup_device
-from nmt.engine import clones, planner
+from nmt.engine import clones, planner, policies
 from nmt.engine.sharing import SharingPlan
 from nmt.errors import NmtError
 from nmt.memreport import report as report_mod
@@ -333,7 +333,8 @@ def test_out_of_memory_is_recognised(exc, expected):
 @pytest.mark.parametrize(
     "train, policy, advice",
     [
-        (TrainConfig(), "all", "lower train.batch_size or data.max_src_len"),
+        (TrainConfig(), "all", "train.prealloc=recompute), or lower train.batch_size"),
+        (TrainConfig(prealloc="recompute"), "recompute", "lower train.batch_size or data"),
         (TrainConfig(prealloc="attention"), "attention", "train.prealloc=all"),
         (TrainConfig(prealloc="none"), "none", "--preallocate"),
         (TrainConfig(executor="autograd"), "autograd", "train.executor=clones"),
@@ -353,6 +354,7 @@ def test_out_of_memory_advice_fits_the_config(fake_cuda, tmp_path, train, policy
     assert message.startswith("out of memory on cuda:0 (80GiB) in the optimizer step of step 7")
     assert "batch of 64 sentences" in message and advice in message
     assert ("--preallocate" in message) == (policy == "none")  # not when it is on already
+    assert ("recompute" in message) == (policy in ("all", "recompute"))  # its own name only
     budget = message.split("--budget ")[1].split("`")[0]
     assert parse_size(budget) == 80 * GIB  # memreport reads the size it is told
     assert "no checkpoint was written" in message
@@ -460,7 +462,7 @@ def test_memreport_out_of_memory_says_what_does_not_fit(tmp_path, monkeypatch):
     line = result.stderr.strip().splitlines()[-1]  # after the progress lines
     assert "real step check failed" not in result.stderr
     assert line.startswith("error: out of memory on cpu in the real step of none, autograd")
-    assert "(attention, all, autograd-full did)" in line and f"--config {config}" in line
+    assert "(attention, all, recompute, autograd-full did)" in line and f"--config {config}" in line
     assert "batch of 3 sentences, source length 6, target length 6" in line
 
 
@@ -489,17 +491,9 @@ def test_memreport_compares_allocated_with_accounted_on_cuda(
     result = CliRunner().invoke(app, ["memreport", "-c", str(config), "--device", "cuda"])
     assert result.exit_code == exit_code, result.stderr
     lines = [s for s in result.stdout.splitlines() if "max_memory_allocated" in s and " vs " in s]
-    assert [s.split(":")[0] for s in lines] == [
-        "none",
-        "attention",
-        "all",
-        "autograd",
-        "autograd-full",
-    ]
+    rows = [*policies.names(), "autograd", "autograd-full"]
+    assert [s.split(":")[0] for s in lines] == rows
     verdict = "within 10%" if exit_code == 0 else "FAILED: more than 10%"
     assert all(verdict in s and s.count(" MiB") == 2 for s in lines)
     if exit_code:
-        assert (
-            "real step check failed for none, attention, all, autograd, autograd-full"
-            in result.stderr
-        )
+        assert f"real step check failed for {', '.join(rows)}" in result.stderr

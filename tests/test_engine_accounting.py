@@ -10,7 +10,7 @@ from torch import Tensor
 
 from nmt.config import ModelConfig
 from nmt.data.batching import Batch
-from nmt.engine import planner
+from nmt.engine import planner, policies
 from nmt.engine.accounting import account, model_records, summarize
 from nmt.engine.clones import CloneExecutor
 from nmt.model import Seq2SeqAttn
@@ -60,7 +60,7 @@ def held_storage_bytes(model: Seq2SeqAttn, executor: CloneExecutor) -> tuple[int
 
 
 @pytest.mark.parametrize("attention", ["general", "dot", "mlp"])
-@pytest.mark.parametrize("policy", ["none", "attention", "all"])
+@pytest.mark.parametrize("policy", policies.names())
 def test_accounting_matches_the_storages_actually_held(policy: str, attention: str) -> None:
     model, executor = live_executor(policy, dataclasses.replace(CFG, attention=attention))
     records = executor.buffers()
@@ -76,7 +76,7 @@ def test_accounting_matches_the_storages_actually_held(policy: str, attention: s
 
 
 @pytest.mark.parametrize("attention", ["general", "dot", "mlp"])
-@pytest.mark.parametrize("policy", ["none", "attention", "all"])
+@pytest.mark.parametrize("policy", policies.names())
 def test_meta_accounting_equals_the_live_executor(policy: str, attention: str) -> None:
     cfg = dataclasses.replace(CFG, attention=attention)
     model, executor = live_executor(policy, cfg)
@@ -89,10 +89,8 @@ def test_meta_accounting_equals_the_live_executor(policy: str, attention: str) -
 
 
 def test_sharing_saves_memory_in_order() -> None:
-    totals = {
-        p: summarize(live_executor(p)[1].buffers())["buffers"] for p in ("none", "attention", "all")
-    }
-    assert totals["all"] < totals["attention"] < totals["none"]
+    totals = {p: summarize(live_executor(p)[1].buffers())["buffers"] for p in policies.names()}
+    assert totals["recompute"] < totals["all"] < totals["attention"] < totals["none"]
 
 
 def test_large_model_on_meta() -> None:

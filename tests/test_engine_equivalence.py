@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import pytest
 import torch
 
 from nmt.config import ModelConfig
 from nmt.data.batching import Batch
 from nmt.data.vocab import PAD
-from nmt.engine import planner, policies, seq2seq
+from nmt.engine import clones, planner, policies, seq2seq
 from nmt.engine.clones import CloneExecutor
 from nmt.engine.graph import StateSpec
 from nmt.errors import NmtError
@@ -148,6 +150,22 @@ def test_a_wrong_share_gives_wrong_gradients(attention: str, slot: tuple[str, st
     assert slot not in planner.plan(model.cfg, "all").shared
     forced = planner.plan(model.cfg, "all").forcing({slot})
     _, grads = clone_grads(model, batch, plan=forced)
+    assert max_rel_err(grads, ref) > 1e-3
+
+
+def test_recompute_needs_its_private_states_and_its_redrawn_masks(monkeypatch) -> None:
+    """What makes recompute exact can be broken, and the equivalence test above would see it:
+    sharing a state that leaves the clone, or re-running forwards with fresh masks."""
+    model = make_model(num_layers=2, param_init=0.3)
+    batch = make_batch()
+    _, ref = autograd_grads(model, batch)
+    plan = planner.plan(model.cfg, "recompute")
+    assert max_rel_err(clone_grads(model, batch, plan=plan)[1], ref) < 1e-10
+    assert ("l1.next_c", "output") not in plan.shared
+    _, grads = clone_grads(model, batch, plan=plan.forcing({("l1.next_c", "output")}))
+    assert max_rel_err(grads, ref) > 1e-3
+    monkeypatch.setattr(clones, "replayed_masks", lambda device, state: nullcontext())
+    _, grads = clone_grads(model, batch, plan=plan)
     assert max_rel_err(grads, ref) > 1e-3
 
 

@@ -9,7 +9,7 @@ import torch
 
 from nmt.config import ModelConfig
 from nmt.data.batching import Batch
-from nmt.engine import planner
+from nmt.engine import planner, policies
 from nmt.engine.clones import CloneExecutor
 from nmt.engine.nodes import MM, Split
 from nmt.model import Seq2SeqAttn
@@ -41,15 +41,16 @@ def random_corpus(n: int, vocab: int, seed: int, max_src: int = 7, max_tgt: int 
 
 @pytest.mark.parametrize("structure", model_structures())
 def test_policies_give_bitwise_identical_parameters(structure: dict, deterministic) -> None:
-    """Every structure the config allows: training under each policy gives the same losses
-    and parameters as "none", bit for bit (same seed, so the same dropout masks)."""
+    """Every structure the config allows: training under each registered policy (recompute's
+    re-run forwards included) gives the same losses, parameters and global RNG state as
+    "none", bit for bit (same seed, so the same dropout masks)."""
     cfg = ModelConfig(rnn_size=4, word_vec_size=3, **structure)
     torch.manual_seed(0)
     start = Seq2SeqAttn(cfg, 11, 11).to(TEST_DEVICE).train()
     batches = [b.to(TEST_DEVICE) for b in random_corpus(3, 11, seed=2, max_src=5, max_tgt=4)]
     assert len({(b.src.shape, b.tgt_in.shape) for b in batches}) == 3  # buffers must resize
     results = {}
-    for policy in ("none", "attention", "all"):
+    for policy in policies.names():
         model = copy.deepcopy(start)
         executor = CloneExecutor(model, 3, 3, planner.plan(cfg, policy))
         opt = torch.optim.SGD(model.parameters(), lr=0.5)
@@ -59,13 +60,19 @@ def test_policies_give_bitwise_identical_parameters(structure: dict, determinist
             opt.zero_grad(set_to_none=False)
             losses.append(float(executor.forward_backward(batch)))
             opt.step()
-        results[policy] = (losses, [p.detach().clone() for p in model.parameters()])
-    ref_losses, ref_params = results["none"]
+        params = [p.detach().clone() for p in model.parameters()]
+        results[policy] = (losses, params, rng_state(TEST_DEVICE))
+    ref_losses, ref_params, ref_rng = results["none"]
     assert any(not torch.equal(a, b) for a, b in zip(ref_params, start.parameters(), strict=True))
-    for policy in ("attention", "all"):
-        losses, params = results[policy]
-        assert losses == ref_losses
-        assert all(torch.equal(a, b) for a, b in zip(params, ref_params, strict=True))
+    for policy in policies.names():
+        losses, params, rng = results[policy]
+        assert losses == ref_losses, policy
+        assert all(torch.equal(a, b) for a, b in zip(params, ref_params, strict=True)), policy
+        assert torch.equal(rng, ref_rng), policy  # the next step draws the same masks
+
+
+def rng_state(device: torch.device) -> torch.Tensor:
+    return torch.cuda.get_rng_state(device) if device.type == "cuda" else torch.get_rng_state()
 
 
 # REFERENCE section 3, the buffers PR #46 shares, mapped to node names here. A `None` role
@@ -165,6 +172,43 @@ def test_analysis_sees_through_views(monkeypatch: pytest.MonkeyPatch) -> None:
     safe, unsafe, _, _ = planner.analyse(structure)
     assert ("l0.gates", "output") not in safe
     assert unsafe[("l0.gates", "output")] == "written in forward, read in backward"
+    # a backward that re-runs the forward rewrites the gate sum before Split reads it
+    safe, _, _, _ = planner.analyse(structure, recompute=True)
+    assert ("l0.gates", "output") in safe
+
+
+@pytest.mark.parametrize(
+    "structure",
+    [
+        {"num_layers": 3, "bidirectional": True, "dropout": 0.3, "attention": "mlp"},
+        {"num_layers": 1, "input_feed": False, "dropout": 0.0, "attention": "dot"},
+        {"num_layers": 2, "dropout": 0.3, "attention": "general"},
+    ],
+)
+def test_recompute_keeps_private_only_what_leaves_a_clone(structure: dict) -> None:
+    """Under recompute every buffer is shared except the storages a clone hands on (its
+    graph outputs: per layer h and c, the decoder's attentional output), found by the same
+    analysis on a probe that recomputes - no list of nodes."""
+    cfg = ModelConfig(rnn_size=4, word_vec_size=3, **structure)
+    plan = planner.plan(cfg, "recompute")
+    assert plan.recompute and not planner.plan(cfg, "all").recompute
+    assert plan.shared == plan.safe and plan.shared > planner.plan(cfg, "all").shared
+    executor = CloneExecutor(Seq2SeqAttn(cfg, 7, 7), 2, 2, planner.plan(cfg, "none"))
+    executor.forward_backward(random_corpus(1, 7, seed=1, max_src=4, max_tgt=3)[0])
+    leaving = set()
+    for _, g in executor.clone_graphs():
+        out = {t.untyped_storage().data_ptr() for t in g.outputs()} - {0}  # 0: clone unused
+        leaving |= {
+            (n.name, role)
+            for n in g.all_nodes()
+            for role, t in n.buffers()
+            if t.untyped_storage().data_ptr() in out
+        }
+    assert set(plan.unsafe) == leaving
+    assert all(why == "leaves the clone" for why in plan.unsafe.values())
+    assert ("l0.in_gate", "output") in plan.shared and ("lookup", "output") in plan.shared
+    if structure["dropout"] and structure["num_layers"] > 1:
+        assert ("l1.dropout", "mask") in plan.shared  # redrawn, not kept
 
 
 def test_attention_policy_shares_across_decoder_clones_only() -> None:

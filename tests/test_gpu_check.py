@@ -27,7 +27,8 @@ def test_every_check_runs_on_the_cpu(tmp_path):
     assert list(rows) == CHECKS
     assert all(row[0] == "pass" for row in rows.values()), table
     assert rows["translate"][2:4] == ["BLEU", "="]
-    assert " ".join(rows["memreport"][2:]) == "4/4 policies match byte for byte"
+    assert " ".join(rows["memreport"][2:]) == "5/5 policies match byte for byte"
+    assert "step time recompute / all" in " ".join(rows["bench"][2:])
     assert (tmp_path / "toy" / "model.pt").is_file() and (tmp_path / "memreport.json").is_file()
 
 

@@ -3,6 +3,7 @@ the JSON schema and the command line."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -13,6 +14,7 @@ from typer.testing import CliRunner
 
 from nmt.cli import app
 from nmt.config import ModelConfig, load_config
+from nmt.engine import policies
 from nmt.errors import NmtError
 from nmt.memreport import budget as budget_mod
 from nmt.memreport.budget import largest_fitting, parse_size
@@ -25,7 +27,13 @@ from nmt.memreport.measure import (
     optimizer_bytes,
     report_policies,
 )
-from nmt.memreport.report import build_report, choose_device, detail_rows, to_json
+from nmt.memreport.report import (
+    build_report,
+    choose_device,
+    detail_rows,
+    extra_flop_fraction,
+    to_json,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = """
@@ -122,6 +130,36 @@ def test_tracker_follows_storages_until_freed() -> None:
     assert tracker.live == 0
 
 
+def test_seed_config_numbers() -> None:
+    """4 x 600, batch 64, lengths 50, vocab 50k: the two attention products save what the
+    seed's arithmetic says, sharing everything leaves at most 0.35x (PR #46: 0.375x), and
+    recomputing at most 0.22x, its buffers at most 0.35x those of sharing everything."""
+    cfg = load_config(REPO / "configs" / "seed-4x600.yaml", require_data=False)
+    setting = Setting.from_config(cfg)
+    memory = {p: measure(setting, p, 0) for p in ("none", "attention", "all", "recompute")}
+    totals = {p: m.total_bytes for p, m in memory.items()}
+    context = 64 * 52 * 600 * 4
+    predicted = 2 * context * 51
+    saving = totals["none"] - totals["attention"]
+    assert abs(saving - predicted) < 0.1 * predicted
+    assert totals["all"] <= 0.35 * totals["none"]
+    assert totals["recompute"] <= 0.22 * totals["none"]
+    assert memory["recompute"].buffer_bytes <= 0.35 * memory["all"].buffer_bytes
+
+
+def test_recompute_costs_one_more_forward_of_the_clones(tiny: Setting) -> None:
+    """By hand, 1 layer of 2 units, dot attention, 3 source / 2 target positions, vocab 10:
+    an encoder position 4*8 = 32 multiply-adds, a decoder one 32 + 3*2 + 3*2 + 2*2*2 = 52,
+    the generator 2*10 per position: clones 3*32 + 2*52 = 200, generator 40; the re-run
+    forward is 2*200 FLOPs of a 6*240 FLOP step."""
+    model = ModelConfig(num_layers=1, rnn_size=2, word_vec_size=2, input_feed=False)
+    hand = Setting(dataclasses.replace(model, attention="dot"), 7, 10, 1, 1, 1)
+    assert extra_flop_fraction(hand, "recompute") == pytest.approx(400 / 1440)
+    assert extra_flop_fraction(hand, "all") == extra_flop_fraction(hand, "autograd") == 0
+    big_vocab = tiny.replace(tgt_vocab=100 * tiny.tgt_vocab)  # the generator is not re-run
+    assert extra_flop_fraction(big_vocab, "recompute") < extra_flop_fraction(tiny, "recompute")
+
+
 # ---- the report --------------------------------------------------------------------------
 
 
@@ -149,6 +187,7 @@ def test_json_schema_and_consistency(tiny_report) -> None:
         assert n["saving_bytes"] == none_total - n["total_bytes"]
         assert (n["shared_fraction"] is None) == (policy in ("autograd", "autograd-full"))
         assert set(n["budget"]) == {"batch_size", "max_tgt_len"}
+        assert (n["extra_flop_percent"] > 0) == (policy == "recompute")
     assert data["schema_version"] == 2
     for n in data["policies"].values():
         assert n["step_bytes"] == n["total_bytes"]
@@ -159,9 +198,8 @@ def test_json_schema_and_consistency(tiny_report) -> None:
         assert n["peak_bytes"] == n[f"{n['peak_phase']}_bytes"]
         assert n["peak_ratio"] == n["peak_bytes"] / data["policies"]["none"]["peak_bytes"]
     chunks = {p: n["loss_chunk"] for p, n in data["policies"].items()}
-    assert chunks == {"none": None, "attention": None, "all": None, "autograd": 1} | {
-        "autograd-full": 0
-    }
+    clone_rows = dict.fromkeys(policies.names())
+    assert chunks == clone_rows | {"autograd": 1, "autograd-full": 0}
     assert data["policies"]["all"]["total_bytes"] < none_total
     assert data["config"]["decoder_clones"] == 6 and data["config"]["device"] == "meta"
     seed = data["seed_arithmetic"]
@@ -294,4 +332,4 @@ def test_cli_exits_1_when_a_real_step_disagrees(tiny_config: Path, monkeypatch) 
     result = CliRunner().invoke(app, ["memreport", "-c", str(tiny_config), "--device", "cpu"])
     assert result.exit_code == 1
     assert "NO" in result.stdout
-    assert "real step check failed for none, attention, all, autograd" in result.stderr
+    assert f"real step check failed for {', '.join(report_policies())}" in result.stderr

@@ -9,10 +9,12 @@ import pytest
 import torch
 
 from nmt.config import TrainConfig, load_config
+from nmt.engine import policies
 from nmt.errors import NmtError
 from nmt.train.checkpoint import load_checkpoint, save_checkpoint
 from nmt.train.schedule import LearningRateSchedule
 from nmt.train.trainer import Trainer
+from tests.conftest import write_toy_config
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -23,25 +25,50 @@ def toy_trainer(run_dir: Path, *overrides: str) -> Trainer:
 
 
 def test_sharing_changes_no_number_on_the_toy_config(tmp_path, monkeypatch):
-    """20 SGD steps on configs/toy.yaml: --no-preallocate, attention and all are bitwise equal."""
+    """20 SGD steps on configs/toy.yaml (dropout 0.1): --no-preallocate and every other policy
+    (attention, all, recompute) are bitwise equal."""
     monkeypatch.chdir(REPO)
-    runs = {
-        "none": ("train.prealloc=none",),
-        "attention": ("train.prealloc=attention",),
-        "all": ("train.prealloc=all",),
-    }
+    runs = {name: (f"train.prealloc={name}",) for name in policies.names()}
+    assert "recompute" in runs
     params = {}
     for name, extra in runs.items():
         trainer = toy_trainer(tmp_path, "train.optimizer=sgd", "train.max_steps=20", *extra)
         assert trainer.executor.policy == name
         trainer.run()
         params[name] = {k: v.clone() for k, v in trainer.model.state_dict().items()}
-    for name in ("attention", "all"):
+    for name in runs:
         for key, value in params["none"].items():
             assert torch.equal(value, params[name][key]), (name, key)
     # and training did move the parameters
     init = toy_trainer(tmp_path, "train.max_steps=1").model.state_dict()
     assert not torch.equal(init["generator.weight"], params["all"]["generator.weight"])
+
+
+def test_recompute_resumes_exactly(tmp_path):
+    """Recompute redraws its masks and leaves the RNG where `none` does: 3 steps with it, a
+    checkpoint, 3 more after --resume end bitwise where 6 steps without preallocation end."""
+    cfg = write_toy_config(
+        tmp_path / "c.yaml",
+        "num_layers: 2, rnn_size: 8, word_vec_size: 6, dropout: 0.3",
+        "batch_size: 64, optimizer: sgd, device: cpu, seed: 5",
+    )
+
+    def trainer(run: str, policy: str, steps: int, resume: Path | None = None) -> Trainer:
+        overrides = [f"train.prealloc={policy}", f"train.max_steps={steps}"]
+        return Trainer(
+            load_config(cfg, overrides), tmp_path / run, resume=resume, log=lambda s: None,
+            progress=False,
+        )  # fmt: skip
+
+    straight = trainer("straight", "none", 6)
+    straight.run()
+    trainer("cut", "recompute", 3).run()
+    resumed = trainer("cut", "recompute", 6, resume=tmp_path / "cut" / "last.pt")
+    assert resumed.state.step == 3
+    resumed.run()
+    assert resumed.state.step == straight.state.step == 6
+    for key, value in straight.model.state_dict().items():
+        assert torch.equal(value, resumed.model.state_dict()[key]), key
 
 
 def test_clones_and_autograd_train_alike(tmp_path, monkeypatch):

@@ -11,6 +11,14 @@ finally the encoder clones backward. Everything runs under no_grad with out=/in-
 Given the batch size, the executor allocates every buffer at its size for that batch at the
 maximum lengths when it is built (`reserve`): a run that starts fits to its end, and the
 buffers never grow (nor fragment a CUDA cache) mid-epoch.
+
+When the plan recomputes (the `recompute` policy), each clone's backward first re-runs that
+clone's forward on the same inputs, into the buffers all clones share, so that a clone keeps
+only what leaves it (its outgoing state). The re-run is the same operations in the same
+order, so every number is bitwise that of a step without it; its dropout masks are redrawn
+from the mask generator's state saved when the clone first ran forward (one saved state per
+clone: host memory, 5 KiB on CPU, 16 B on CUDA, not counted among the buffers), and the
+generator is then put back, so the step leaves the RNG exactly where the other policies do.
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ from nmt.engine.records import BufferRecord, records_for
 from nmt.engine.seq2seq import decoder_graph, encoder_graph
 from nmt.engine.sharing import SharingPlan
 from nmt.errors import NmtError
-from nmt.model import Seq2SeqAttn, build_model
+from nmt.model import Seq2SeqAttn, build_model, mask_rng_state, replayed_masks
 
 
 class CloneExecutor:
@@ -70,6 +78,10 @@ class CloneExecutor:
         self.plan = plan
         self.policy = self.plan.policy
         self.shared = self._share(self.plan)
+        # recompute: the mask generator's state before each clone's forward, per clone
+        self._rng: dict[str, list[Tensor | None]] = {
+            kind: [None] * len(graphs) for kind, graphs in self.clones.items()
+        }
         state = self.clones["dec"][0].state  # what the cell's graphs declare they carry
         if state is None or state != self.clones["enc"][0].state:
             raise ValueError("the encoder and decoder graphs must carry the same state")
@@ -206,7 +218,7 @@ class CloneExecutor:
         for t in range(T):
             g = dec[t]
             g.set_inputs([tin[t], *feed, context, *states])
-            _forward(g, tr, "dec", t)
+            self._forward(g, tr, "dec", t)
             outs = g.outputs()
             states = outs[:n_state]
             if feed:
@@ -224,7 +236,7 @@ class CloneExecutor:
                 tr.begin(f"loop:generator[{t}]")
                 tr.touch(out_t)
             out_grad.add_(self.generator.step(out_t, tout[t], valid[t], weight[t], loss))
-            ig = _backward(g, [*grads, out_grad], tr, "dec", t)
+            ig = self._backward(g, [*grads, out_grad], tr, "dec", t)
             enc_acc.add_(ig["context"])
             if self.cfg.input_feed:
                 out_grad.copy_(ig["feed"])
@@ -258,7 +270,7 @@ class CloneExecutor:
         for t in order:
             g = clones[t]
             g.set_inputs([src_t[t], *states])
-            _forward(g, tr, name, t)
+            self._forward(g, tr, name, t)
             states = g.outputs()
             getattr(context[:, t], into)(states[self._top])
         return states
@@ -276,9 +288,22 @@ class CloneExecutor:
         for t in order:
             g = clones[t]
             top.add_(enc_acc[:, t])
-            ig = _backward(g, grads, tr, name, t)
+            ig = self._backward(g, grads, tr, name, t)
             for k, state in enumerate(self._states):
                 grads[k].copy_(ig[state])
+
+    def _forward(self, g: Graph, tr: Tracer | None, kind: str, t: int) -> None:
+        if self.plan.recompute:  # what its backward redraws the clone's masks from
+            self._rng[kind][t] = mask_rng_state(self.device) if self.model.training else None
+        _forward(g, tr, kind, t)
+
+    def _backward(
+        self, g: Graph, grads: list[Tensor], tr: Tracer | None, kind: str, t: int
+    ) -> dict[str, Tensor]:
+        if self.plan.recompute:  # the clone's forward again, same inputs, same masks
+            with replayed_masks(self.device, self._rng[kind][t]):
+                _forward(g, tr, kind, t, "bwd")
+        return _backward(g, grads, tr, kind, t)
 
     # ---- inventory -----------------------------------------------------------------------
 
@@ -317,12 +342,13 @@ class CloneExecutor:
         return records_for(self.owned())
 
 
-def _forward(g: Graph, tr: Tracer | None, kind: str, t: int) -> None:
-    """One clone's forward; traced (phase "kind[t]:fwd") only while the planner probes."""
+def _forward(g: Graph, tr: Tracer | None, kind: str, t: int, phase: str = "fwd") -> None:
+    """One clone's forward; traced (phase "kind[t]:fwd", or "kind[t]:bwd" when its backward
+    re-runs it) only while the planner probes."""
     if tr is None:
         g.forward()
     else:
-        tr.begin(f"{kind}[{t}]:fwd")
+        tr.begin(f"{kind}[{t}]:{phase}")
         g.forward_traced(tr)
 
 

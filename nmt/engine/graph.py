@@ -34,7 +34,9 @@ class Value:
 
 
 class Tracer:
-    """Records, per storage, the phases ("enc[3]:fwd", "dec[0]:bwd") in which it is touched.
+    """Records, per storage, the phases ("enc[3]:fwd", "dec[0]:bwd") in which it is touched,
+    and whether each phase first read it or first wrote it (`first`): a phase that writes a
+    storage before reading it takes no value from an earlier phase.
 
     Storages are identified by their data pointer: use it on a real (not meta) device.
     """
@@ -42,15 +44,22 @@ class Tracer:
     def __init__(self) -> None:
         self.phase = ""
         self.phases: dict[int, set[str]] = {}
+        self.first: dict[tuple[int, str], str] = {}  # (storage, phase) -> "read" | "write"
 
     def begin(self, phase: str) -> None:
         self.phase = phase
 
-    def touch(self, *values: Any) -> None:
+    def touch(self, *values: Any, write: bool = False) -> None:
+        """`values` are read now (`write`: written now, without reading what was there)."""
         for t in flat(values):
             ptr = t.untyped_storage().data_ptr()
             if ptr:
                 self.phases.setdefault(ptr, set()).add(self.phase)
+                self.first.setdefault((ptr, self.phase), "write" if write else "read")
+
+    def carries_in(self, ptr: int, phase: str) -> bool:
+        """Whether `phase` read the storage before writing it: a value from an earlier phase."""
+        return self.first.get((ptr, phase)) == "read"
 
 
 @dataclass(frozen=True)
@@ -211,7 +220,8 @@ class Graph:
             inp = fetch()
             tr.touch(inp)
             f(inp)
-            tr.touch(node.output, [getattr(node, node.ROLES[r]) for r in node.BWD_READS_ROLES])
+            own = [getattr(node, node.ROLES[r]) for r in node.BWD_READS_ROLES]
+            tr.touch(node.output, own, write=True)  # a view of an input was read above
 
     def backward_traced(self, tr: Tracer, grad_outputs: list[Tensor]) -> dict[str, Tensor]:
         self._ext = grad_outputs
@@ -220,7 +230,7 @@ class Graph:
             inp, g = fetch(), gfetch()  # gfetch may run a GradSum: touch what it owns too
             tr.touch(g, node.backward_reads(inp))
             b(inp, g)
-            tr.touch(node.grad_input)
+            tr.touch(node.grad_input, write=True)  # aliases of grad_output were read above
         self.input_grads = {name: f() for name, f in self._in_bwd}
         tr.touch(list(self.input_grads.values()))
         for s in self.sums:  # accumulators were written in this phase

@@ -9,7 +9,8 @@ A buffer may be *shared*: the same tensor object referenced by the same node of 
 Whether that is safe depends on who reads it and when, so every node class states the facts
 the planner needs: which of its inputs its backward reads, whether it reads its own output,
 and which of its own buffers it reads. Nodes never read more than a *size* from any other
-tensor in backward.
+tensor in backward, and write their output (and those own buffers) in forward, their
+grad_input in backward, whole and without reading what was there before.
 """
 
 from __future__ import annotations

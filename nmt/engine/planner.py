@@ -3,6 +3,8 @@
 Rule (seq2seq-attn, OpenNMT): a clone's buffer may be one tensor for all clones when its
 whole life lies inside ONE forward() or ONE backward() call of its clone: written and read
 there, and by the training loop only right after that call, before the next clone runs.
+A buffer used in several calls of its clone is shareable only when each call writes it
+before reading it (no value passes from one call to the next).
 
 The facts come from running one step of a tiny model of the same structure
 (`nmt.config.graph_structure`, also the plans' cache key) on the CPU with no sharing and
@@ -17,6 +19,11 @@ The analysis fails closed: a buffer the probe never touched is not shared (nothi
 it safe); the training loop's reads between clone calls are phases of their own; and a node
 holding a tensor that none of its declared roles (`Node.ROLES`) accounts for - a private
 buffer the analysis cannot see - is an `UndeclaredBufferError` at planning time.
+
+A policy that recomputes (`Policy.recompute`) is analysed on a probe that recomputes: each
+clone's backward phase re-runs its forward first, so a sigmoid's output or a dropout mask is
+rewritten in the backward before it is read there, and becomes shareable; what leaves the
+clone (its outgoing state) or is read outside its calls stays private.
 
 Which of the safe buffers are shared is the policy's choice (`nmt.engine.policies`).
 """
@@ -63,36 +70,36 @@ def plan(model_cfg: ModelConfig, policy: str = "all") -> SharingPlan:
 
 @lru_cache(maxsize=32)
 def _plan(key: StructureKey, policy: policies.Policy) -> SharingPlan:
-    safe, unsafe, sizes, mm = _analysis(key)
+    safe, unsafe, sizes, mm = _analysis(key, policy.recompute)
     shared = policy.shares(policies.Analysis(safe, frozenset(unsafe), mm))
-    return SharingPlan(policy.name, shared, safe, unsafe, sizes)
+    return SharingPlan(policy.name, shared, safe, unsafe, sizes, recompute=policy.recompute)
 
 
 Analysis = tuple[frozenset[Slot], dict[Slot, str], dict[Slot, int], frozenset[Slot]]
 
 
 @lru_cache(maxsize=128)
-def _analysis(key: StructureKey) -> Analysis:
-    """`analyse`, once per structure for all policies (tests sweep every structure)."""
-    return analyse(ModelConfig(**dict(key)))
+def _analysis(key: StructureKey, recompute: bool = False) -> Analysis:
+    """`analyse`, once per structure and way of running for all policies (tests sweep every
+    structure)."""
+    return analyse(ModelConfig(**dict(key)), recompute)
 
 
-def _probe(model_cfg: ModelConfig) -> CloneExecutor:
+def _probe(model_cfg: ModelConfig, recompute: bool = False) -> CloneExecutor:
     """A tiny float32 CPU executor without sharing, of `model_cfg`'s graph structure, in
-    training mode."""
+    training mode; `recompute`: its clones re-run their forward in their backward."""
     model = build_model(graph_structure(model_cfg), 7, 7, device="cpu", dtype=torch.float32)
-    empty = SharingPlan("none", frozenset())
+    empty = SharingPlan("none", frozenset(), recompute=recompute)
     return CloneExecutor(model.train(), max_src_len=1, max_tgt_len=2, plan=empty, device="cpu")
 
 
-def analyse(
-    model_cfg: ModelConfig,
-) -> Analysis:
-    """Run the traced tiny step on a probe of `model_cfg`'s structure; return (safe slots,
-    {unsafe slot: reason}, probe bytes per clone, the attention matrix products' slots).
-    The probe draws from its own generator: the global CPU and CUDA RNGs are untouched."""
+def analyse(model_cfg: ModelConfig, recompute: bool = False) -> Analysis:
+    """Run the traced tiny step on a probe of `model_cfg`'s structure (recomputing or not);
+    return (safe slots, {unsafe slot: reason}, probe bytes per clone, the attention matrix
+    products' slots). The probe draws from its own generator: the global CPU and CUDA RNGs
+    are untouched."""
     with private_rng(0):
-        executor = _probe(model_cfg)
+        executor = _probe(model_cfg, recompute)
         batch = Batch(
             torch.tensor([[2, 5, 3], [2, 6, 3]]),
             torch.tensor([[2, 4, 5], [2, 6, 3]]),
@@ -156,6 +163,6 @@ def _verdict(clone: str, ptr: int, tracer, leaving: set[int]) -> str:
     mine = {p for p in phases if p.startswith(clone + ":")}
     if phases != mine:
         return "read outside its clone's call"
-    if len(mine) > 1:
+    if len(mine) > 1 and any(tracer.carries_in(ptr, p) for p in mine):
         return "written in forward, read in backward"
     return ""

@@ -1,7 +1,9 @@
 """The preallocation policies: the one list of which clone buffers are shared, and why.
 
 A policy is a name, a one-line description and a selector: given what the planner's probe
-found (`Analysis`), the (node, role) slots whose buffer all clones share. Everything that
+found (`Analysis`), the (node, role) slots whose buffer all clones share. A policy may also
+trade compute for memory (`recompute`): each clone's backward then re-runs its forward first,
+and the planner analyses a step that does so. Everything that
 names policies - config validation, `--help`, the planner, the executors, `nmt memreport`
 and the README table - reads `REGISTRY`, so adding a policy is one entry and its selector.
 
@@ -23,7 +25,8 @@ class Analysis:
     """What the planner's probe found for one model structure: the facts a selector reads.
 
     `safe`: slots whose buffer lives inside one forward() or one backward() call of its
-    clone (may be shared); `unsafe`: the others; `attention_products`: the slots of the
+    clone (may be shared) - in a step that recomputes when the policy does; `unsafe`: the
+    others; `attention_products`: the slots of the
     attention's matrix-product nodes (seq2seq-attn PR #45's two products)."""
 
     safe: frozenset[Slot]
@@ -39,6 +42,10 @@ class Policy:
     name: str
     description: str  # one line: --help texts, the config reference, the README
     select: Selector
+    # each clone's backward re-runs its forward first, into buffers shared by all clones:
+    # what lives from a forward to its backward becomes shareable, at the cost of the
+    # forward FLOPs once more (the planner analyses a step that runs this way)
+    recompute: bool = False
 
     def shares(self, analysis: Analysis) -> frozenset[Slot]:
         """The slots this policy shares; only what the analysis proved safe (a wrong share
@@ -75,6 +82,13 @@ REGISTRY: dict[str, Policy] = {
         ),
         Policy(
             "all", "every buffer the planner proves safe (PR #46, generalised)", _everything_safe
+        ),
+        Policy(
+            "recompute",
+            "each clone keeps only its outgoing states and re-runs its forward in its backward; "
+            "every other buffer shared (least memory, more FLOPs)",
+            _everything_safe,
+            recompute=True,
         ),
     )
 }

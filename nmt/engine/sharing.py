@@ -21,6 +21,7 @@ class SharingPlan:
     safe: frozenset[Slot] = frozenset()  # what the analysis found shareable
     unsafe: dict[Slot, str] = field(default_factory=dict, compare=False)  # slot -> why not
     probe_bytes: dict[Slot, int] = field(default_factory=dict, compare=False)  # per clone
+    recompute: bool = False  # each clone's backward re-runs its forward first
 
     def forcing(self, slots: set[Slot] | frozenset[Slot]) -> SharingPlan:
         """The same plan with `slots` shared regardless of safety (tests use it to show
@@ -47,6 +48,7 @@ class SharingPlan:
             f"preallocation '{self.policy}': sharing {self.share_fraction(records):.0%} "
             f"of output/gradInput tensors memory between clones "
             f"({len(self.shared)} of {len(self.safe) + len(self.unsafe)} node buffers)"
+            + (", each clone's forward re-run in its backward" if self.recompute else "")
         )
 
     def table(self) -> str:

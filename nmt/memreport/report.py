@@ -85,8 +85,8 @@ class Report:
 # ---- device ------------------------------------------------------------------------------
 
 
-def step_gflop(s: Setting) -> float:
-    """Rough cost of one training step: 2 FLOP per multiply-add, x3 for forward + backward."""
+def forward_macs(s: Setting) -> tuple[int, int]:
+    """Multiply-adds of one forward at maximum lengths: (every clone, the generator)."""
     m = s.model
     H, E, L = m.rnn_size, m.word_vec_size, m.num_layers
 
@@ -95,9 +95,22 @@ def step_gflop(s: Setting) -> float:
 
     enc = stack(E) * (2 if m.bidirectional else 1)
     dec = stack(E + H if m.input_feed else E) + _attention_macs(m.attention, H, s.encoder_clones)
-    dec += H * s.tgt_vocab
-    macs = s.batch_size * (s.encoder_clones * enc + s.decoder_clones * dec)
-    return 6 * macs / 1e9
+    clones = s.batch_size * (s.encoder_clones * enc + s.decoder_clones * dec)
+    return clones, s.batch_size * s.decoder_clones * H * s.tgt_vocab
+
+
+def step_gflop(s: Setting) -> float:
+    """Rough cost of one training step: 2 FLOP per multiply-add, x3 for forward + backward."""
+    return 6 * sum(forward_macs(s)) / 1e9
+
+
+def extra_flop_fraction(s: Setting, policy: str) -> float:
+    """FLOPs a policy adds to a training step, as a fraction of the step (`step_gflop`): a
+    policy that recomputes runs every clone's forward once more (not the generator's)."""
+    if policy not in policies.REGISTRY or not policies.get(policy).recompute:
+        return 0.0
+    clones, generator = forward_macs(s)
+    return 2 * clones / (6 * (clones + generator))
 
 
 def _attention_macs(attention: str, H: int, S: int) -> int:
@@ -383,6 +396,7 @@ def policy_numbers(report: Report, policy: str) -> dict:
         "peak_bytes": m.peak_bytes,
         "peak_phase": m.peak_phase,
         "peak_ratio": m.peak_bytes / base.peak_bytes,
+        "extra_flop_percent": 100.0 * extra_flop_fraction(report.setting, policy),
         "live": None if live is None else dataclasses.asdict(live) | {"ok": live.ok},
         "budget": None if largest is None else {k: v.to_dict() for k, v in largest.items()},
     }

@@ -69,7 +69,7 @@ def render(report: Report) -> str:
     base = policies.OFF
     rows = []
     for p, n in pol.items():
-        share = n["shared_fraction"]
+        share, extra = n["shared_fraction"], n["extra_flop_percent"]
         rows.append(
             [
                 p,
@@ -83,10 +83,16 @@ def render(report: Report) -> str:
                 "-" if p == base else f"{n['saving_percent']:.1f}%",
                 f"{n['total_ratio']:.3f}x",
                 "-" if share is None else f"{share:.0%}",
+                f"+{extra:.1f}%" if extra else "-",
             ]
         )
     heads = ["policy", "params", "grads", "optimizer", "buffers", "total", "total bytes"]
-    out.append(table([*heads, "saving", "saving %", f"vs {base}", "shared"], rows))
+    heads += ["saving", "saving %", f"vs {base}", "shared", "extra FLOPs"]
+    out.append(table(heads, rows))
+    out.append(
+        "extra FLOPs: what the policy adds to a step's FLOPs (recompute: every clone's forward "
+        "once more in its backward)"
+    )
     out += ["", "buffers by kind, MiB (clones: by role; autograd: tensors live at its peak)"]
     labels = {
         "output": "outputs",
