@@ -29,7 +29,6 @@ from nmt.data.batching import Batch
 from nmt.engine import policies
 from nmt.engine.clones import CloneExecutor
 from nmt.engine.graph import Tracer
-from nmt.engine.nodes import MM
 from nmt.engine.sharing import SharingPlan, Slot
 from nmt.model import build_model, private_rng
 
@@ -99,7 +98,7 @@ def analyse(
             for role, t in node.buffers():
                 slot = (node.name, role)
                 seen.add(slot)
-                if isinstance(node, MM):
+                if role in node.ATTENTION_PRODUCTS:
                     mm.add(slot)
                 sizes[slot] = max(sizes.get(slot, 0), t.untyped_storage().nbytes())
                 why = _verdict(clone, t.untyped_storage().data_ptr(), tracer, leaving)
