@@ -3,7 +3,7 @@
 With `model.granularity: fused` the clone executor's LSTM node (`nmt.engine.fused.LSTMCell`)
 calls `lstm_cell` with its persistent buffers, and `nmt.model` calls it without any (every
 op then allocates its result) wherever no gradient is recorded: translation, validation,
-scoring. Eight ops where the module form (`nmt.model.LSTMLayer`) takes eleven:
+scoring. Eight ops where the module form (`nmt.model.LSTMLayer`) takes twelve:
 
     gates = b + x W_ih^T + h W_hh^T     one buffer, filled by two products (addmm, addmm_)
     i f o |= sigmoid,  g |= tanh         in place on the slices of that buffer (two ops)

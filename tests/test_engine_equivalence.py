@@ -127,7 +127,6 @@ def test_gradients_accumulate_into_existing_grads() -> None:
         ("mlp", "nngraph", ("attn.hidden", "output")),
         ("general", "fused", ("l0.cell", "gates")),
         ("general", "fused", ("l1.cell", "tanh_c")),
-        ("general", "fused", ("l1.cell", "dc_dh")),
         ("general", "fused", ("l1.dropout", "mask")),
         ("general", "fused", ("attn", "target")),
         ("dot", "fused", ("attn", "attn")),
@@ -139,7 +138,7 @@ def test_a_wrong_share_gives_wrong_gradients(
     attention: str, granularity: str, slot: tuple[str, str]
 ) -> None:
     """Sharing what a backward reads (a sigmoid's output, an i2h input, the mlp score's tanh
-    read by v's and its own backward; a fused cell's gates, tanh(c) or dc/dh, a dropout
+    read by v's and its own backward; a fused cell's gates or tanh(c), a dropout
     mask) must break the gradients: proof that the equivalence test above can fail."""
     model = make_model(attention=attention, granularity=granularity, param_init=0.3)
     batch = make_batch()

@@ -183,7 +183,6 @@ def test_fused_plan_keeps_what_backward_reads() -> None:
     for slot in [
         ("l0.cell", "gates"),
         ("l1.cell", "tanh_c"),
-        ("l1.cell", "dc_dh"),
         ("l0.cell", "output[0]"),
         ("l1.dropout", "mask"),
         ("attn", "attn"),

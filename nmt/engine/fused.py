@@ -71,15 +71,14 @@ class _Fused(Node):
 
 class LSTMCell(_Fused):
     """(x, h, c) -> (h', c') of one LSTM layer. Backward reads the three inputs (x and h for
-    the weight gradients, c for the forget gate's), the activated gates, tanh(c') and
-    dc'/dh' = o * (1 - tanh(c')^2), which forward keeps so that backward starts with one op."""
+    the weight gradients, c for the forget gate's), the activated gates and tanh(c'): what
+    nngraph's nodes keep, so the fused cell holds no more memory than they do."""
 
     ROLES = {
         "output[0]": "h",
         "output[1]": "c",
         "gates": "gates",
         "tanh_c": "tanh_c",
-        "dc_dh": "dc_dh",
         "grad_input[0]": "grad_x",
         "grad_input[1]": "grad_h",
         "grad_input[2]": "grad_c",
@@ -89,7 +88,7 @@ class LSTMCell(_Fused):
     }
     N_INPUTS = 3
     BWD_READS_INPUTS = (0, 1, 2)
-    BWD_READS_ROLES = ("gates", "tanh_c", "dc_dh")
+    BWD_READS_ROLES = ("gates", "tanh_c")
     BWD_SCRATCH_ROLES = ("grad_gates", "grad_next_c", "ones")
     n_outputs = 2
 
@@ -103,10 +102,7 @@ class LSTMCell(_Fused):
 
     def forward(self, xhc: tuple[Tensor, Tensor, Tensor]) -> tuple[Tensor, Tensor]:
         x, h, c = xhc
-        _, _, gates, tanh_c = lstm_cell(x, h, c, self.w_ih, self.b_ih, self.w_hh, self._buf)
-        H = h.shape[1]
-        out_gate = gates[:, 2 * H : 3 * H]
-        _tanh_backward(out_gate, tanh_c, grad_input=self._buf("dc_dh", tuple(h.shape)))
+        lstm_cell(x, h, c, self.w_ih, self.b_ih, self.w_hh, self._buf)
         return self.output
 
     def backward(
@@ -116,8 +112,10 @@ class LSTMCell(_Fused):
         g_h, g_c = grads
         B, H = h.shape
         gates = self.gates
-        i, f, _, g = gates.chunk(4, 1)
-        dc = torch.addcmul(g_c, g_h, self.dc_dh, out=self._buf("grad_next_c", (B, H)))
+        i, f, o, g = gates.chunk(4, 1)
+        dc = torch.mul(g_h, o, out=self._buf("grad_next_c", (B, H)))  # dL/dc' =
+        _tanh_backward(dc, self.tanh_c, grad_input=dc)  # g_h o (1 - tanh(c')^2)
+        dc.add_(g_c)  # + what the next position sends back
         gg = self._buf("grad_gates", (B, 4 * H))
         g_i, g_f, g_o, g_g = gg.chunk(4, 1)
         torch.mul(dc, g, out=g_i)
