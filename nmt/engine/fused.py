@@ -27,15 +27,12 @@ from torch.nn import Linear, Module, Parameter
 
 from nmt.attention import Attention
 from nmt.cells import lstm_cell
-from nmt.data.vocab import PAD
 from nmt.engine.node import Node, resized
 from nmt.model import LSTMLayer, keep_mask_
 
 _sigmoid_backward = torch.ops.aten.sigmoid_backward.grad_input
 _tanh_backward = torch.ops.aten.tanh_backward.grad_input
 _softmax_backward = torch.ops.aten._softmax_backward_data.out
-_nll_loss = torch.ops.aten.nll_loss_forward.default
-_SUM = 2  # the `reduction` argument of aten's nll_loss: sum
 
 
 @cache
@@ -331,16 +328,18 @@ class OutputLoss(_Fused):
         self.bias: Parameter = linear.bias
         super().__init__(name, device, dtype)
 
-    def step(self, out: Tensor, target: Tensor, weight: Tensor, loss: Tensor) -> Tensor:
+    def step(
+        self, out: Tensor, target: Tensor, valid: Tensor, weight: Tensor, loss: Tensor
+    ) -> Tensor:
         """Subtract the log-likelihood of the real tokens from `loss`, accumulate the
-        parameter gradients, return d loss / d out (B x H). target: B x 1 token ids (PAD
-        where there is none); weight: B x 1, 1/batch size at real tokens, else 0."""
+        parameter gradients, return d loss / d out (B x H). target: B x 1 token ids; valid:
+        B x 1, 1 at real tokens, else 0; weight: valid / batch size. (The loss as nngraph's
+        criterion sums it: aten's nll_loss has no deterministic CUDA kernel.)"""
         w, b = self.weight, self.bias
         B, V = out.shape[0], w.shape[0]
         logits = torch.addmm(b, out, w.t(), out=self._buf("logits", (B, V)))
         logp = torch.log_softmax(logits, 1, out=self._buf("output", (B, V)))
-        nll, _ = _nll_loss(logp, target.view(B), None, _SUM, PAD)
-        loss.add_(nll)
+        loss.sub_(torch.mm(logp.gather(1, target).t(), valid).squeeze())
         grad = logp.exp_()  # softmax; minus the one-hot target, times the row weight:
         grad.scatter_add_(1, target, self._constant("minus_ones", (B, 1), -1.0))
         grad.mul_(weight)

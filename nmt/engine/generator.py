@@ -41,7 +41,7 @@ class Generator:
         weight: B x 1, valid / batch_size (the loss is divided by the batch size).
         """
         if self.fused is not None:
-            return self.fused.step(out, target, weight, loss)
+            return self.fused.step(out, target, valid, weight, loss)
         logp = self.criterion.forward(self.linear.forward(out))
         loss.sub_(torch.mm(logp.gather(1, target).t(), valid).squeeze())
         grad_logits = self.criterion.backward((target, weight))
