@@ -21,6 +21,11 @@ output layer is the same for every type.
 The clone executor mirrors each class node by node (`nmt.engine.seq2seq`); the parameter
 registration order (score parameters first, then W_c) fixes the initialisation order.
 
+`fused` is the same arithmetic with out= and in-place ops, into the buffers a `buf` gives
+(`nmt.cells.Buf`): the fused granularity's attention node (`nmt.engine.fused`) runs it with
+its persistent buffers, and inference with a fused model without (`forward(fused=True)`).
+It runs the same ops in the same order as `forward`, so it gives the same numbers.
+
 Shapes: B batch, S source length, H rnn_size.
 """
 
@@ -28,6 +33,8 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
+
+from nmt.cells import Buf, fresh
 
 # The legacy parameter names of the "general" attention (checkpoints written before the
 # attention became a module) -> the names they load into now.
@@ -50,11 +57,21 @@ class Attention(nn.Module):
         """h_t B x H, context B x S x H -> scores B x S."""
         raise NotImplementedError
 
+    def fused_score(self, h_t: Tensor, context: Tensor, buf: Buf) -> Tensor:
+        """`score` into buffers: scores B x S in buffer "scores"."""
+        raise NotImplementedError
+
     def forward(
-        self, h_t: Tensor, context: Tensor, src_mask: Tensor | None = None
+        self,
+        h_t: Tensor,
+        context: Tensor,
+        src_mask: Tensor | None = None,
+        fused: bool = False,
     ) -> tuple[Tensor, Tensor]:
         """Returns (tanh(W_c [c_t ; h_t]) B x H, attention B x S); `src_mask` B x S is True at
-        real source tokens."""
+        real source tokens. `fused`: run `fused` (no gradient is recorded)."""
+        if fused:
+            return self.fused(h_t, context, src_mask)
         scores = self.score(h_t, context)  # B x S
         if src_mask is not None:
             scores = scores.masked_fill(~src_mask, float("-inf"))
@@ -62,6 +79,34 @@ class Attention(nn.Module):
         ctx = torch.bmm(attn.unsqueeze(1), context).squeeze(1)  # B x H
         out = torch.tanh(self.linear_out(torch.cat([ctx, h_t], dim=1)))
         return out, attn
+
+    def fused(
+        self, h_t: Tensor, context: Tensor, src_mask: Tensor | None = None, buf: Buf = fresh
+    ) -> tuple[Tensor, Tensor]:
+        """`forward` into the buffers "scores" B x S (and the score's own), "attn" B x S,
+        "ctx" B x H, "joined" B x 2H (= [c_t ; h_t]) and "output" B x H."""
+        B, S, H = context.shape
+        scores = self.fused_score(h_t, context, buf)
+        if src_mask is not None:
+            scores.masked_fill_(~src_mask, float("-inf"))
+        attn = torch.softmax(scores, 1, out=buf("attn", (B, S)))
+        ctx = _viewed(buf("ctx", (B, H)), B, 1, H)
+        ctx = torch.bmm(attn.unsqueeze(1), context, out=ctx).squeeze(1)
+        joined = torch.cat([ctx, h_t], 1, out=buf("joined", (B, 2 * H)))
+        out = torch.mm(joined, self.linear_out.weight.t(), out=buf("output", (B, H)))
+        return out.tanh_(), attn
+
+
+def _viewed(t: Tensor | None, *shape: int) -> Tensor | None:
+    """A buffer seen in the shape an op's out= needs, or None (a new tensor)."""
+    return None if t is None else t.view(shape)
+
+
+def _bmm_scores(context: Tensor, query: Tensor, buf: Buf) -> Tensor:
+    """scores[b, s] = context[b, s] . query[b], into buffer "scores"."""
+    B, S, _ = context.shape
+    out = _viewed(buf("scores", (B, S)), B, S, 1)
+    return torch.bmm(context, query.unsqueeze(2), out=out).squeeze(2)
 
 
 class GeneralAttention(Attention):
@@ -76,6 +121,11 @@ class GeneralAttention(Attention):
         target = self.linear_in(h_t)  # B x H
         return torch.bmm(context, target.unsqueeze(2)).squeeze(2)
 
+    def fused_score(self, h_t: Tensor, context: Tensor, buf: Buf) -> Tensor:
+        """W_a h_t in buffer "target"."""
+        target = torch.mm(h_t, self.linear_in.weight.t(), out=buf("target", tuple(h_t.shape)))
+        return _bmm_scores(context, target, buf)
+
 
 class DotAttention(Attention):
     """score = h_s . h_t."""
@@ -86,6 +136,9 @@ class DotAttention(Attention):
 
     def score(self, h_t: Tensor, context: Tensor) -> Tensor:
         return torch.bmm(context, h_t.unsqueeze(2)).squeeze(2)
+
+    def fused_score(self, h_t: Tensor, context: Tensor, buf: Buf) -> Tensor:
+        return _bmm_scores(context, h_t, buf)
 
 
 class MLPAttention(Attention):
@@ -104,6 +157,18 @@ class MLPAttention(Attention):
         query = self.linear_query(h_t)  # B x H
         hidden = torch.tanh(keys + query.unsqueeze(1))  # B x S x H
         return self.v(hidden).squeeze(2)  # B x S
+
+    def fused_score(self, h_t: Tensor, context: Tensor, buf: Buf) -> Tensor:
+        """W_k h_s in buffer "hidden", which becomes tanh(W_k h_s + W_q h_t + b) in place;
+        W_q h_t + b in buffer "query"."""
+        B, S, H = context.shape
+        flat = _viewed(buf("hidden", (B, S, H)), B * S, H)
+        keys = torch.mm(context.reshape(B * S, H), self.linear_context.weight.t(), out=flat)
+        q = self.linear_query
+        query = torch.addmm(q.bias, h_t, q.weight.t(), out=buf("query", (B, H)))
+        hidden = keys.view(B, S, H).add_(query.unsqueeze(1)).tanh_()
+        scores = _viewed(buf("scores", (B, S)), B * S, 1)
+        return torch.mm(hidden.view(B * S, H), self.v.weight.t(), out=scores).view(B, S)
 
 
 ATTENTIONS: dict[str, type[Attention]] = {

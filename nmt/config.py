@@ -25,6 +25,8 @@ from nmt.engine import policies
 from nmt.errors import NmtError
 
 GRAPH_KINDS = ("structure", "size", "rate", "none")
+# model.granularity: the clone graph's node set (a structure field, so the planner's key)
+GRANULARITIES = ("nngraph", "fused")
 Choices = tuple | Callable[[], tuple]  # a callable is asked at validation time (a registry)
 
 
@@ -113,6 +115,14 @@ class ModelConfig:
         shape=True,
         doc="global attention score: general h_s.W_a h_t (Luong), dot h_s.h_t (Luong), "
         "mlp v.tanh(W_k h_s + W_q h_t + b) (Bahdanau)",
+    )
+    granularity: str = _opt(
+        "nngraph",
+        choices=GRANULARITIES,
+        doc="the node set the clone executor builds, and the cell inference runs: nngraph, "
+        "one node per Torch7 module (the seed's graph); fused, one node per LSTM cell, "
+        "attention, dropout and output layer + loss (fewer ops a step, same numbers to "
+        "rounding). No parameter depends on it",
     )
     param_init: float = _opt(
         0.1, min=0.0, graph="none", doc="uniform initialisation range +-param_init"

@@ -2,8 +2,10 @@
 
 Both training executors use these parameter tensors: the autograd executor runs `forward`
 below; the clone executor (`nmt.engine`) re-implements the same arithmetic node by node and
-writes its gradients into the same `.grad` fields. Dropout masks come from `dropout_mask`,
-drawn in the same order by both executors, so that they agree to rounding.
+writes its gradients into the same `.grad` fields. Dropout masks come from `dropout_mask`
+(`keep_mask_`), drawn in the same order by both executors, so that they agree to rounding.
+Where no gradient is recorded (translation, validation) a model of `model.granularity: fused`
+runs the fused LSTM cell and attention (`nmt.cells`, `Attention.fused`), as its clones do.
 
 Shapes: B batch, S source length, T target length, H rnn_size, E word_vec_size.
 """
@@ -20,6 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from nmt.attention import LEGACY_NAMES, Attention, build_attention
+from nmt.cells import lstm_cell
 from nmt.config import ModelConfig
 from nmt.data.vocab import PAD
 
@@ -59,10 +62,16 @@ def _generator(device: torch.device) -> torch.Generator | None:
     return generators[device]
 
 
+def keep_mask_(mask: Tensor, p: float) -> Tensor:
+    """Fill `mask` in place with keep draws (1 with probability 1 - p, else 0) from the RNG
+    of its device: the draws of `dropout_mask` for a tensor of its shape and dtype."""
+    return mask.bernoulli_(1.0 - p, generator=_generator(mask.device))
+
+
 def dropout_mask(shape: tuple[int, ...], p: float, like: Tensor) -> Tensor:
     """An inverted-dropout mask (0 or 1/(1-p)) drawn from the RNG of `like`'s device."""
     mask = torch.empty(shape, dtype=like.dtype, device=like.device)
-    return mask.bernoulli_(1.0 - p, generator=_generator(mask.device)).div_(1.0 - p)
+    return keep_mask_(mask, p).div_(1.0 - p)
 
 
 def dropout_masks(n: int, shape: tuple[int, ...], p: float, like: Tensor) -> Tensor:
@@ -124,8 +133,11 @@ class LSTMLayer(nn.Module):
         self.i2h = nn.Linear(input_size, 4 * rnn_size)
         self.h2h = nn.Linear(rnn_size, 4 * rnn_size, bias=False)
 
-    def forward(self, x: Tensor, state: LayerState) -> LayerState:
+    def forward(self, x: Tensor, state: LayerState, fused: bool = False) -> LayerState:
+        """`fused`: the fused cell of `nmt.cells` (no gradient is recorded)."""
         h, c = state
+        if fused:
+            return lstm_cell(x, h, c, self.i2h.weight, self.i2h.bias, self.h2h.weight)[:2]
         gates = self.i2h(x) + self.h2h(h)
         i, f, o, g = gates.chunk(4, dim=1)
         next_c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
@@ -142,14 +154,14 @@ class LSTMStack(nn.Module):
         self.layers = nn.ModuleList(LSTMLayer(n, rnn_size) for n in sizes)
         self.dropout = dropout
 
-    def forward(self, x: Tensor, states: list[LayerState]) -> list[LayerState]:
+    def forward(self, x: Tensor, states: list[LayerState], fused: bool = False) -> list[LayerState]:
         new_states = []
         for idx, (layer, state) in enumerate(zip(self.layers, states, strict=True)):
             if idx > 0:
                 x = new_states[-1][0]
                 if self.training and self.dropout > 0:
                     x = x * dropout_mask(x.shape, self.dropout, x)
-            new_states.append(layer(x, state))
+            new_states.append(layer(x, state, fused))
         return new_states
 
 
@@ -194,6 +206,11 @@ class Seq2SeqAttn(nn.Module):
             a = self.cfg.param_init
             nn.init.uniform_(p, -a, a, generator=_generator(p.device))
 
+    def fused(self) -> bool:
+        """Whether to run the fused cell and attention now: a model of granularity `fused`
+        where no gradient is recorded (their in-place ops are not for autograd)."""
+        return self.cfg.granularity == "fused" and not torch.is_grad_enabled()
+
     # ---- encoder -------------------------------------------------------------------------
 
     def zero_states(self, batch: int, like: Tensor) -> list[LayerState]:
@@ -206,8 +223,9 @@ class Seq2SeqAttn(nn.Module):
     ) -> tuple[list[Tensor | None], list[LayerState]]:
         states = self.zero_states(emb.size(0), emb)
         tops: list[Tensor | None] = [None] * emb.size(1)
+        fused = self.fused()
         for t in order:
-            new = stack(emb[:, t], states)
+            new = stack(emb[:, t], states, fused)
             if src_mask is not None:  # padded positions keep the previous state
                 keep = src_mask[:, t].unsqueeze(1)
                 new = [
@@ -247,7 +265,7 @@ class Seq2SeqAttn(nn.Module):
         self, h_top: Tensor, context: Tensor, src_mask: Tensor | None
     ) -> tuple[Tensor, Tensor]:
         """Global attention: returns (tanh(W_c [c_t ; h_t]) B x H, attention B x S)."""
-        return self.attention(h_top, context, src_mask)
+        return self.attention(h_top, context, src_mask, self.fused())
 
     def decode_step(
         self, y: Tensor, state: DecoderState, context: Tensor, src_mask: Tensor | None = None
@@ -256,7 +274,7 @@ class Seq2SeqAttn(nn.Module):
         x = self.tgt_embedding(y)
         if self.cfg.input_feed:
             x = torch.cat([x, state.input_feed], dim=1)
-        layers = self.decoder(x, state.layers)
+        layers = self.decoder(x, state.layers, self.fused())
         out, attn = self.attend(layers[-1][0], context, src_mask)
         if self.training and self.cfg.dropout > 0:
             out = out * dropout_mask(out.shape, self.cfg.dropout, out)

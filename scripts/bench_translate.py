@@ -6,9 +6,11 @@ default) is trained briefly with Adam on ende-demo train first, so that it ends 
 sentences the way a real model does (an untrained one runs every sentence to the length
 limit); `--train-steps 0` measures an untrained model instead. Translation is the code path
 of `nmt translate`: checkpoint -> load_model -> translate_ids (batched beam search).
-One timed run per search after a two-sentence warm-up.
+One timed run per search and `model.granularity` (nngraph: the module form of the LSTM cell;
+fused: the fused cell of `nmt.cells`, same outputs) after a two-sentence warm-up.
 
-    python scripts/bench_translate.py                        # ~3.5 min on one CPU core
+    python scripts/bench_translate.py                        # both granularities side by side
+    python scripts/bench_translate.py --granularities nngraph # ~3.5 min on one CPU core
     python scripts/bench_translate.py --run-dir runs/bench   # keep the model / reuse it
     python scripts/bench_translate.py --device cuda --threads 0 --train-steps 1000
 """
@@ -16,6 +18,7 @@ One timed run per search after a two-sentence warm-up.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import tempfile
 import time
 from pathlib import Path
@@ -114,6 +117,11 @@ def main() -> None:
     ap.add_argument("--max-length-ratio", type=float, default=2.0, help="0: off")
     ap.add_argument("--beams", default="1,5", help="comma list of beam sizes (1 = greedy)")
     ap.add_argument(
+        "--granularities",
+        default="nngraph,fused",
+        help="comma list of model.granularity values to run each search with",
+    )
+    ap.add_argument(
         "--threads",
         type=int,
         default=1,
@@ -142,7 +150,10 @@ def main() -> None:
     )
 
     rows = []
-    for beam in (int(b) for b in args.beams.split(",")):
+    runs = [(int(b), g) for b in args.beams.split(",") for g in args.granularities.split(",")]
+    outputs: dict[int, list[list[int]]] = {}
+    for beam, granularity in runs:
+        model.cfg = dataclasses.replace(model.cfg, granularity=granularity)
         options = SearchOptions(
             beam_size=beam, max_length=args.max_length, max_length_ratio=args.max_length_ratio
         )
@@ -156,22 +167,27 @@ def main() -> None:
         seconds = time.perf_counter() - start
         best = [hyps[0] for hyps in found]
         out_tokens = sum(len(h.tokens) for h in best)
+        same = outputs.setdefault(beam, [h.tokens for h in best]) == [h.tokens for h in best]
         rows.append(
             (
-                "greedy" if beam == 1 else f"beam {beam}",
+                ("greedy" if beam == 1 else f"beam {beam}") + f", {granularity}",
                 len(best) / seconds,
                 out_tokens / seconds,
                 out_tokens / len(best),
                 sum(not h.finished for h in best),
                 seconds,
+                "yes" if same else "NO",
             )
         )
 
     print()
-    print("| search | sentences/s | target tokens/s | mean length | cut at limit | seconds |")
-    print("|---|---|---|---|---|---|")
-    for name, sps, tps, mean, cut, seconds in rows:
-        print(f"| {name} | {sps:.1f} | {tps:.0f} | {mean:.1f} | {cut} | {seconds:.1f} |")
+    print(
+        "| search | sentences/s | target tokens/s | mean length | cut at limit | seconds "
+        "| outputs as the first run |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for name, sps, tps, mean, cut, seconds, same in rows:
+        print(f"| {name} | {sps:.1f} | {tps:.0f} | {mean:.1f} | {cut} | {seconds:.1f} | {same} |")
 
 
 if __name__ == "__main__":

@@ -40,18 +40,32 @@ def deterministic():
     torch.use_deterministic_algorithms(False)
 
 
+def _choices(name: str) -> tuple:
+    return next(f for f in dataclasses.fields(ModelConfig) if f.name == name).metadata["choices"]
+
+
+# Layers swept per `model.granularity`: nngraph's sweep is the historical 1-4; a fused stack
+# has nothing at 2 or 4 layers that 1 (no inter-layer dropout) and 3 (a bottom, a middle and
+# a top layer, dropout between them) do not have, so its sweep stays half the size.
+SWEPT_LAYERS = {"nngraph": (1, 2, 3, 4), "fused": (1, 3)}
+
+
 def model_structures() -> list:
     """Every structure the config allows, as pytest params of ModelConfig keyword arguments:
-    layers 1-4 x input feed x bidirectional x dropout on/off x every `model.attention`
-    choice (read from the config, so a new attention type joins the sweeps by itself)."""
-    attentions = next(f for f in dataclasses.fields(ModelConfig) if f.name == "attention")
+    layers x input feed x bidirectional x dropout on/off x every `model.attention` choice x
+    every `model.granularity` (choices read from the config, so a new attention type or
+    granularity joins the sweeps by itself; layers per granularity from SWEPT_LAYERS)."""
     params = []
-    for attention in attentions.metadata["choices"]:
-        for layers, feed, bi, dropout in itertools.product((1, 2, 3, 4), *[(False, True)] * 3):
-            kw = {"num_layers": layers, "input_feed": feed, "bidirectional": bi}
-            kw.update(dropout=0.3 if dropout else 0.0, attention=attention)
-            name = f"{attention}-L{layers}{'-feed' * feed}{'-bi' * bi}{'-drop' * dropout}"
-            params.append(pytest.param(kw, id=name))
+    for granularity in _choices("granularity"):
+        layer_counts = SWEPT_LAYERS.get(granularity, SWEPT_LAYERS["nngraph"])
+        for attention in _choices("attention"):
+            for layers, feed, bi, dropout in itertools.product(layer_counts, *[(False, True)] * 3):
+                kw = {"num_layers": layers, "input_feed": feed, "bidirectional": bi}
+                kw.update(dropout=0.3 if dropout else 0.0, attention=attention)
+                kw.update(granularity=granularity)
+                name = f"{attention}-L{layers}{'-feed' * feed}{'-bi' * bi}{'-drop' * dropout}"
+                prefix = "" if granularity == "nngraph" else f"{granularity}-"
+                params.append(pytest.param(kw, id=prefix + name))
     return params
 
 

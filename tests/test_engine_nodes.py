@@ -12,6 +12,8 @@ import pytest
 import torch
 from torch import Tensor, nn
 
+from nmt.attention import build_attention
+from nmt.engine import fused
 from nmt.engine.node import Node, flat
 from nmt.engine.nodes import (
     AddAcross,
@@ -29,6 +31,7 @@ from nmt.engine.nodes import (
     Tanh,
     VScores,
 )
+from nmt.model import LSTMLayer
 
 B, S, H = 3, 4, 5
 KW = {"device": torch.device("cpu"), "dtype": torch.float64}
@@ -56,6 +59,29 @@ class _Training(nn.Module):
     pass
 
 
+def with_grads(module: nn.Module) -> list[Tensor]:
+    """The module's parameters in float64, with zero gradients to accumulate into."""
+    module.double()
+    for p in module.parameters():
+        p.grad = torch.zeros_like(p)
+    return list(module.parameters())
+
+
+def cell():
+    """A fused LSTM cell with a 4-wide input: (x, h, c)."""
+    layer = LSTMLayer(4, H)
+    params = with_grads(layer)
+    return fused.LSTMCell("cell", layer, **KW), lambda: (rand(B, 4), rand(B, H), rand(B, H)), params
+
+
+def fused_attention(kind: str):
+    """The fused attention node of `kind`: (h_t, context)."""
+    module = build_attention(kind, H)
+    params = with_grads(module)
+    node = fused.ATTENTIONS[kind]("attn", module, **KW)
+    return node, lambda: (rand(B, H), rand(B, S, H)), params
+
+
 CASES: dict[str, Callable[[], tuple[Node, Callable[[], object], list[Tensor]]]] = {
     "linear": lambda: linear(True),
     "linear_nobias": lambda: linear(False),
@@ -77,6 +103,11 @@ CASES: dict[str, Callable[[], tuple[Node, Callable[[], object], list[Tensor]]]] 
     "bottle_linear": lambda: weighted(BottleLinear, 2 * H, lambda: rand(B, S, H)),
     "add_across": lambda: (AddAcross("aa", **KW), lambda: (rand(B, S, H), rand(B, H)), []),
     "vscores": lambda: weighted(VScores, 1, lambda: rand(B, S, H)),
+    "fused_cell": cell,
+    "fused_dropout": lambda: (fused.Dropout("d", 0.5, _Training(), **KW), lambda: rand(B, H), []),
+    "fused_general": lambda: fused_attention("general"),
+    "fused_dot": lambda: fused_attention("dot"),
+    "fused_mlp": lambda: fused_attention("mlp"),
 }
 
 
@@ -96,10 +127,18 @@ def run(name: str, poison: Callable[[Node, object], list[Tensor]] | None) -> lis
 
 
 def not_read(node: Node, x: object) -> list[Tensor]:
+    """What backward must not read: undeclared inputs, the output unless declared, and every
+    buffer of its own it does not declare (scratch of forward is dead by then; its gradient
+    buffers and backward's scratch are written before they are read). Constant buffers
+    (ones, filled once per size: `CONSTANT_ROLES`) are kept."""
     inputs = x if node.N_INPUTS > 1 else (x,)
     tensors = [t for i, t in enumerate(inputs) if i not in node.BWD_READS_INPUTS]
     if not node.BWD_READS_OUTPUT:
         tensors += list(flat(node.output))
+    kept = set(node.BWD_READS_ROLES) | set(getattr(node, "CONSTANT_ROLES", ()))
+    if node.BWD_READS_OUTPUT:
+        kept |= {r for r in node.ROLES if r.startswith("output")}
+    tensors += [getattr(node, attr) for r, attr in node.ROLES.items() if r not in kept]
     keep = {id(t) for t in node.backward_reads(x)}
     return [t for t in tensors if id(t) not in keep]
 

@@ -120,7 +120,12 @@ def pr46_slots(layers: int) -> list[tuple[str, str | None]]:
 @pytest.mark.parametrize("layers,bidirectional", [(2, False), (3, True)])
 def test_all_plan_covers_pr46(layers: int, bidirectional: bool) -> None:
     cfg = ModelConfig(
-        num_layers=layers, rnn_size=4, word_vec_size=3, dropout=0.3, bidirectional=bidirectional
+        num_layers=layers,
+        rnn_size=4,
+        word_vec_size=3,
+        dropout=0.3,
+        bidirectional=bidirectional,
+        granularity="nngraph",
     )
     shared = planner.plan(cfg, "all").shared
     model = Seq2SeqAttn(cfg, 7, 7)
@@ -151,7 +156,7 @@ def test_all_plan_covers_pr46(layers: int, bidirectional: bool) -> None:
 
 
 def test_attention_plan_is_exactly_the_two_products() -> None:
-    cfg = ModelConfig(num_layers=2, rnn_size=4, word_vec_size=3)
+    cfg = ModelConfig(num_layers=2, rnn_size=4, word_vec_size=3, granularity="nngraph")
     p = planner.plan(cfg, "attention")
     assert p.shared == {
         (f"attn.{mm}", r)
@@ -162,10 +167,55 @@ def test_attention_plan_is_exactly_the_two_products() -> None:
     assert "sharing" in p.summary() and "%" in p.summary()
 
 
+@pytest.mark.parametrize("attention", ["general", "dot", "mlp"])
+def test_fused_attention_plan_is_the_products_inside_the_attention_node(attention: str) -> None:
+    """The fused attention node holds the two products (scores, c_t) and their gradients in
+    buffers of its own: the 'attention' policy shares exactly those (the context's gradient
+    is both products' at once; mlp's scores come from v, not from a product)."""
+    cfg = ModelConfig(num_layers=2, rnn_size=4, word_vec_size=3, attention=attention)
+    cfg.granularity = "fused"
+    products = {"ctx", "grad_attn", "grad_input[1]"}
+    if attention != "mlp":
+        products |= {"scores", "grad_target"}
+    assert planner.plan(cfg, "attention").shared == {("attn", r) for r in products}
+    assert planner.plan(cfg, "attention").shared < planner.plan(cfg, "all").shared
+
+
+def test_fused_plan_keeps_what_backward_reads() -> None:
+    """Fused nodes keep what their hand-written backward reads (the activated gates,
+    tanh(c), the attention weights...) private and share their scratch and gradients."""
+    cfg = ModelConfig(num_layers=2, rnn_size=4, word_vec_size=3, dropout=0.3)
+    cfg.granularity = "fused"
+    p = planner.plan(cfg, "all")
+    for slot in [
+        ("l0.cell", "gates"),
+        ("l1.cell", "tanh_c"),
+        ("l0.cell", "output[0]"),
+        ("l1.dropout", "mask"),
+        ("attn", "attn"),
+        ("attn", "joined"),
+        ("attn", "target"),
+        ("attn", "output"),
+    ]:
+        assert slot in p.unsafe, slot
+    for slot in [
+        ("l0.cell", "grad_gates"),
+        ("l1.cell", "grad_input[0]"),
+        ("l0.cell", "grad_input[2]"),
+        ("l1.cell", "ones"),
+        ("attn", "scores"),
+        ("attn", "grad_input[1]"),
+        ("attn.dropout", "grad_input"),
+    ]:
+        assert slot in p.shared, slot
+
+
 def test_analysis_sees_through_views(monkeypatch: pytest.MonkeyPatch) -> None:
     """Split's outputs are views of the gate sum. Pretend Split's backward read them: the
     gate sum's own buffer must then become unshareable (storage identity, not names)."""
-    structure = ModelConfig(num_layers=1, input_feed=True, bidirectional=False, dropout=0.3)
+    structure = ModelConfig(
+        num_layers=1, input_feed=True, bidirectional=False, dropout=0.3, granularity="nngraph"
+    )
     safe, _, _, _ = planner.analyse(structure)
     assert ("l0.gates", "output") in safe
     monkeypatch.setattr(Split, "BWD_READS_OUTPUT", True)
@@ -212,7 +262,7 @@ def test_recompute_keeps_private_only_what_leaves_a_clone(structure: dict) -> No
 
 
 def test_attention_policy_shares_across_decoder_clones_only() -> None:
-    cfg = ModelConfig(num_layers=1, rnn_size=4, word_vec_size=3)
+    cfg = ModelConfig(num_layers=1, rnn_size=4, word_vec_size=3, granularity="nngraph")
     executor = CloneExecutor(Seq2SeqAttn(cfg, 7, 7), 3, 3, planner.plan(cfg, "attention"))
     mms = [n for _, g in executor.clone_graphs() for n in g.nodes if isinstance(n, MM)]
     assert len(mms) == 2 * executor.n_dec

@@ -34,6 +34,7 @@ from nmt.memreport.report import (
     extra_flop_fraction,
     to_json,
 )
+from nmt.memreport.text import render
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = """
@@ -76,6 +77,20 @@ def test_accounting_matches_a_real_cpu_step(tiny: Setting, policy: str) -> None:
     assert live.error == ""
     assert live.live_bytes == live.accounted_bytes > 0
     assert live.ok
+
+
+@pytest.mark.parametrize("policy", ["none", "all"])
+def test_fused_accounting_matches_a_real_cpu_step(tiny_config: Path, policy: str) -> None:
+    """The fused granularity's nodes (constants, scratch, tuple outputs) are accounted
+    exactly too, and the report names the configured granularity."""
+    cfg = load_config(tiny_config, ["model.granularity=fused"], require_data=False)
+    fused = Setting.from_config(cfg)
+    accounted = measure(fused, policy)
+    live = real_step(fused, policy, accounted, "cpu")
+    assert live.error == "" and live.ok
+    assert live.live_bytes == live.accounted_bytes > 0
+    text = render(build_report(cfg, str(tiny_config), device="meta", detail="all", top=3))
+    assert "fused granularity" in text.splitlines()[1]
 
 
 def test_parts_add_up_and_optimizer_state_is_counted(tiny: Setting) -> None:

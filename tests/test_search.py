@@ -7,6 +7,8 @@ batched and unbatched runs agree to rounding and ties do not occur.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import math
 
 import pytest
@@ -16,6 +18,7 @@ from nmt.config import ModelConfig
 from nmt.data.vocab import BOS, EOS, PAD
 from nmt.errors import NmtError
 from nmt.model import Seq2SeqAttn
+from nmt.opcount import count_ops
 from nmt.translate.search import (
     Hypothesis,
     beam_search,
@@ -164,6 +167,31 @@ def test_batched_equals_one_sentence_at_a_time(copy_model, which):
             assert_same(a, b)
         assert_same(g, run(greedy_search, model, [source], max_length=10)[0])
         assert g.attention.shape[1] == len(source) + 2  # real source positions only
+
+
+@pytest.mark.parametrize("which", ["copy", "random"])
+def test_a_fused_model_searches_alike_in_fewer_ops(copy_model, which):
+    """`model.granularity: fused` runs the fused LSTM cell and attention in inference (the
+    clones' own arithmetic): the same hypotheses and attention, scores to rounding, and a
+    decoder step of fewer ops (which shows that the fused path is the one that ran)."""
+    model = copy.deepcopy(copy_model if which == "copy" else random_model())
+    results, step_ops = {}, {}
+    src, mask = pad_sources(SOURCES, "cpu")
+    for granularity in ("nngraph", "fused"):
+        model.cfg = dataclasses.replace(model.cfg, granularity=granularity)
+        beams = run(beam_search, model, SOURCES, beam_size=4, max_length=10, n_best=2)
+        results[granularity] = [*(h for nbest in beams for h in nbest)]
+        results[granularity] += run(greedy_search, model, SOURCES, max_length=10)
+        with torch.inference_mode():
+            context, final = model.encode(src, mask)
+            state = model.init_decoder_state(final)
+            step_ops[granularity] = count_ops(
+                lambda: model.decode_step(src[:, 0], state, context, mask)  # noqa: B023
+            )
+    for a, b in zip(results["nngraph"], results["fused"], strict=True):
+        assert_same(a, b)
+    layers = model.cfg.num_layers  # twelve ops a layer become eight
+    assert step_ops["fused"] == step_ops["nngraph"] - 4 * layers
 
 
 @pytest.mark.parametrize("attention", ["general", "dot", "mlp"])

@@ -10,6 +10,7 @@ reference the same token sequence.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import queue
@@ -141,6 +142,20 @@ def test_batched_equals_one_sentence_at_a_time(toy_model, toy_test):
     for nbest, single in zip(batched, alone, strict=True):
         assert [h.tokens for h in nbest] == [h.tokens for h in single]
         assert [h.score for h in nbest] == pytest.approx([h.score for h in single], abs=1e-4)
+
+
+def test_fused_granularity_translates_identically(toy_model, toy_test):
+    """The checkpoint's model run with `model.granularity: fused` (the fused cell and
+    attention) translates the test sentences to the same outputs, scores to rounding."""
+    model, src_tok, _ = load_model(toy_model, torch.device("cpu"))
+    sources = [src_tok.encode(line) for line in lines_of(toy_test[0])]
+    options = SearchOptions(5, 60, n_best=2)
+    plain = translate_ids(model, sources, options, batch_size=16)
+    model.cfg = dataclasses.replace(model.cfg, granularity="fused")
+    fused = translate_ids(model, sources, options, batch_size=16)
+    for a, b in zip(plain, fused, strict=True):
+        assert [h.tokens for h in a] == [h.tokens for h in b]
+        assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-4)
 
 
 def test_nbest_lists_match_gold_scores(toy_model, toy_test, tmp_path, capsys):

@@ -2,7 +2,8 @@
 
 seq2seq-attn never keeps vocabulary-sized activations for all positions at once: at each
 target position (last to first) it runs the generator forward and backward on that position
-only, adds the resulting gradient to the decoder output's gradient, and moves on.
+only, adds the resulting gradient to the decoder output's gradient, and moves on. With
+`model.granularity: fused` the output layer and the loss are one node (`fused.OutputLoss`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
+from nmt.engine.fused import OutputLoss
 from nmt.engine.node import Node
 from nmt.engine.nodes import Linear, LogSoftMaxNLL
 from nmt.model import Seq2SeqAttn
@@ -29,6 +31,10 @@ class Generator:
         label_smoothing: float = 0.0,
     ):
         lin = model.generator
+        self.fused: OutputLoss | None = None
+        if model.cfg.granularity == "fused":
+            self.fused = OutputLoss("generator", lin, device, dtype)
+            return
         self.linear = Linear("generator", lin.weight, lin.bias, device, dtype)
         self.criterion = LogSoftMaxNLL("criterion", device, dtype, label_smoothing)
 
@@ -42,11 +48,16 @@ class Generator:
         target: B x 1 token ids; valid: B x 1, 1 for real tokens, 0 for PAD;
         weight: B x 1, valid / batch_size (the loss is divided by the batch size).
         """
+        if self.fused is not None:
+            return self.fused.step(out, target, valid, weight, loss)
         logp = self.criterion.forward(self.linear.forward(out))
         loss.sub_(torch.mm(logp.gather(1, target).t(), valid).squeeze())
         grad_logits = self.criterion.backward((target, weight))
         return self.linear.backward(out, grad_logits)
 
     def nodes(self) -> Iterator[Node]:
+        if self.fused is not None:
+            yield self.fused
+            return
         yield self.linear
         yield self.criterion

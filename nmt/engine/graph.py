@@ -124,8 +124,11 @@ def _value_fetch(v: Value) -> Fetch:
 def _input_fetch(srcs: tuple[Value, ...]) -> Fetch:
     if len(srcs) == 1:
         return _value_fetch(srcs[0])
-    f0, f1 = (_value_fetch(s) for s in srcs)
-    return lambda: (f0(), f1())
+    fs = [_value_fetch(s) for s in srcs]
+    if len(fs) == 2:
+        f0, f1 = fs
+        return lambda: (f0(), f1())
+    return lambda: tuple(f() for f in fs)
 
 
 class Graph:
@@ -220,7 +223,7 @@ class Graph:
             inp = fetch()
             tr.touch(inp)
             f(inp)
-            own = [getattr(node, node.ROLES[r]) for r in node.BWD_READS_ROLES]
+            own = _roles(node, node.BWD_READS_ROLES + node.FWD_SCRATCH_ROLES)
             tr.touch(node.output, own, write=True)  # a view of an input was read above
 
     def backward_traced(self, tr: Tracer, grad_outputs: list[Tensor]) -> dict[str, Tensor]:
@@ -230,7 +233,8 @@ class Graph:
             inp, g = fetch(), gfetch()  # gfetch may run a GradSum: touch what it owns too
             tr.touch(g, node.backward_reads(inp))
             b(inp, g)
-            tr.touch(node.grad_input, write=True)  # aliases of grad_output were read above
+            # aliases of grad_output were read above
+            tr.touch(node.grad_input, _roles(node, node.BWD_SCRATCH_ROLES), write=True)
         self.input_grads = {name: f() for name, f in self._in_bwd}
         tr.touch(list(self.input_grads.values()))
         for s in self.sums:  # accumulators were written in this phase
@@ -242,3 +246,8 @@ class Graph:
     def all_nodes(self) -> Iterator[Node]:
         yield from self.nodes
         yield from self.sums
+
+
+def _roles(node: Node, roles: tuple[str, ...]) -> list[Tensor]:
+    """The node's own buffers of these roles."""
+    return [getattr(node, node.ROLES[r]) for r in roles]

@@ -8,9 +8,10 @@ the larger storage), so each one is allocated once at its largest size and reuse
 A buffer may be *shared*: the same tensor object referenced by the same node of every clone.
 Whether that is safe depends on who reads it and when, so every node class states the facts
 the planner needs: which of its inputs its backward reads, whether it reads its own output,
-and which of its own buffers it reads. Nodes never read more than a *size* from any other
-tensor in backward, and write their output (and those own buffers) in forward, their
-grad_input in backward, whole and without reading what was there before.
+and which of its own buffers it reads; a node with scratch buffers (written and read inside
+one forward() or one backward() call) names them too. Nodes never read more than a *size*
+from any other tensor in backward, and write their output (and those own buffers) in forward,
+their grad_input in backward, whole and without reading what was there before.
 """
 
 from __future__ import annotations
@@ -51,6 +52,10 @@ class Node:
     BWD_READS_INPUTS: ClassVar[tuple[int, ...]] = ()  # indices of inputs read by backward
     BWD_READS_OUTPUT: ClassVar[bool] = False
     BWD_READS_ROLES: ClassVar[tuple[str, ...]] = ()  # own buffers read by backward (not output)
+    FWD_SCRATCH_ROLES: ClassVar[tuple[str, ...]] = ()  # own buffers living inside forward()
+    BWD_SCRATCH_ROLES: ClassVar[tuple[str, ...]] = ()  # own buffers living inside backward()
+    # roles holding the attention's two matrix products and their gradients (PR #45)
+    ATTENTION_PRODUCTS: ClassVar[tuple[str, ...]] = ()
     n_outputs: int | None = None  # None: `output` is one tensor; n: a tuple of n tensors
 
     def __init__(self, name: str, device: torch.device, dtype: torch.dtype):

@@ -201,6 +201,8 @@ class Join(Node):
 class MMScores(_Binary):
     """Attention MM1: scores[b, s] = context[b, s] . target[b] (context B x S x H, target B x H)."""
 
+    ATTENTION_PRODUCTS = tuple(_OUT_GI2)
+
     def forward(self, ct: tuple[Tensor, Tensor]) -> Tensor:
         context, target = ct
         out = resized(self.output, context.shape[:2])
@@ -218,6 +220,8 @@ class MMScores(_Binary):
 
 class MMContext(_Binary):
     """Attention MM2: c[b] = sum_s attn[b, s] context[b, s] (attn B x S, context B x S x H)."""
+
+    ATTENTION_PRODUCTS = tuple(_OUT_GI2)
 
     def forward(self, ac: tuple[Tensor, Tensor]) -> Tensor:
         attn, context = ac

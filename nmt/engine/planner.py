@@ -43,7 +43,6 @@ from nmt.engine import policies
 from nmt.engine.clones import CloneExecutor
 from nmt.engine.graph import Tracer
 from nmt.engine.node import flat
-from nmt.engine.nodes import MM
 from nmt.engine.sharing import SharingPlan, Slot
 from nmt.model import build_model, private_rng
 
@@ -119,7 +118,7 @@ def analyse(model_cfg: ModelConfig, recompute: bool = False) -> Analysis:
             for role, t in node.buffers():
                 slot = (node.name, role)
                 seen.add(slot)
-                if isinstance(node, MM):
+                if role in node.ATTENTION_PRODUCTS:
                     mm.add(slot)
                 sizes[slot] = max(sizes.get(slot, 0), t.untyped_storage().nbytes())
                 why = _verdict(clone, t.untyped_storage().data_ptr(), tracer, leaving)

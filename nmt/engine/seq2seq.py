@@ -6,6 +6,10 @@ The arithmetic mirrors `nmt.model` exactly: gates i f o g, c = f*c + i*g, h = o*
 dropout on h below every layer above the first, the attention of `model.attention` (its
 score wired by SCORES, mirroring `nmt.attention`), dropout on the output.
 
+`model.granularity` picks the node set: nngraph wires one node per Torch7 module (below);
+fused wires one `nmt.engine.fused` node per LSTM layer ("l0.cell"), dropout and attention
+("attn"). Both declare the same state and have the same graph inputs and outputs.
+
 Graph inputs: x (token ids), [feed], [context], then the state the cell declares (LSTM:
 h0, c0, h1, c1, ...). Graph outputs: that state, then [out]. The executor learns the state's
 names, and which one feeds the context, from the built graph (`Graph.state`).
@@ -18,6 +22,7 @@ from collections.abc import Callable
 import torch
 from torch.nn import Module
 
+from nmt.engine import fused
 from nmt.engine.graph import Graph, GraphBuilder, StateSpec, Value
 from nmt.engine.nodes import (
     AddAcross,
@@ -79,6 +84,27 @@ def _lstm_stack(
     return nxt
 
 
+def _fused_lstm_stack(
+    g: GraphBuilder, stack: LSTMStack, x: Value, dropout: float, owner: Module
+) -> dict[str, Value]:
+    """`_lstm_stack` with one fused node per layer (and per inter-layer dropout)."""
+    dev, dt = g.device, g.dtype
+    spec = lstm_state(len(stack.layers))
+    g.carry(spec)
+    prev = {name: g.input(name) for name in spec.names}
+    nxt: dict[str, Value] = {}
+    for i, layer in enumerate(stack.layers):
+        p = f"l{i}."
+        if i > 0:
+            x = nxt[f"h{i - 1}"]
+            if dropout > 0:
+                x = g.add(fused.Dropout(p + "dropout", dropout, owner, dev, dt), x)
+        cell = fused.LSTMCell(p + "cell", layer, dev, dt)
+        g.add(cell, x, prev[f"h{i}"], prev[f"c{i}"])
+        nxt[f"h{i}"], nxt[f"c{i}"] = Value(cell, 0), Value(cell, 1)
+    return nxt
+
+
 def _outputs(g: GraphBuilder, states: dict[str, Value]) -> None:
     """The next state, as the first outputs, in the order the cell declared."""
     assert g.state is not None
@@ -133,6 +159,18 @@ def _attention(g: GraphBuilder, model: Seq2SeqAttn, h_top: Value, context: Value
     return g.add(Tanh("attn.tanh", dev, dt), lin)
 
 
+def _fused_attention(g: GraphBuilder, model: Seq2SeqAttn, h_top: Value, context: Value) -> Value:
+    """The attention of `model.attention` as one fused node."""
+    node = fused.ATTENTIONS[model.cfg.attention]("attn", model.attention, g.device, g.dtype)
+    return g.add(node, h_top, context)
+
+
+# per `model.granularity`: how an LSTM stack, the attention and a dropout are wired
+STACKS = {"nngraph": _lstm_stack, "fused": _fused_lstm_stack}
+ATTENTIONS = {"nngraph": _attention, "fused": _fused_attention}
+DROPOUTS = {"nngraph": Dropout, "fused": fused.Dropout}
+
+
 def encoder_graph(
     model: Seq2SeqAttn, stack: LSTMStack, device: torch.device, dtype: torch.dtype
 ) -> Graph:
@@ -140,7 +178,7 @@ def encoder_graph(
     g = GraphBuilder(device, dtype)
     x = g.input("x", needs_grad=False)
     emb = g.add(LookupTable("lookup", model.src_embedding.weight, device, dtype), x)
-    _outputs(g, _lstm_stack(g, stack, emb, _dropout(model), model))
+    _outputs(g, STACKS[model.cfg.granularity](g, stack, emb, _dropout(model), model))
     return g.build()
 
 
@@ -154,11 +192,13 @@ def decoder_graph(model: Seq2SeqAttn, device: torch.device, dtype: torch.dtype) 
     x = g.add(LookupTable("lookup", model.tgt_embedding.weight, device, dtype), y)
     if feed is not None:
         x = g.add(Join("feed_join", device, dtype), x, feed)
-    states = _lstm_stack(g, model.decoder, x, _dropout(model), model)
+    granularity = cfg.granularity
+    states = STACKS[granularity](g, model.decoder, x, _dropout(model), model)
     assert g.state is not None
-    out = _attention(g, model, states[g.state.top], context)
+    out = ATTENTIONS[granularity](g, model, states[g.state.top], context)
     if _dropout(model) > 0:
-        out = g.add(Dropout("attn.dropout", _dropout(model), model, device, dtype), out)
+        dropout = DROPOUTS[granularity]("attn.dropout", _dropout(model), model, device, dtype)
+        out = g.add(dropout, out)
     _outputs(g, states)
     g.output("out", out)
     return g.build()

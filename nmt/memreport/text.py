@@ -46,6 +46,7 @@ def _model_line(s: Setting) -> str:
         extras.append(f"{m.attention} attention")
     if m.dropout:
         extras.append(f"dropout {m.dropout:g}")
+    extras.append(f"{m.granularity} granularity")
     return (
         f"model {m.num_layers} x {m.rnn_size} ({', '.join(extras)}), vocabularies "
         f"{s.src_vocab} / {s.tgt_vocab}, batch {s.batch_size}, max lengths {s.max_src_len} / "

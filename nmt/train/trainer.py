@@ -244,7 +244,7 @@ class Trainer:
         t = self.cfg.train
         if t.executor == "autograd":
             return "autograd"
-        return f"clones (prealloc {t.prealloc})"
+        return f"clones ({self.cfg.model.granularity}, prealloc {t.prealloc})"
 
     # ---- checkpoints -----------------------------------------------------------------------
 
