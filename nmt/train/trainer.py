@@ -648,6 +648,10 @@ def train(
         trainer = Trainer(
             cfg, Path(out_dir), resume=Path(resume) if resume else None, log=log, progress=progress
         )
-        return trainer.run()
+        state = trainer.run()
+        # every rank done with its collectives before any tears the group down: a rank that
+        # destroys it while a peer still talks to it can abort the peer (Gloo: terminate)
+        dd.barrier(trainer.dist)
+        return state
     finally:
         dd.shutdown()
