@@ -7,7 +7,7 @@ from contextlib import nullcontext
 import pytest
 import torch
 
-from nmt.config import ModelConfig
+from nmt.config import GRANULARITIES, ModelConfig
 from nmt.data.batching import Batch
 from nmt.data.vocab import PAD
 from nmt.engine import clones, planner, policies, seq2seq
@@ -221,11 +221,13 @@ def test_smoothed_loss_is_the_cross_entropy_with_the_smoothed_targets() -> None:
     assert smoothed_loss(logp, target, 0.0)[0].item() == pytest.approx(nll.item(), rel=1e-12)
 
 
+@pytest.mark.parametrize("granularity", GRANULARITIES)
 @pytest.mark.parametrize("policy", ["none", "all"])
-def test_label_smoothing_gradients_equal_autograd(policy: str) -> None:
-    """The clone criterion's w * (softmax - q) matches autograd of the smoothed loss; both
-    executors return the plain NLL, which smoothing leaves unchanged."""
-    model = make_model(bidirectional=True)
+def test_label_smoothing_gradients_equal_autograd(policy: str, granularity: str) -> None:
+    """The clone criterion's w * (softmax - q) matches autograd of the smoothed loss, in
+    either granularity's output node; both executors return the plain NLL, which smoothing
+    leaves unchanged."""
+    model = make_model(bidirectional=True, granularity=granularity)
     batch = make_batch()
     ref_nll, ref = smoothed_autograd_grads(model, batch, 0.1)
     plain_nll, plain = autograd_grads(model, batch)

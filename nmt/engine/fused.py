@@ -27,6 +27,7 @@ from torch.nn import Linear, Module, Parameter
 
 from nmt.attention import Attention
 from nmt.cells import lstm_cell
+from nmt.data.vocab import PAD
 from nmt.engine.node import Node, resized
 from nmt.model import LSTMLayer, keep_mask_
 
@@ -313,7 +314,9 @@ ATTENTIONS: dict[str, type[_Attn]] = {"general": GeneralAttn, "dot": DotAttn, "m
 class OutputLoss(_Fused):
     """The generator's Linear(H, V), log-softmax and NLL (PAD weighs nothing) as one node,
     run forward and backward at once for one target position (`step`). Holds the logits,
-    the log-probabilities (which become d loss / d logits in place) and d loss / d out."""
+    the log-probabilities (which become d loss / d logits in place) and d loss / d out.
+    With label smoothing eps the gradient is w * (softmax - q), q as `nmt.loss`'s (nngraph's
+    `LogSoftMaxNLL` computes the same); the loss stays the NLL."""
 
     ROLES = {
         "logits": "logits",
@@ -323,9 +326,20 @@ class OutputLoss(_Fused):
         "minus_ones": "minus_ones",
     }
 
-    def __init__(self, name: str, linear: Linear, device: torch.device, dtype: torch.dtype):
+    def __init__(
+        self,
+        name: str,
+        linear: Linear,
+        device: torch.device,
+        dtype: torch.dtype,
+        label_smoothing: float = 0.0,
+    ):
         self.weight: Parameter = linear.weight
         self.bias: Parameter = linear.bias
+        eps = label_smoothing
+        # q: 1 - eps at the target, 0 at PAD, s = eps / (V - 2) at every other token
+        self.smoothing = eps / (linear.weight.shape[0] - 2) if eps else 0.0
+        self.target_q = 1.0 - eps - self.smoothing  # q at the target, less the s of every row
         super().__init__(name, device, dtype)
 
     def step(
@@ -340,8 +354,12 @@ class OutputLoss(_Fused):
         logits = torch.addmm(b, out, w.t(), out=self._buf("logits", (B, V)))
         logp = torch.log_softmax(logits, 1, out=self._buf("output", (B, V)))
         loss.sub_(torch.mm(logp.gather(1, target).t(), valid).squeeze())
-        grad = logp.exp_()  # softmax; minus the one-hot target, times the row weight:
-        grad.scatter_add_(1, target, self._constant("minus_ones", (B, 1), -1.0))
+        grad = logp.exp_()  # softmax; minus q, times the row weight:
+        s = self.smoothing
+        if s:  # q = s everywhere but PAD (0), + (1 - eps - s) at the target
+            grad.sub_(s)
+            grad[:, PAD : PAD + 1].add_(s)
+        grad.scatter_add_(1, target, self._constant("minus_ones", (B, 1), -self.target_q))
         grad.mul_(weight)
         g_out = torch.mm(grad, w, out=self._buf("grad_input", tuple(out.shape)))
         w.grad.addmm_(grad.t(), out)

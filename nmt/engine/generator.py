@@ -33,7 +33,7 @@ class Generator:
         lin = model.generator
         self.fused: OutputLoss | None = None
         if model.cfg.granularity == "fused":
-            self.fused = OutputLoss("generator", lin, device, dtype)
+            self.fused = OutputLoss("generator", lin, device, dtype, label_smoothing)
             return
         self.linear = Linear("generator", lin.weight, lin.bias, device, dtype)
         self.criterion = LogSoftMaxNLL("criterion", device, dtype, label_smoothing)
