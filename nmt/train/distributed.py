@@ -10,6 +10,7 @@ local norm is clipping by the global norm, and the optimizers stay in lockstep.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from nmt.data.vocab import PAD
 from nmt.errors import NmtError
 
 BUCKET_BYTES = 25 * 1024 * 1024
+SHUTDOWN_WAIT_S = 30  # how long a rank waits at teardown for its peers (Gloo)
 
 
 @dataclass(frozen=True)
@@ -77,8 +79,18 @@ def _bind(device: torch.device) -> torch.device:
 
 
 def shutdown() -> None:
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+    """Tear the process group down once every rank has got here. Gloo aborts a process
+    ("terminate called without an active exception") whose peer destroys the group while
+    it still talks to it, which the error paths (a failure stopping every rank) reached
+    without the success path's barrier: so on Gloo wait for the peers first, for a bounded
+    time (a peer that died never comes, and is no reason to hang)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    if dist.get_backend() == "gloo" and dist.get_world_size() > 1:
+        # a peer gone already raises: nothing left to wait for
+        with contextlib.suppress(RuntimeError):
+            dist.monitored_barrier(timeout=datetime.timedelta(seconds=SHUTDOWN_WAIT_S))
+    dist.destroy_process_group()
 
 
 def shard(batch: Batch, ctx: DistContext) -> Batch | None:
