@@ -29,6 +29,7 @@ from nmt.attention import Attention
 from nmt.cells import lstm_cell
 from nmt.data.vocab import PAD
 from nmt.engine.node import Node, resized
+from nmt.loss import smoothing_value
 from nmt.model import LSTMLayer, keep_mask_
 
 _sigmoid_backward = torch.ops.aten.sigmoid_backward.grad_input
@@ -337,9 +338,10 @@ class OutputLoss(_Fused):
         self.weight: Parameter = linear.weight
         self.bias: Parameter = linear.bias
         eps = label_smoothing
-        # q: 1 - eps at the target, 0 at PAD, s = eps / (V - 2) at every other token
-        self.smoothing = eps / (linear.weight.shape[0] - 2) if eps else 0.0
-        self.target_q = 1.0 - eps - self.smoothing  # q at the target, less the s of every row
+        # q (nmt.loss): 1 - eps at the target, 0 at PAD, s at every other token
+        self.smoothing = smoothing_value(linear.weight.shape[0], eps) if eps else 0.0
+        # q at the target less the s every row gets; "minus_ones" holds its negative
+        self.target_q = 1.0 - eps - self.smoothing
         super().__init__(name, device, dtype)
 
     def step(

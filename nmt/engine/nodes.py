@@ -14,6 +14,7 @@ from torch.nn import Module, Parameter
 
 from nmt.data.vocab import PAD
 from nmt.engine.node import Node, resized
+from nmt.loss import smoothing_value
 from nmt.model import dropout_mask
 
 _sigmoid_backward = torch.ops.aten.sigmoid_backward.grad_input
@@ -381,7 +382,7 @@ class LogSoftMaxNLL(Node):
             grad = self.output.exp_().mul_(weight)
             grad.scatter_add_(1, target, weight.neg())
         else:
-            s = eps / (self.output.shape[1] - 2)
+            s = smoothing_value(self.output.shape[1], eps)
             grad = self.output.exp_().sub_(s).mul_(weight)
             grad[:, PAD : PAD + 1].add_(weight, alpha=s)
             grad.scatter_add_(1, target, weight.mul(-(1.0 - eps - s)))
