@@ -246,6 +246,14 @@ def test_make_batches_invariants():
             seen[(tuple(b.src[row, 1:-1].tolist()), tuple(tgt))] += 1
         longest = max(int((b.tgt_out[r] != PAD).sum()) for r in range(b.size))
         assert b.tgt_out.size(1) == longest  # padded to the batch's longest target only
+        # the rows the fused output layer skips: exactly the leading PAD rows of a position
+        assert b.pad_rows is not None and len(b.pad_rows) == b.tgt_out.size(1)
+        for t, k in enumerate(b.pad_rows):
+            assert (b.tgt_out[:k, t] == PAD).all()
+            assert k == b.size or b.tgt_out[k, t] != PAD
+        lengths = (b.tgt_out != PAD).sum(1)
+        assert (lengths[1:] >= lengths[:-1]).all()  # short sentences lead, so PAD rows do
+    assert any(k > 0 for b in batches for k in b.pad_rows)  # the sample has some to skip
     assert seen == Counter((tuple(s), tuple(t)) for s, t in examples)
     assert sum(b.n_tokens for b in batches) == sum(len(t) + 1 for _, t in examples)
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from nmt.data.batching import leading_pad_rows
 from tests.conftest import write_toy_config
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
@@ -158,3 +159,19 @@ def test_two_ranks_resume_exactly_with_dropout(tmp_path):
     )
     assert single.returncode == 2
     assert "written by 2 rank(s)" in single.stderr and "Traceback" not in single.stderr
+
+
+def test_a_shard_keeps_the_leading_pad_rows_that_fall_in_it() -> None:
+    """`pad_rows` of each rank's rows, computed from the global batch's without reading the
+    device: what `leading_pad_rows` of the shard itself gives."""
+    from nmt.data.batching import make_batches
+    from nmt.train.distributed import DistContext, shard
+
+    examples = [([5, 6], [7] * n) for n in (1, 1, 2, 4, 4, 5, 7)]
+    (batch,) = make_batches(examples, batch_size=7)
+    assert batch.pad_rows == (0, 0, 2, 3, 3, 5, 6, 6)  # lengths with EOS 2 2 3 5 5 6 8
+    for rank in range(3):
+        part = shard(batch, DistContext(rank=rank, world_size=3))
+        assert part is not None
+        assert part.pad_rows == leading_pad_rows(part.tgt_out)
+        assert len(part.pad_rows) == part.tgt_out.size(1)

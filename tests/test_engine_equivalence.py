@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from nmt.config import GRANULARITIES, ModelConfig
-from nmt.data.batching import Batch
+from nmt.data.batching import Batch, leading_pad_rows
 from nmt.data.vocab import PAD
 from nmt.engine import clones, planner, policies, seq2seq
 from nmt.engine.clones import CloneExecutor
@@ -27,8 +27,9 @@ def make_batch(seed: int = 0, src_vocab: int = 11, tgt_vocab: int = 13) -> Batch
     src = torch.randint(4, src_vocab, (B, S), generator=g)
     tgt_in = torch.randint(4, tgt_vocab, (B, T), generator=g)
     tgt_out = torch.randint(4, tgt_vocab, (B, T), generator=g)
-    tgt_in[1, 3:], tgt_out[1, 2:] = 0, 0  # a shorter sentence: PAD must weigh nothing
-    return Batch(src, tgt_in, tgt_out).to(TEST_DEVICE)
+    tgt_in[0, 3:], tgt_out[0, 2:] = 0, 0  # a shorter sentence: PAD must weigh nothing
+    # it leads, as make_batches sorts them: the fused output layer skips its PAD rows
+    return Batch(src, tgt_in, tgt_out, leading_pad_rows(tgt_out)).to(TEST_DEVICE)
 
 
 def make_model(**kw) -> Seq2SeqAttn:
@@ -247,3 +248,27 @@ def test_label_smoothing_in_the_autograd_executor() -> None:
     nll = float(AutogradExecutor(model, label_smoothing=0.3).forward_backward(batch))
     assert nll == pytest.approx(ref_nll, rel=1e-12)
     assert max_rel_err({n: p.grad for n, p in model.named_parameters()}, ref) < 1e-12
+
+
+def test_fused_output_layer_runs_only_the_rows_that_are_not_pad(monkeypatch) -> None:
+    """With the batch's `pad_rows`, the fused output layer runs a position on its rows from
+    the first that is not PAD there; the gradients are those of running every row (rounding
+    aside), and without `pad_rows` (a batch not built by make_batches) it runs every row."""
+    from nmt.engine.fused import OutputLoss
+
+    model = make_model(granularity="fused", param_init=0.3)
+    batch = make_batch()
+    assert batch.pad_rows == (0, 0, 1, 1)
+    rows: list[int] = []
+    step = OutputLoss.step
+    monkeypatch.setattr(
+        OutputLoss, "step", lambda self, out, *a: rows.append(len(out)) or step(self, out, *a)
+    )
+    loss, grads = clone_grads(model, batch)
+    assert rows == [B - 1, B - 1, B, B]  # positions T-1 .. 0
+    rows.clear()
+    full = Batch(batch.src, batch.tgt_in, batch.tgt_out)
+    full_loss, full_grads = clone_grads(model, full)
+    assert rows == [B] * T
+    assert max_rel_err(grads, full_grads) < 1e-12
+    assert loss == pytest.approx(full_loss, rel=1e-13)

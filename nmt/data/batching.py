@@ -25,6 +25,9 @@ class Batch:
     src: Tensor
     tgt_in: Tensor
     tgt_out: Tensor
+    # pad_rows[t]: how many leading rows are PAD at target position t, known on the host when
+    # the batch is built (`leading_pad_rows`); the fused output layer skips them. None: unknown
+    pad_rows: tuple[int, ...] | None = None
 
     @property
     def size(self) -> int:
@@ -36,7 +39,18 @@ class Batch:
         return int((self.tgt_out != PAD).sum())
 
     def to(self, device: torch.device | str) -> Batch:
-        return Batch(self.src.to(device), self.tgt_in.to(device), self.tgt_out.to(device))
+        return Batch(
+            self.src.to(device), self.tgt_in.to(device), self.tgt_out.to(device), self.pad_rows
+        )
+
+
+def leading_pad_rows(tgt_out: Tensor) -> tuple[int, ...]:
+    """Per target position, the number of leading rows that are PAD there. `make_batches`
+    sorts a batch's sentences by target length, so the short ones lead: at a position past
+    their end the output layer need not run on them. Read on the host, so call it where
+    the batch is built, not inside a step (on a GPU it would wait for the device)."""
+    leading = (tgt_out == PAD).to(torch.int32).cumprod(0).sum(0)
+    return tuple(int(k) for k in leading.tolist())
 
 
 def _batch(chunk: list[Example]) -> Batch:
@@ -44,10 +58,12 @@ def _batch(chunk: list[Example]) -> Batch:
     tgt_in = [[BOS, *t] + [PAD] * (width - len(t) - 1) for _, t in chunk]
     tgt_out = [[*t, EOS] + [PAD] * (width - len(t) - 1) for _, t in chunk]
     src = [[BOS, *s, EOS] for s, _ in chunk]
+    out = torch.tensor(tgt_out, dtype=torch.long)
     return Batch(
         torch.tensor(src, dtype=torch.long),
         torch.tensor(tgt_in, dtype=torch.long),
-        torch.tensor(tgt_out, dtype=torch.long),
+        out,
+        leading_pad_rows(out),
     )
 
 

@@ -229,13 +229,16 @@ class CloneExecutor:
         out_grad = resized(lp["out_grad"], (B, H)).zero_()
         enc_acc = resized(lp["encoder_acc"], (B, S, H)).zero_()
         loss = lp["loss"].zero_()
+        skip = self.generator.skips_pad_rows and batch.pad_rows is not None
         for t in range(T - 1, -1, -1):
             g = dec[t]
             out_t = g.outputs()[n_state]
             if tr is not None:  # the generator reads this clone's output: the loop's phase
                 tr.begin(f"loop:generator[{t}]")
                 tr.touch(out_t)
-            out_grad.add_(self.generator.step(out_t, tout[t], valid[t], weight[t], loss))
+            r = batch.pad_rows[t] if skip else 0  # rows before r are PAD here: weigh nothing
+            grad = self.generator.step(out_t[r:], tout[t, r:], valid[t, r:], weight[t, r:], loss)
+            out_grad[r:].add_(grad)
             ig = self._backward(g, [*grads, out_grad], tr, "dec", t)
             enc_acc.add_(ig["context"])
             if self.cfg.input_feed:

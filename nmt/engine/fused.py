@@ -57,14 +57,24 @@ class _Fused(Node):
     def _buf(self, name: str, shape: tuple[int, ...]) -> Tensor:
         return resized(getattr(self, name), shape)
 
+    def _rows(self, name: str, shape: tuple[int, ...]) -> Tensor:
+        """The first shape[0] rows of buffer `name` where it has them (a view, so positions
+        that run on fewer rows resize nothing), else the buffer resized to `shape`. Only for
+        buffers used within one call: the buffer itself keeps its larger shape."""
+        t = getattr(self, name)
+        if t.dim() == len(shape) and t.shape[0] >= shape[0] and t.shape[1:] == shape[1:]:
+            return t[: shape[0]]
+        return resized(t, shape)
+
     def _constant(self, name: str, shape: tuple[int, ...], value: float) -> Tensor:
-        """Buffer `name` of `shape` holding `value` everywhere (ones for a bias gradient as
+        """`_rows` of buffer `name` holding `value` everywhere (ones for a bias gradient as
         one product, g^T 1): filled only when its tensor or its shape changed since."""
-        t = self._buf(name, shape)
+        t = self._rows(name, shape)
+        base = getattr(self, name)
         stamp = self._stamps.get(name)
-        if stamp is None or stamp[0] is not t or stamp[1] != tuple(shape):
-            t.fill_(value)
-            self._stamps[name] = (t, tuple(shape))
+        if stamp is None or stamp[0] is not base or stamp[1] != tuple(base.shape):
+            base.fill_(value)
+            self._stamps[name] = (base, tuple(base.shape))
         return t
 
 
@@ -353,8 +363,8 @@ class OutputLoss(_Fused):
         criterion sums it: aten's nll_loss has no deterministic CUDA kernel.)"""
         w, b = self.weight, self.bias
         B, V = out.shape[0], w.shape[0]
-        logits = torch.addmm(b, out, w.t(), out=self._buf("logits", (B, V)))
-        logp = torch.log_softmax(logits, 1, out=self._buf("output", (B, V)))
+        logits = torch.addmm(b, out, w.t(), out=self._rows("logits", (B, V)))
+        logp = torch.log_softmax(logits, 1, out=self._rows("output", (B, V)))
         loss.sub_(torch.mm(logp.gather(1, target).t(), valid).squeeze())
         grad = logp.exp_()  # softmax; minus q, times the row weight:
         s = self.smoothing
@@ -363,7 +373,7 @@ class OutputLoss(_Fused):
             grad[:, PAD : PAD + 1].add_(s)
         grad.scatter_add_(1, target, self._constant("minus_ones", (B, 1), -self.target_q))
         grad.mul_(weight)
-        g_out = torch.mm(grad, w, out=self._buf("grad_input", tuple(out.shape)))
+        g_out = torch.mm(grad, w, out=self._rows("grad_input", tuple(out.shape)))
         w.grad.addmm_(grad.t(), out)
         b.grad.addmv_(grad.t(), self._constant("ones", (B,), 1.0))
         return g_out

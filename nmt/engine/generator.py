@@ -32,7 +32,10 @@ class Generator:
     ):
         lin = model.generator
         self.fused: OutputLoss | None = None
-        if model.cfg.granularity == "fused":
+        # fused: the executor may hand `step` only the rows that are not PAD (seq2seq-attn's
+        # nngraph criterion ran every row, and the nngraph granularity still does)
+        self.skips_pad_rows = model.cfg.granularity == "fused"
+        if self.skips_pad_rows:
             self.fused = OutputLoss("generator", lin, device, dtype, label_smoothing)
             return
         self.linear = Linear("generator", lin.weight, lin.bias, device, dtype)

@@ -104,7 +104,10 @@ def shard(batch: Batch, ctx: DistContext) -> Batch | None:
     lo, hi = int(rows[0]), int(rows[-1]) + 1
     tgt_out = batch.tgt_out[lo:hi]
     length = int((tgt_out != PAD).sum(dim=1).max())
-    return Batch(batch.src[lo:hi], batch.tgt_in[lo:hi, :length], tgt_out[:, :length])
+    pad_rows = None
+    if batch.pad_rows is not None:  # the leading PAD rows that fall in this shard
+        pad_rows = tuple(min(max(k - lo, 0), hi - lo) for k in batch.pad_rows[:length])
+    return Batch(batch.src[lo:hi], batch.tgt_in[lo:hi, :length], tgt_out[:, :length], pad_rows)
 
 
 def all_reduce_gradients(
