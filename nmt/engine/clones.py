@@ -97,6 +97,7 @@ class CloneExecutor:
             "init_state",
             "valid",
             "weight",
+            "target_logp",
             "loss",
         )
         # buffers of the training loop itself, not of any clone: role -> tensor
@@ -228,7 +229,7 @@ class CloneExecutor:
         grads = list(resized(lp["state_grad"], (n_state, B, H)).zero_().unbind(0))
         out_grad = resized(lp["out_grad"], (B, H)).zero_()
         enc_acc = resized(lp["encoder_acc"], (B, S, H)).zero_()
-        loss = lp["loss"].zero_()
+        picked = resized(lp["target_logp"], (T, B, 1)).zero_()  # skipped rows stay 0
         skip = self.generator.skips_pad_rows and batch.pad_rows is not None
         for t in range(T - 1, -1, -1):
             g = dec[t]
@@ -237,16 +238,21 @@ class CloneExecutor:
                 tr.begin(f"loop:generator[{t}]")
                 tr.touch(out_t)
             r = batch.pad_rows[t] if skip else 0  # rows before r are PAD here: weigh nothing
-            grad = self.generator.step(out_t[r:], tout[t, r:], valid[t, r:], weight[t, r:], loss)
+            grad = self.generator.step(out_t[r:], tout[t, r:], weight[t, r:], picked[t, r:])
             out_grad[r:].add_(grad)
             ig = self._backward(g, [*grads, out_grad], tr, "dec", t)
             enc_acc.add_(ig["context"])
+            # what position t-1 receives: its state's gradients (and its output's, by the
+            # input feed), in one op (on a GPU one kernel, not one per tensor)
             if self.cfg.input_feed:
-                out_grad.copy_(ig["feed"])
+                torch._foreach_copy_([*grads, out_grad], [*self._state_grads(ig), ig["feed"]])
             else:
+                torch._foreach_copy_(grads, self._state_grads(ig))
                 out_grad.zero_()
-            for k, name in enumerate(self._states):
-                grads[k].copy_(ig[name])
+
+        # the NLL of the real tokens, in one product
+        loss = lp["loss"].zero_()
+        loss.sub_(torch.mm(valid.view(1, T * B), picked.view(T * B, 1)).squeeze())
 
         # ---- encoder(s) backward, last position first; the backward encoder ran S-1..0
         if self.clones["enc_bwd"]:
@@ -292,8 +298,11 @@ class CloneExecutor:
             g = clones[t]
             top.add_(enc_acc[:, t])
             ig = self._backward(g, grads, tr, name, t)
-            for k, state in enumerate(self._states):
-                grads[k].copy_(ig[state])
+            torch._foreach_copy_(grads, self._state_grads(ig))
+
+    def _state_grads(self, input_grads: dict[str, Tensor]) -> list[Tensor]:
+        """A clone's input gradients of its state, in the order of `self._states`."""
+        return [input_grads[name] for name in self._states]
 
     def _forward(self, g: Graph, tr: Tracer | None, kind: str, t: int) -> None:
         if self.plan.recompute:  # what its backward redraws the clone's masks from

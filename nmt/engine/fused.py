@@ -354,18 +354,16 @@ class OutputLoss(_Fused):
         self.target_q = 1.0 - eps - self.smoothing
         super().__init__(name, device, dtype)
 
-    def step(
-        self, out: Tensor, target: Tensor, valid: Tensor, weight: Tensor, loss: Tensor
-    ) -> Tensor:
-        """Subtract the log-likelihood of the real tokens from `loss`, accumulate the
-        parameter gradients, return d loss / d out (B x H). target: B x 1 token ids; valid:
-        B x 1, 1 at real tokens, else 0; weight: valid / batch size. (The loss as nngraph's
-        criterion sums it: aten's nll_loss has no deterministic CUDA kernel.)"""
+    def step(self, out: Tensor, target: Tensor, weight: Tensor, target_logp: Tensor) -> Tensor:
+        """Write log p(target) into `target_logp` (B x 1: the executor sums the NLL from it;
+        aten's nll_loss has no deterministic CUDA kernel), accumulate the parameter
+        gradients, return d loss / d out (B x H). target: B x 1 token ids; weight: B x 1,
+        1 / batch size at real tokens, else 0."""
         w, b = self.weight, self.bias
         B, V = out.shape[0], w.shape[0]
         logits = torch.addmm(b, out, w.t(), out=self._rows("logits", (B, V)))
         logp = torch.log_softmax(logits, 1, out=self._rows("output", (B, V)))
-        loss.sub_(torch.mm(logp.gather(1, target).t(), valid).squeeze())
+        torch.gather(logp, 1, target, out=target_logp)
         grad = logp.exp_()  # softmax; minus q, times the row weight:
         s = self.smoothing
         if s:  # q = s everywhere but PAD (0), + (1 - eps - s) at the target

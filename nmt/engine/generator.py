@@ -41,20 +41,19 @@ class Generator:
         self.linear = Linear("generator", lin.weight, lin.bias, device, dtype)
         self.criterion = LogSoftMaxNLL("criterion", device, dtype, label_smoothing)
 
-    def step(
-        self, out: Tensor, target: Tensor, valid: Tensor, weight: Tensor, loss: Tensor
-    ) -> Tensor:
-        """One position: subtract the log-likelihood of the real tokens from `loss` (the NLL, with
-        or without label smoothing), accumulate
-        the generator's parameter gradients, return d loss / d out (B x H, a persistent buffer).
+    def step(self, out: Tensor, target: Tensor, weight: Tensor, target_logp: Tensor) -> Tensor:
+        """One position: write log p(target) of each row into `target_logp` (B x 1; the
+        executor sums the real tokens' into the NLL), accumulate the generator's parameter
+        gradients (of the NLL, or with label smoothing of the smoothed loss), return
+        d loss / d out (B x H, a persistent buffer).
 
-        target: B x 1 token ids; valid: B x 1, 1 for real tokens, 0 for PAD;
-        weight: B x 1, valid / batch_size (the loss is divided by the batch size).
+        target: B x 1 token ids; weight: B x 1, 1 / batch_size for real tokens, 0 for PAD
+        (the loss is divided by the batch size).
         """
         if self.fused is not None:
-            return self.fused.step(out, target, valid, weight, loss)
+            return self.fused.step(out, target, weight, target_logp)
         logp = self.criterion.forward(self.linear.forward(out))
-        loss.sub_(torch.mm(logp.gather(1, target).t(), valid).squeeze())
+        torch.gather(logp, 1, target, out=target_logp)
         grad_logits = self.criterion.backward((target, weight))
         return self.linear.backward(out, grad_logits)
 
