@@ -238,8 +238,7 @@ class CloneExecutor:
                 tr.begin(f"loop:generator[{t}]")
                 tr.touch(out_t)
             r = batch.pad_rows[t] if skip else 0  # rows before r are PAD here: weigh nothing
-            grad = self.generator.step(out_t[r:], tout[t, r:], weight[t, r:], picked[t, r:])
-            out_grad[r:].add_(grad)
+            self.generator.step(out_t[r:], tout[t, r:], weight[t, r:], picked[t, r:], out_grad[r:])
             ig = self._backward(g, [*grads, out_grad], tr, "dec", t)
             enc_acc.add_(ig["context"])
             # what position t-1 receives: its state's gradients (and its output's, by the

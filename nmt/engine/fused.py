@@ -324,15 +324,15 @@ ATTENTIONS: dict[str, type[_Attn]] = {"general": GeneralAttn, "dot": DotAttn, "m
 
 class OutputLoss(_Fused):
     """The generator's Linear(H, V), log-softmax and NLL (PAD weighs nothing) as one node,
-    run forward and backward at once for one target position (`step`). Holds the logits,
-    the log-probabilities (which become d loss / d logits in place) and d loss / d out.
+    run forward and backward at once for one target position (`step`). Holds the logits and
+    the log-probabilities (which become d loss / d logits in place); d loss / d out goes
+    straight into the executor's gradient of the decoder output.
     With label smoothing eps the gradient is w * (softmax - q), q as `nmt.loss`'s (nngraph's
     `LogSoftMaxNLL` computes the same); the loss stays the NLL."""
 
     ROLES = {
         "logits": "logits",
         "output": "output",
-        "grad_input": "grad_input",
         "ones": "ones",
         "minus_ones": "minus_ones",
     }
@@ -354,11 +354,13 @@ class OutputLoss(_Fused):
         self.target_q = 1.0 - eps - self.smoothing
         super().__init__(name, device, dtype)
 
-    def step(self, out: Tensor, target: Tensor, weight: Tensor, target_logp: Tensor) -> Tensor:
+    def step(
+        self, out: Tensor, target: Tensor, weight: Tensor, target_logp: Tensor, grad_out: Tensor
+    ) -> None:
         """Write log p(target) into `target_logp` (B x 1: the executor sums the NLL from it;
         aten's nll_loss has no deterministic CUDA kernel), accumulate the parameter
-        gradients, return d loss / d out (B x H). target: B x 1 token ids; weight: B x 1,
-        1 / batch size at real tokens, else 0."""
+        gradients, add d loss / d out into `grad_out` (B x H). target: B x 1 token ids;
+        weight: B x 1, 1 / batch size at real tokens, else 0."""
         w, b = self.weight, self.bias
         B, V = out.shape[0], w.shape[0]
         logits = torch.addmm(b, out, w.t(), out=self._rows("logits", (B, V)))
@@ -371,10 +373,9 @@ class OutputLoss(_Fused):
             grad[:, PAD : PAD + 1].add_(s)
         grad.scatter_add_(1, target, self._constant("minus_ones", (B, 1), -self.target_q))
         grad.mul_(weight)
-        g_out = torch.mm(grad, w, out=self._rows("grad_input", tuple(out.shape)))
+        grad_out.addmm_(grad, w)
         w.grad.addmm_(grad.t(), out)
         b.grad.addmv_(grad.t(), self._constant("ones", (B,), 1.0))
-        return g_out
 
     def forward(self, input: Any) -> Any:
         raise TypeError("OutputLoss runs forward and backward at once: use step()")

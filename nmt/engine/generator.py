@@ -41,21 +41,24 @@ class Generator:
         self.linear = Linear("generator", lin.weight, lin.bias, device, dtype)
         self.criterion = LogSoftMaxNLL("criterion", device, dtype, label_smoothing)
 
-    def step(self, out: Tensor, target: Tensor, weight: Tensor, target_logp: Tensor) -> Tensor:
+    def step(
+        self, out: Tensor, target: Tensor, weight: Tensor, target_logp: Tensor, grad_out: Tensor
+    ) -> None:
         """One position: write log p(target) of each row into `target_logp` (B x 1; the
         executor sums the real tokens' into the NLL), accumulate the generator's parameter
-        gradients (of the NLL, or with label smoothing of the smoothed loss), return
-        d loss / d out (B x H, a persistent buffer).
+        gradients (of the NLL, or with label smoothing of the smoothed loss), add
+        d loss / d out into `grad_out` (B x H).
 
         target: B x 1 token ids; weight: B x 1, 1 / batch_size for real tokens, 0 for PAD
         (the loss is divided by the batch size).
         """
         if self.fused is not None:
-            return self.fused.step(out, target, weight, target_logp)
+            self.fused.step(out, target, weight, target_logp, grad_out)
+            return
         logp = self.criterion.forward(self.linear.forward(out))
         torch.gather(logp, 1, target, out=target_logp)
         grad_logits = self.criterion.backward((target, weight))
-        return self.linear.backward(out, grad_logits)
+        grad_out.add_(self.linear.backward(out, grad_logits))
 
     def nodes(self) -> Iterator[Node]:
         if self.fused is not None:
