@@ -17,7 +17,9 @@ tokens/s per variant and the ratios between them.
 --count-ops also counts one step of each (after the warm-up): aten ops (~ kernel launches) and
 host synchronisations per step, and the synchronisations of a log step (one that reads the
 loss back). The counts are device-independent; --fixed-length N counts (and times) batches of
-random sentences of N words on both sides (the issue-13 table: 50).
+random sentences of N words on both sides (the issue-13 table: 50). --output-layer-share times
+the output layer and loss inside the clone variants' steps: the part that node granularity
+does not change, so it bounds what fused nodes can gain.
 
     python scripts/bench_train.py                      # 2x256, batch 64, 20 batches
     python scripts/bench_train.py --data data/ende-demo --steps 40 --device cuda
@@ -174,6 +176,11 @@ def parse_args() -> argparse.Namespace:
         "--count-ops", action="store_true", help="print aten ops and host syncs per step"
     )
     ap.add_argument(
+        "--output-layer-share",
+        action="store_true",
+        help="also time the output layer and loss inside the clone variants' steps",
+    )
+    ap.add_argument(
         "--fixed-length",
         type=int,
         default=0,
@@ -228,6 +235,7 @@ def main() -> None:
         print_counts(runners, lambda r: r.step(counted, tokens[first]), counted)
         first += 1
 
+    in_output_layer = time_output_layer(runners, sync) if args.output_layer_share else {}
     seconds = dict.fromkeys(runners, 0.0)
     for batch, n_tokens in tqdm(
         list(zip(batches, tokens, strict=True))[first:], desc="batches", leave=False
@@ -244,6 +252,36 @@ def main() -> None:
             print(f"warning: {name} skipped {skipped} non-finite update(s)")
     if args.steps:
         print_speeds(args, vocab, {name: sum(tokens[first:]) / s for name, s in seconds.items()})
+        for name, spent in in_output_layer.items():
+            share = spent[0] / seconds[name]
+            print(
+                f"{name}: {share:.0%} of the step in the output layer and loss "
+                f"(faster nodes elsewhere gain at most {1 / share:.2f}x)"
+            )
+
+
+def time_output_layer(
+    runners: dict[str, Runner], sync: Callable[[], None]
+) -> dict[str, list[float]]:
+    """Wrap each clone variant's per-position output layer + loss (`Generator.step`) in a
+    timer: [seconds] per variant, from now on. The rest of the step is what node
+    granularity can change; the output layer's products are the same in both."""
+    spent: dict[str, list[float]] = {}
+    for name, runner in runners.items():
+        generator = getattr(runner.executor, "generator", None)
+        if generator is None:
+            continue
+        acc = spent[name] = [0.0]
+
+        def timed(*args, _step=generator.step, _acc=acc) -> None:  # noqa: ANN002
+            sync()
+            t0 = time.perf_counter()
+            _step(*args)
+            sync()
+            _acc[0] += time.perf_counter() - t0
+
+        generator.step = timed
+    return spent
 
 
 def print_counts(runners: dict[str, Runner], step: Callable[[Runner], None], batch: Batch) -> None:

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 NAMES = {
     "train.src": "src-train",
@@ -86,3 +88,21 @@ def test_fixed_lengths_and_a_variant_list(tmp_path):
     assert "on a batch of 8 sentences, source length 7, target length 6" in out
     assert list(rows(out)) == ["variant", "autograd-nn_lstm"]
     assert "tokens/s" not in out  # no timed steps
+
+
+def test_output_layer_share_of_the_clone_variants(tmp_path):
+    out = run_bench(
+        tmp_path,
+        "--steps",
+        "2",
+        "--output-layer-share",
+        "--variants",
+        "clones-nngraph,clones-fused,autograd-cells",
+    )
+    line = r"^(\S+): (\d+)% of the step in the output layer .* (\d+\.\d\d)x\)$"
+    shares = re.findall(line, out, re.M)
+    assert [name for name, _, _ in shares] == ["clones-nngraph", "clones-fused"]  # not autograd
+    for _, percent, bound in shares:
+        assert 0 < int(percent) < 100
+        # the bound is 1 / share; the share is printed rounded to a whole percent
+        assert float(bound) * int(percent) / 100 == pytest.approx(1, abs=0.5 / int(percent) + 0.01)
