@@ -15,8 +15,9 @@
 #   bash scripts/gpu_check.sh                        # on a machine with a CUDA GPU
 #   GPU_CHECK_DEVICE=cpu bash scripts/gpu_check.sh   # the same checks, tiny, on the CPU
 #
-# The CPU form (small sizes, a few steps, BLEU not required, 2 Gloo ranks) is run by the test
-# suite so that this script cannot rot; it proves nothing about CUDA.
+# The CPU form (small sizes, a few steps, BLEU not required, 2 Gloo ranks, the engine tests
+# of one structure per granularity and attention, which the suite runs in full anyway) is run
+# by the test suite so that this script cannot rot; it proves nothing about CUDA.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 device=${GPU_CHECK_DEVICE:-cuda}
@@ -45,6 +46,7 @@ gpus=0
 if [ "$device" = cuda ]; then
     train_sets=(--set train.device=cuda)
     test_lines=500 min_bleu=90 beam=5
+    engine_sel=()
     mem_args=(--config configs/seed-4x600.yaml --device cuda)
     bench_args=(--device cuda --steps 30)
     ranks_sets=(--set train.device=cuda --set train.max_steps=100 --set train.valid_every=50)
@@ -53,6 +55,7 @@ else
     train_sets=("${small[@]}" --set train.device=cpu --set train.max_steps=30
         --set train.valid_every=15)
     test_lines=40 min_bleu=0 beam=2
+    engine_sel=(-k "L3-feed-bi-drop")
     mem_args=(--config configs/toy.yaml --device cpu "${small[@]}" --set train.batch_size=8
         --set data.max_src_len=12 --set data.max_tgt_len=12)
     bench_args=(--device cpu --steps 3 --layers 1 --rnn 32 --batch 16)
@@ -92,7 +95,7 @@ speed() { grep -oE '^(ratios vs|step time recompute / all).*' "$1" | paste -sd '
 
 run_engine() {
     NMT_TEST_DEVICE=$device "$py" -m pytest -q -p no:cacheprovider \
-        tests/test_engine_equivalence.py tests/test_engine_sharing.py
+        tests/test_engine_equivalence.py tests/test_engine_sharing.py "${engine_sel[@]}"
 }
 run_train() {
     "$py" -m nmt train --config configs/toy.yaml --out "$out/toy" --force --no-progress \

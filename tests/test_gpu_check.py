@@ -26,6 +26,7 @@ def test_every_check_runs_on_the_cpu(tmp_path):
     rows = {line.split()[0]: line.split()[1:] for line in table}
     assert list(rows) == CHECKS
     assert all(row[0] == "pass" for row in rows.values()), table
+    assert " ".join(rows["engine"][2:4]) == "12 passed,"  # one structure a granularity x attention
     assert rows["translate"][2:4] == ["BLEU", "="]
     assert " ".join(rows["memreport"][2:]) == "5/5 policies match byte for byte"
     assert "step time recompute / all" in " ".join(rows["bench"][2:])
