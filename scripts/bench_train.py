@@ -24,6 +24,7 @@ does not change, so it bounds what fused nodes can gain.
     python scripts/bench_train.py                      # 2x256, batch 64, 20 batches
     python scripts/bench_train.py --data data/ende-demo --steps 40 --device cuda
     python scripts/bench_train.py --rnn 500 --fixed-length 50 --steps 0 --count-ops
+    python scripts/bench_train.py --set train.loss_chunk=8   # every variant's loss over 8
 """
 
 from __future__ import annotations
@@ -263,25 +264,30 @@ def main() -> None:
 def time_output_layer(
     runners: dict[str, Runner], sync: Callable[[], None]
 ) -> dict[str, list[float]]:
-    """Wrap each clone variant's per-position output layer + loss (`Generator.step`) in a
-    timer: [seconds] per variant, from now on. The rest of the step is what node
-    granularity can change; the output layer's products are the same in both."""
+    """Wrap each clone variant's output layer + loss (`Generator.step`, and `step_positions`
+    for train.loss_chunk positions at once) in a timer: [seconds] per variant, from now on.
+    The rest of the step is what node granularity can change."""
     spent: dict[str, list[float]] = {}
     for name, runner in runners.items():
         generator = getattr(runner.executor, "generator", None)
         if generator is None:
             continue
         acc = spent[name] = [0.0]
-
-        def timed(*args, _step=generator.step, _acc=acc) -> None:  # noqa: ANN002
-            sync()
-            t0 = time.perf_counter()
-            _step(*args)
-            sync()
-            _acc[0] += time.perf_counter() - t0
-
-        generator.step = timed
+        for method in ("step", "step_positions"):
+            setattr(generator, method, _timed(getattr(generator, method), acc, sync))
     return spent
+
+
+def _timed(fn: Callable, acc: list[float], sync: Callable[[], None]) -> Callable:
+    def timed(*args):  # noqa: ANN002, ANN202
+        sync()
+        t0 = time.perf_counter()
+        result = fn(*args)
+        sync()
+        acc[0] += time.perf_counter() - t0
+        return result
+
+    return timed
 
 
 def print_counts(runners: dict[str, Runner], step: Callable[[Runner], None], batch: Batch) -> None:

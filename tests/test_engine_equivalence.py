@@ -52,10 +52,13 @@ def clone_grads(
     policy: str = "all",
     plan: planner.SharingPlan | None = None,
     label_smoothing: float = 0.0,
+    loss_chunk: int = 1,
 ) -> tuple[float, dict[str, torch.Tensor]]:
     model.zero_grad(set_to_none=True)
     plan = plan or planner.plan(model.cfg, policy)
-    executor = CloneExecutor(model, S - 2, T - 1, plan, label_smoothing=label_smoothing)
+    executor = CloneExecutor(
+        model, S - 2, T - 1, plan, label_smoothing=label_smoothing, loss_chunk=loss_chunk
+    )
     torch.manual_seed(5)  # the same dropout masks as the autograd run
     loss = float(executor.forward_backward(batch))
     return float(loss), {n: p.grad.clone() for n, p in model.named_parameters()}
@@ -272,3 +275,62 @@ def test_fused_output_layer_runs_only_the_rows_that_are_not_pad(monkeypatch) -> 
     assert rows == [B] * T
     assert max_rel_err(grads, full_grads) < 1e-12
     assert loss == pytest.approx(full_loss, rel=1e-13)
+
+
+@pytest.mark.parametrize(
+    "structure",
+    [
+        pytest.param({"attention": a, "bidirectional": bi}, id=f"{a}{'-bi' * bi}")
+        for a in ("general", "dot", "mlp")
+        for bi in (False, True)
+    ]
+    + [pytest.param({"input_feed": False, "num_layers": 1}, id="general-L1-nofeed")],
+)
+@pytest.mark.parametrize("chunk", [2, 3, 0])
+def test_fused_output_layer_over_several_positions(structure: dict, chunk: int, monkeypatch):
+    """train.loss_chunk with fused nodes: the output layer runs `chunk` positions' rows
+    (leading PAD rows of each skipped) as one product, from the last position down; the
+    gradients equal autograd's under every policy, and the policies agree bit for bit."""
+    from nmt.engine.fused import OutputLoss
+
+    model = make_model(granularity="fused", param_init=0.3, **structure)
+    batch = make_batch()
+    ref_loss, ref = autograd_grads(model, batch)
+    rows: list[int] = []
+    step = OutputLoss.step
+    monkeypatch.setattr(
+        OutputLoss,
+        "step",
+        lambda self, out, *a, **kw: rows.append(len(out)) or step(self, out, *a, **kw),
+    )
+    results = {}
+    for policy in policies.names():
+        plan = planner.plan(model.cfg, policy)  # its probe runs one position at a time
+        rows.clear()
+        results[policy] = clone_grads(model, batch, plan=plan, loss_chunk=chunk)
+        # B rows at positions 0 and 1, B - 1 at positions 2 and 3 (pad_rows 0, 0, 1, 1)
+        assert rows == {2: [2 * B - 2, 2 * B], 3: [3 * B - 2, B], 0: [4 * B - 2]}[chunk]
+    loss, grads = results["none"]
+    assert max_rel_err(grads, ref) < 1e-10
+    assert loss == pytest.approx(ref_loss, rel=1e-12)
+    for policy, (other_loss, other) in results.items():
+        assert other_loss == loss, policy
+        assert all(torch.equal(other[n], grads[n]) for n in grads), policy
+
+
+def test_fused_output_layer_over_several_positions_with_label_smoothing() -> None:
+    model = make_model(granularity="fused", bidirectional=True)
+    batch = make_batch()
+    ref_nll, ref = smoothed_autograd_grads(model, batch, 0.1)
+    loss, grads = clone_grads(model, batch, "all", label_smoothing=0.1, loss_chunk=3)
+    assert max_rel_err(grads, ref) < 1e-10
+    assert loss == pytest.approx(ref_nll, rel=1e-12)
+
+
+def test_nngraph_output_layer_runs_one_position_whatever_the_chunk() -> None:
+    """nngraph is seq2seq-attn's graph: its generator runs position by position."""
+    model = make_model()
+    executor = CloneExecutor(model, S - 2, T - 1, planner.plan(model.cfg, "all"), loss_chunk=0)
+    assert executor.loss_chunk == 1
+    with pytest.raises(TypeError, match="one position at a time"):
+        executor.generator.step_positions([], [], [], [])

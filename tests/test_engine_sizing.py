@@ -4,6 +4,7 @@ maximum lengths needs, and never grows again."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -36,15 +37,31 @@ def storages(executor: CloneExecutor) -> dict[int, tuple[int, int]]:
     }
 
 
-@pytest.mark.parametrize("policy", ["none", "attention", "all"])
-def test_built_executor_holds_what_the_accounting_says(policy: str) -> None:
+@pytest.mark.parametrize(
+    ("policy", "granularity", "chunk"),
+    [
+        ("none", "nngraph", 1),
+        ("attention", "nngraph", 1),
+        ("all", "nngraph", 1),
+        ("all", "fused", 1),
+        ("all", "fused", 3),  # train.loss_chunk: the output layer's buffers hold 3 positions
+    ],
+)
+def test_built_executor_holds_what_the_accounting_says(
+    policy: str, granularity: str, chunk: int
+) -> None:
+    cfg = dataclasses.replace(CFG, granularity=granularity)
     torch.manual_seed(0)
-    model = Seq2SeqAttn(CFG, 11, 13).train()
+    model = Seq2SeqAttn(cfg, 11, 13).train()
     rng = torch.get_rng_state()
-    executor = CloneExecutor(model, MAX_SRC, MAX_TGT, planner.plan(CFG, policy), batch_size=BATCH)
+    plan = planner.plan(cfg, policy)
+    executor = CloneExecutor(model, MAX_SRC, MAX_TGT, plan, batch_size=BATCH, loss_chunk=chunk)
     assert torch.equal(torch.get_rng_state(), rng)  # sizing drew no random number
     assert all(p.grad is None for p in model.parameters())  # nor touched a gradient
-    accounted = account(CFG, 11, 13, BATCH, MAX_SRC, MAX_TGT, policy)
+    accounted = account(cfg, 11, 13, BATCH, MAX_SRC, MAX_TGT, policy, loss_chunk=chunk)
+    vocab = [r for r in accounted if r.clone == "generator" and r.role == "output"]
+    rows = BATCH * (chunk if granularity == "fused" else 1)
+    assert {r.shape for r in vocab} == {(rows, 13)}  # vocabulary-sized: the output layer's
     buffers = [r for r in accounted if r.clone != "model"]
     assert summarize(executor.buffers())["buffers"] == summarize(buffers)["buffers"] > 0
     before = storages(executor)

@@ -79,18 +79,21 @@ def test_accounting_matches_a_real_cpu_step(tiny: Setting, policy: str) -> None:
     assert live.ok
 
 
-@pytest.mark.parametrize("policy", ["none", "all"])
-def test_fused_accounting_matches_a_real_cpu_step(tiny_config: Path, policy: str) -> None:
+@pytest.mark.parametrize(("policy", "chunk"), [("none", 1), ("all", 1), ("all", 3)])
+def test_fused_accounting_matches_a_real_cpu_step(tiny_config: Path, policy: str, chunk: int):
     """The fused granularity's nodes (constants, scratch, tuple outputs) are accounted
-    exactly too, and the report names the configured granularity."""
-    cfg = load_config(tiny_config, ["model.granularity=fused"], require_data=False)
+    exactly too, its output layer over train.loss_chunk positions included, and the report
+    names the configured granularity and the clone rows' chunk."""
+    sets = ["model.granularity=fused", f"train.loss_chunk={chunk}"]
+    cfg = load_config(tiny_config, sets, require_data=False)
     fused = Setting.from_config(cfg)
     accounted = measure(fused, policy)
     live = real_step(fused, policy, accounted, "cpu")
     assert live.error == "" and live.ok
     assert live.live_bytes == live.accounted_bytes > 0
-    text = render(build_report(cfg, str(tiny_config), device="meta", detail="all", top=3))
-    assert "fused granularity" in text.splitlines()[1]
+    report = build_report(cfg, str(tiny_config), device="meta", detail="all", top=3)
+    assert "fused granularity" in render(report).splitlines()[1]
+    assert to_json(report)["policies"][policy]["loss_chunk"] == chunk
 
 
 def test_parts_add_up_and_optimizer_state_is_counted(tiny: Setting) -> None:
@@ -213,7 +216,7 @@ def test_json_schema_and_consistency(tiny_report) -> None:
         assert n["peak_bytes"] == n[f"{n['peak_phase']}_bytes"]
         assert n["peak_ratio"] == n["peak_bytes"] / data["policies"]["none"]["peak_bytes"]
     chunks = {p: n["loss_chunk"] for p, n in data["policies"].items()}
-    clone_rows = dict.fromkeys(policies.names())
+    clone_rows = dict.fromkeys(policies.names(), 1)  # nngraph: one position at a time
     assert chunks == clone_rows | {"autograd": 1, "autograd-full": 0}
     assert data["policies"]["all"]["total_bytes"] < none_total
     assert data["config"]["decoder_clones"] == 6 and data["config"]["device"] == "meta"

@@ -63,6 +63,7 @@ def account(
     max_tgt_len: int,
     policy: str,
     dtype: torch.dtype = torch.float32,
+    loss_chunk: int = 1,
 ) -> list[BufferRecord]:
     """The executor's buffers (and the model's parameters and gradients, clone "model") as an
     executor built for `batch_size` sentences holds them: sized up front by one training step
@@ -71,6 +72,12 @@ def account(
     model.train()
     plan = planner.plan(model_cfg, policy)
     executor = CloneExecutor(
-        model, max_src_len, max_tgt_len, plan, device="meta", batch_size=batch_size
+        model,
+        max_src_len,
+        max_tgt_len,
+        plan,
+        device="meta",
+        batch_size=batch_size,
+        loss_chunk=loss_chunk,
     )
     return executor.buffers() + model_records(model)

@@ -57,6 +57,7 @@ class CloneExecutor:
         batch_size: int | None = None,
         *,
         label_smoothing: float = 0.0,
+        loss_chunk: int = 1,
     ):
         param = model.generator.weight
         self.device = param.device  # exactly the model's: a bare `cuda` names no one GPU
@@ -75,6 +76,9 @@ class CloneExecutor:
             "dec": [decoder_graph(model, dev, dt) for _ in range(self.n_dec)],
         }
         self.generator = Generator(model, dev, dt, label_smoothing)
+        # target positions the output layer runs at once (0: all); nngraph's does one
+        fused = self.generator.fused is not None
+        self.loss_chunk = (loss_chunk or self.n_dec) if fused else 1
         self.plan = plan
         self.policy = self.plan.policy
         self.shared = self._share(self.plan)
@@ -123,7 +127,14 @@ class CloneExecutor:
                 device="meta",
                 dtype=self.dtype,
             ).train()
-            twin = CloneExecutor(meta_model, self.n_enc - 2, self.n_dec - 1, self.plan, "meta")
+            twin = CloneExecutor(
+                meta_model,
+                self.n_enc - 2,
+                self.n_dec - 1,
+                self.plan,
+                "meta",
+                loss_chunk=self.loss_chunk,
+            )
         with torch.device("meta"):
             full = Batch(
                 torch.zeros(batch_size, self.n_enc, dtype=torch.long),
@@ -231,14 +242,35 @@ class CloneExecutor:
         enc_acc = resized(lp["encoder_acc"], (B, S, H)).zero_()
         picked = resized(lp["target_logp"], (T, B, 1)).zero_()  # skipped rows stay 0
         skip = self.generator.skips_pad_rows and batch.pad_rows is not None
+        chunk = self.loss_chunk
+        # position -> (its first row, d loss / d out of the rows from there): a chunk ran it
+        pending: dict[int, tuple[int, Tensor]] = {}
         for t in range(T - 1, -1, -1):
             g = dec[t]
-            out_t = g.outputs()[n_state]
-            if tr is not None:  # the generator reads this clone's output: the loop's phase
-                tr.begin(f"loop:generator[{t}]")
-                tr.touch(out_t)
-            r = batch.pad_rows[t] if skip else 0  # rows before r are PAD here: weigh nothing
-            self.generator.step(out_t[r:], tout[t, r:], weight[t, r:], picked[t, r:], out_grad[r:])
+            if t not in pending:  # the generator on positions t-chunk+1 .. t
+                span = range(max(0, t - chunk + 1), t + 1)
+                outs = [dec[s].outputs()[n_state] for s in span]
+                if tr is not None:  # it reads these clones' outputs: the loop's phase
+                    tr.begin(f"loop:generator[{t}]")
+                    tr.touch(*outs)
+                # rows before pad_rows[s] are PAD at position s: they weigh nothing
+                rows = [batch.pad_rows[s] if skip else 0 for s in span]
+                if chunk == 1:  # d loss / d out straight into the output's gradient
+                    r = rows[0]
+                    args = (outs[0][r:], tout[t, r:], weight[t, r:], picked[t, r:])
+                    self.generator.step(*args, out_grad[r:])
+                else:
+                    at = list(zip(span, rows, strict=True))
+                    got = self.generator.step_positions(
+                        [dec[s].outputs()[n_state][r:] for s, r in at],
+                        [tout[s, r:] for s, r in at],
+                        [weight[s, r:] for s, r in at],
+                        [picked[s, r:] for s, r in at],
+                    )
+                    pending = dict(zip(span, zip(rows, got, strict=True), strict=True))
+            if t in pending:
+                r, grad_t = pending.pop(t)
+                out_grad[r:].add_(grad_t)
             ig = self._backward(g, [*grads, out_grad], tr, "dec", t)
             enc_acc.add_(ig["context"])
             # what position t-1 receives: its state's gradients (and its output's, by the

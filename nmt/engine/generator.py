@@ -3,7 +3,8 @@
 seq2seq-attn never keeps vocabulary-sized activations for all positions at once: at each
 target position (last to first) it runs the generator forward and backward on that position
 only, adds the resulting gradient to the decoder output's gradient, and moves on. With
-`model.granularity: fused` the output layer and the loss are one node (`fused.OutputLoss`).
+`model.granularity: fused` the output layer and the loss are one node (`fused.OutputLoss`),
+which can also run `train.loss_chunk` positions at a time (`step_positions`).
 """
 
 from __future__ import annotations
@@ -59,6 +60,19 @@ class Generator:
         torch.gather(logp, 1, target, out=target_logp)
         grad_logits = self.criterion.backward((target, weight))
         grad_out.add_(self.linear.backward(out, grad_logits))
+
+    def step_positions(
+        self,
+        outs: list[Tensor],
+        targets: list[Tensor],
+        weights: list[Tensor],
+        target_logps: list[Tensor],
+    ) -> tuple[Tensor, ...]:
+        """`step` for several positions at once (fused only): one list entry per position;
+        returns each position's d loss / d out, for the caller to add where it belongs."""
+        if self.fused is None:
+            raise TypeError("the nngraph generator runs one position at a time")
+        return self.fused.step_positions(outs, targets, weights, target_logps)
 
     def nodes(self) -> Iterator[Node]:
         if self.fused is not None:

@@ -131,6 +131,7 @@ def _clone_executor(
         plan,
         device,
         batch_size=setting.batch_size,
+        loss_chunk=setting.loss_chunk,
     )
 
 

@@ -61,7 +61,7 @@ class Setting:
     max_tgt_len: int
     dtype: str = "float32"
     optimizer: str = "sgd"
-    loss_chunk: int = 1  # train.loss_chunk: the autograd row and validation
+    loss_chunk: int = 1  # train.loss_chunk: the autograd row, validation, fused clones
     translation: Translation | None = None  # a beam search's phase, when asked
 
     @classmethod
@@ -198,8 +198,13 @@ def report_policies() -> tuple[str, ...]:
 
 
 def row_loss_chunk(setting: Setting, row: str) -> int:
-    """train.loss_chunk as the row's run would have it (autograd-full: 0, all at once)."""
-    return 0 if row == AUTOGRAD_FULL else setting.loss_chunk
+    """train.loss_chunk as the row's run would have it: autograd-full 0 (all at once); the
+    clone executor's nngraph generator one position at a time."""
+    if row == AUTOGRAD_FULL:
+        return 0
+    if row not in AUTOGRAD_ROWS and setting.model.granularity != "fused":
+        return 1
+    return setting.loss_chunk
 
 
 def optimizer_bytes(setting: Setting) -> int:
@@ -231,6 +236,7 @@ def measure_clones(setting: Setting, policy: str, opt_bytes: int) -> PolicyMemor
             setting.max_tgt_len,
             policy,
             setting.torch_dtype,
+            setting.loss_chunk,
         )
     summary = summarize(records)
     parts = dict.fromkeys(("output", "grad_input", "accumulator", "other"), 0)

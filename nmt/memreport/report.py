@@ -25,7 +25,6 @@ from nmt.memreport.budget import (
 )
 from nmt.memreport.live import LiveResult, real_step
 from nmt.memreport.measure import (
-    AUTOGRAD_ROWS,
     CATEGORIES,
     PHASES,
     PolicyMemory,
@@ -389,7 +388,7 @@ def policy_numbers(report: Report, policy: str) -> dict:
         "total_ratio": m.total_bytes / base.total_bytes,
         "shared_fraction": report.shared_fraction(policy),
         "resident_bytes": m.resident_bytes,
-        "loss_chunk": row_loss_chunk(report.setting, policy) if policy in AUTOGRAD_ROWS else None,
+        "loss_chunk": row_loss_chunk(report.setting, policy),
         "validation_activation_bytes": m.validation_peak,
         "translation_activation_bytes": m.translation_peak,
         **{f"{p}_bytes": phases.get(p) for p in PHASES},

@@ -73,4 +73,5 @@ def make_executor(cfg: Config, model: Seq2SeqAttn, world_size: int = 1) -> Execu
         device=device,
         batch_size=rows,
         label_smoothing=cfg.train.label_smoothing,
+        loss_chunk=cfg.train.loss_chunk,
     )
