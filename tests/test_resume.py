@@ -84,9 +84,11 @@ def test_sigterm_then_resume_is_bitwise_identical(tmp_path):
 def test_resume_is_exact_with_the_fused_granularity(tmp_path):
     """The fused nodes keep nothing between steps that a checkpoint would lose: 20 steps,
     stop, resume to 40 ends bitwise where 40 straight steps end (dropout on, so the masks
-    must come out of the restored RNG in the same order)."""
+    must come out of the restored RNG in the same order), the output layer over 3 positions
+    at a time (train.loss_chunk)."""
     quiet = {"log": lambda _: None, "progress": False}
-    keys = ["model.granularity=fused", "train.valid_every=10", "train.log_every=100"]
+    keys = ["model.granularity=fused", "train.loss_chunk=3"]
+    keys += ["train.valid_every=10", "train.log_every=100"]
     straight = load_config(config(tmp_path), [*keys, "train.max_steps=40"])
     assert straight.model.dropout > 0 and straight.train.executor == "clones"
     train(straight, tmp_path / "straight", **quiet)
