@@ -241,34 +241,12 @@ class CloneExecutor:
         out_grad = resized(lp["out_grad"], (B, H)).zero_()
         enc_acc = resized(lp["encoder_acc"], (B, S, H)).zero_()
         picked = resized(lp["target_logp"], (T, B, 1)).zero_()  # skipped rows stay 0
-        skip = self.generator.skips_pad_rows and batch.pad_rows is not None
-        chunk = self.loss_chunk
-        # position -> (its first row, d loss / d out of the rows from there): a chunk ran it
-        pending: dict[int, tuple[int, Tensor]] = {}
+        pending: dict[int, tuple[int, Tensor]] = {}  # positions an output-layer chunk ran
         for t in range(T - 1, -1, -1):
             g = dec[t]
-            if t not in pending:  # the generator on positions t-chunk+1 .. t
-                span = range(max(0, t - chunk + 1), t + 1)
-                outs = [dec[s].outputs()[n_state] for s in span]
-                if tr is not None:  # it reads these clones' outputs: the loop's phase
-                    tr.begin(f"loop:generator[{t}]")
-                    tr.touch(*outs)
-                # rows before pad_rows[s] are PAD at position s: they weigh nothing
-                rows = [batch.pad_rows[s] if skip else 0 for s in span]
-                if chunk == 1:  # d loss / d out straight into the output's gradient
-                    r = rows[0]
-                    args = (outs[0][r:], tout[t, r:], weight[t, r:], picked[t, r:])
-                    self.generator.step(*args, out_grad[r:])
-                else:
-                    at = list(zip(span, rows, strict=True))
-                    got = self.generator.step_positions(
-                        [dec[s].outputs()[n_state][r:] for s, r in at],
-                        [tout[s, r:] for s, r in at],
-                        [weight[s, r:] for s, r in at],
-                        [picked[s, r:] for s, r in at],
-                    )
-                    pending = dict(zip(span, zip(rows, got, strict=True), strict=True))
-            if t in pending:
+            if t not in pending:
+                pending = self._output_layer(batch, t, tout, weight, picked, out_grad, tr)
+            if t in pending:  # its d loss / d out, computed with its chunk: added now
                 r, grad_t = pending.pop(t)
                 out_grad[r:].add_(grad_t)
             ig = self._backward(g, [*grads, out_grad], tr, "dec", t)
@@ -294,6 +272,43 @@ class CloneExecutor:
         if self.clones["enc_bwd"]:
             self._encode_backward(self.clones["enc_bwd"], range(S), grads_b, enc_acc, tr)
         return loss
+
+    def _output_layer(
+        self,
+        batch: Batch,
+        top: int,
+        tout: Tensor,
+        weight: Tensor,
+        picked: Tensor,
+        out_grad: Tensor,
+        tr: Tracer | None,
+    ) -> dict[int, tuple[int, Tensor]]:
+        """The generator and loss on target positions top-k+1 .. top (k: `loss_chunk`), each
+        on its rows from its first that is not PAD (`Batch.pad_rows`, fused only: the
+        rows before weigh nothing). One position at a time, d loss / d out goes straight into
+        `out_grad`; several, the result maps each position to (its first row, d loss / d out
+        of its rows from there), for the loop to add when that position's backward comes."""
+        n_state = len(self._states)
+        span = range(max(0, top - self.loss_chunk + 1), top + 1)
+        outs = [self.clones["dec"][s].outputs()[n_state] for s in span]
+        if tr is not None:  # it reads these clones' outputs: the loop's phase
+            tr.begin(f"loop:generator[{top}]")
+            tr.touch(*outs)
+        skip = self.generator.skips_pad_rows and batch.pad_rows is not None
+        rows = [batch.pad_rows[s] if skip else 0 for s in span]
+        if self.loss_chunk == 1:
+            r = rows[0]
+            args = (outs[0][r:], tout[top, r:], weight[top, r:], picked[top, r:])
+            self.generator.step(*args, out_grad[r:])
+            return {}
+        at = list(zip(span, rows, strict=True))
+        got = self.generator.step_positions(
+            [out[r:] for out, (_, r) in zip(outs, at, strict=True)],
+            [tout[s, r:] for s, r in at],
+            [weight[s, r:] for s, r in at],
+            [picked[s, r:] for s, r in at],
+        )
+        return dict(zip(span, zip(rows, got, strict=True), strict=True))
 
     def _encode(
         self,
