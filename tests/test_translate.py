@@ -158,6 +158,24 @@ def test_fused_granularity_translates_identically(toy_model, toy_test):
         assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-4)
 
 
+def test_loaded_output_weight_is_stored_transposed(toy_model, toy_test):
+    """load_model keeps the output weight's values and stores it column by column (the
+    logits product reads W^T in order); searches give what the row-major weight gives."""
+    model, src_tok, _ = load_model(toy_model, torch.device("cpu"))
+    weight = model.generator.weight
+    saved = torch.load(toy_model, weights_only=True)["model"]["generator.weight"]
+    assert torch.equal(weight, saved) and weight.t().is_contiguous()
+    assert not weight.is_contiguous()
+    sources = [src_tok.encode(line) for line in lines_of(toy_test[0])]
+    options = SearchOptions(5, 60, n_best=2)
+    transposed = translate_ids(model, sources, options, batch_size=16)
+    model.generator.weight = torch.nn.Parameter(saved)  # row-major, as trained
+    row_major = translate_ids(model, sources, options, batch_size=16)
+    for a, b in zip(transposed, row_major, strict=True):
+        assert [h.tokens for h in a] == [h.tokens for h in b]
+        assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-4)
+
+
 def test_nbest_lists_match_gold_scores(toy_model, toy_test, tmp_path, capsys):
     src = tmp_path / "src.txt"
     src.write_text("".join(line + "\n" for line in lines_of(toy_test[0])[:20]), encoding="utf-8")

@@ -100,7 +100,19 @@ def load_model(path: Path, device: torch.device) -> tuple[Seq2SeqAttn, Tokenizer
         model.load_state_dict(ckpt["model"])
     except RuntimeError:
         raise NmtError(f"{path}: model weights do not match the stored config") from None
+    store_output_weight_transposed(model)
     return model.eval(), src_tok, tgt_tok
+
+
+def store_output_weight_transposed(model: Seq2SeqAttn) -> None:
+    """Keep the output layer's V x H weight column by column (its transpose contiguous): a
+    search step's logits, out @ W^T over a few dozen rows, then read W^T in order. Measured
+    with MKL on 2 CPU threads at 16-80 rows and vocabularies of 10k-36k: the product 15-25%
+    faster, beam search ~7-10% (scripts/bench_translate.py). Same values, same bytes;
+    training keeps the row-major weight its optimizer steps were taken on."""
+    gen = model.generator
+    weight = gen.weight.detach().t().contiguous().t()
+    gen.weight = torch.nn.Parameter(weight, requires_grad=gen.weight.requires_grad)
 
 
 # ---- reading ---------------------------------------------------------------------------------
