@@ -2,7 +2,7 @@
 (when the run measured it), speed, learning rate.
 
 python scripts/plot_training.py runs/toy                  # -> runs/toy/training.png
-python scripts/plot_training.py runs/toy --out curves.png
+python scripts/plot_training.py runs/toy --out curves.png --title "toy, configs/toy.yaml"
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("run_dir", type=Path)
     ap.add_argument("--out", type=Path, default=None, help="PNG path (RUN_DIR/training.png)")
+    ap.add_argument("--title", default=None, help="the plot's title (RUN_DIR)")
     args = ap.parse_args()
     try:
         import matplotlib
@@ -48,7 +49,7 @@ def main() -> None:
     top.set_yscale("log")
     top.set_ylabel("perplexity")
     top.legend()
-    top.set_title(f"{args.run_dir}")
+    top.set_title(args.title or str(args.run_dir))
     mid.plot([r["step"] for r in train], [r["tok_s"] for r in train])
     mid.set_ylabel("target tokens/s")
     low.step([r["step"] for r in records], [r["lr"] for r in records], where="post")

@@ -172,7 +172,8 @@ def test_run_leaves_a_log_and_metrics_to_plot(tmp_path, monkeypatch):
         handle.write(json.dumps({**records[-1], "ppl": 1.5}) + "\n")
     assert len(read_metrics(run)) == len(records) and read_metrics(run)[-1]["ppl"] == 1.5
     out = tmp_path / "curves.png"
-    plot = [sys.executable, str(REPO / "scripts" / "plot_training.py"), str(run), "--out", str(out)]
+    script = str(REPO / "scripts" / "plot_training.py")
+    plot = [sys.executable, script, str(run), "--out", str(out), "--title", "toy, 2 epochs"]
     proc = subprocess.run(plot, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
