@@ -48,7 +48,7 @@ class _Fused(Node):
     CONSTANT_ROLES hold a constant (`_constant`): backward scratch that every writer fills
     with the same values, so it is kept from one call to the next."""
 
-    CONSTANT_ROLES: tuple[str, ...] = ("ones", "minus_ones")
+    CONSTANT_ROLES: tuple[str, ...] = ("ones", "minus_target_q")
 
     def __init__(self, name: str, device: torch.device, dtype: torch.dtype):
         self._stamps: dict[str, tuple[Tensor, tuple[int, ...]]] = {}
@@ -335,7 +335,7 @@ class OutputLoss(_Fused):
     ROLES = {
         "output": "output",
         "ones": "ones",
-        "minus_ones": "minus_ones",
+        "minus_target_q": "minus_target_q",
         # several positions' rows stacked (step_positions)
         "rows_out": "rows_out",
         "rows_target": "rows_target",
@@ -357,7 +357,7 @@ class OutputLoss(_Fused):
         eps = label_smoothing
         # q (nmt.loss): 1 - eps at the target, 0 at PAD, s at every other token
         self.smoothing = smoothing_value(linear.weight.shape[0], eps) if eps else 0.0
-        # q at the target less the s every row gets; "minus_ones" holds its negative
+        # q at the target less the s every row gets; buffer "minus_target_q" holds its negative
         self.target_q = 1.0 - eps - self.smoothing
         super().__init__(name, device, dtype)
         self.rows_target = torch.empty(0, device=device, dtype=torch.long)
@@ -386,7 +386,7 @@ class OutputLoss(_Fused):
         if s:  # q = s everywhere but PAD (0), + (1 - eps - s) at the target
             grad.sub_(s)
             grad[:, PAD : PAD + 1].add_(s)
-        grad.scatter_add_(1, target, self._constant("minus_ones", (R, 1), -self.target_q))
+        grad.scatter_add_(1, target, self._constant("minus_target_q", (R, 1), -self.target_q))
         grad.mul_(weight)
         if accumulate:
             grad_out.addmm_(grad, w)
