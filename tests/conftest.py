@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import os
 from pathlib import Path
 
@@ -89,3 +90,19 @@ train: {{{train}}}
         encoding="utf-8",
     )
     return path
+
+
+class PoisonedExecutor:
+    """Wraps an executor; on the listed calls, the loss and the gradients are NaN."""
+
+    def __init__(self, inner, bad_calls: set[int]):
+        self.inner, self.bad_calls, self.calls = inner, bad_calls, 0
+
+    def forward_backward(self, batch):
+        self.calls += 1
+        loss = self.inner.forward_backward(batch)
+        if self.calls in self.bad_calls:
+            for p in self.inner.model.parameters():
+                p.grad.fill_(math.nan)
+            return torch.full_like(loss, math.nan)
+        return loss

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 import signal
 import subprocess
@@ -17,7 +16,7 @@ from nmt.config import load_config
 from nmt.errors import NmtError
 from nmt.train.checkpoint import load_checkpoint
 from nmt.train.trainer import Trainer, train
-from tests.conftest import write_toy_config
+from tests.conftest import PoisonedExecutor, write_toy_config
 
 STEPS = 200  # 79 batches an epoch at batch 256: the runs cross two epoch boundaries
 
@@ -126,22 +125,6 @@ def test_sigkill_while_writing_keeps_the_previous_checkpoint(tmp_path):
     ckpt = load_checkpoint(run / "last.pt")  # intact: the half-written file was never renamed
     assert ckpt["step"] == 30
     assert list(run.glob(".last.pt.*.tmp"))
-
-
-class PoisonedExecutor:
-    """Wraps an executor; on the listed calls, the loss and the gradients are NaN."""
-
-    def __init__(self, inner, bad_calls: set[int]):
-        self.inner, self.bad_calls, self.calls = inner, bad_calls, 0
-
-    def forward_backward(self, batch):
-        self.calls += 1
-        loss = self.inner.forward_backward(batch)
-        if self.calls in self.bad_calls:
-            for p in self.inner.model.parameters():
-                p.grad.fill_(math.nan)
-            return torch.full_like(loss, math.nan)
-        return loss
 
 
 def poisoned_trainer(tmp_path: Path, bad_calls: set[int]) -> tuple[Trainer, list[str]]:

@@ -14,7 +14,7 @@ from nmt.config import load_config
 from nmt.opcount import count_syncs
 from nmt.train.runlog import read_metrics
 from nmt.train.trainer import Trainer
-from tests.conftest import write_toy_config
+from tests.conftest import PoisonedExecutor, write_toy_config
 
 EXECUTORS = {
     "clones": ["train.executor=clones"],
@@ -46,22 +46,6 @@ def test_a_training_step_reads_nothing_back(tmp_path, executor):
     assert t.state.step == 2 and t._window.tokens == 2 * tokens
 
 
-class Poisoned:
-    """Wraps an executor; on the listed calls, the loss and the gradients are NaN."""
-
-    def __init__(self, inner, bad_calls: set[int]):
-        self.inner, self.bad_calls, self.calls = inner, bad_calls, 0
-
-    def forward_backward(self, batch):
-        self.calls += 1
-        loss = self.inner.forward_backward(batch)
-        if self.calls in self.bad_calls:
-            for p in self.inner.model.parameters():
-                p.grad.fill_(math.nan)
-            return torch.full_like(loss, math.nan)
-        return loss
-
-
 def reference_schedule(bad: set[int], log_every: int, valid_every: int, max_steps: int) -> tuple:
     """Where logs and validations fall when every step's outcome is known at once (the
     trainer before the reads moved off the step): only applied updates count as steps."""
@@ -89,7 +73,7 @@ def test_skipped_updates_are_read_late_but_counted_exactly(tmp_path, log_every):
         "train.max_bad_steps=3",
         logs=logs,
     )
-    t.executor = Poisoned(t.executor, bad)
+    t.executor = PoisonedExecutor(t.executor, bad)
     t.run()
     want_logs, want_valids, batches = reference_schedule(bad, log_every, valid_every, max_steps)
     records = read_metrics(tmp_path / "run")
@@ -107,7 +91,7 @@ def test_reading_back_later_changes_no_number(tmp_path):
     params = []
     for log_every in (1, 5):
         t = trainer(tmp_path / str(log_every), f"train.log_every={log_every}", "train.max_steps=12")
-        t.executor = Poisoned(t.executor, {4, 9})
+        t.executor = PoisonedExecutor(t.executor, {4, 9})
         t.run()
         params.append(t.model.state_dict())
     for key, value in params[0].items():
@@ -119,7 +103,7 @@ def test_divergence_is_noticed_at_the_next_read(tmp_path):
     t = trainer(
         tmp_path, "train.log_every=10", "train.max_steps=40", "train.max_bad_steps=3", logs=logs
     )
-    t.executor = Poisoned(t.executor, {4, 5, 6})
+    t.executor = PoisonedExecutor(t.executor, {4, 5, 6})
     with pytest.raises(Exception, match="diverged: 3 consecutive steps.*at step 7"):
         t.run()
     assert t.state.position == 10  # noticed at the log step, the skipped updates changed nothing
