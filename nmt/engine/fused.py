@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 from torch.nn import Linear, Module, Parameter
 
-from nmt.attention import Attention
+from nmt.attention import Attention, row_dots
 from nmt.cells import lstm_cell
 from nmt.data.vocab import PAD
 from nmt.engine.node import Node, resized
@@ -226,8 +226,7 @@ class _Attn(_Fused):
         g_joined = torch.mm(g_lin, w_c, out=self._buf("grad_joined", (B, 2 * H)))
         w_c.grad.addmm_(g_lin.t(), self.joined)
         g_ctx = g_joined[:, :H]
-        g_attn = self._buf("grad_attn", (B, S))
-        torch.bmm(context, g_ctx.unsqueeze(2), out=g_attn.unsqueeze(2))
+        g_attn = row_dots(context, g_ctx, self._buf("grad_attn", (B, S)))
         g_scores = self._buf("grad_scores", (B, S))
         _softmax_backward(g_attn, self.attn, 1, self.attn.dtype, grad_input=g_scores)
         g_context = self._buf("grad_context", (B, S, H))

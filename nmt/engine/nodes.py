@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 from torch.nn import Module, Parameter
 
+from nmt.attention import row_dots
 from nmt.data.vocab import PAD
 from nmt.engine.node import Node, resized
 from nmt.loss import smoothing_value
@@ -207,7 +208,7 @@ class MMScores(_Binary):
     def forward(self, ct: tuple[Tensor, Tensor]) -> Tensor:
         context, target = ct
         out = resized(self.output, context.shape[:2])
-        torch.bmm(context, target.unsqueeze(2), out=out.unsqueeze(2))
+        row_dots(context, target, out)
         return out
 
     def backward(self, ct: tuple[Tensor, Tensor], g: Tensor) -> tuple[Tensor, Tensor]:
@@ -232,8 +233,7 @@ class MMContext(_Binary):
 
     def backward(self, ac: tuple[Tensor, Tensor], g: Tensor) -> tuple[Tensor, Tensor]:
         attn, context = ac
-        ga = resized(self.gi0, attn.shape)
-        torch.bmm(context, g.unsqueeze(2), out=ga.unsqueeze(2))
+        row_dots(context, g, resized(self.gi0, attn.shape))
         gc = resized(self.gi1, (attn.shape[0], attn.shape[1], g.shape[1]))
         torch.mul(attn.unsqueeze(2), g.unsqueeze(1), out=gc)
         return self.grad_input
