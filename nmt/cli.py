@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from nmt.engine import policies
+from nmt import policies
 from nmt.errors import NmtError
 
 app = typer.Typer(

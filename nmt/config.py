@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from nmt.engine import policies
+from nmt import policies
 from nmt.errors import NmtError
 
 GRAPH_KINDS = ("structure", "size", "rate", "none")

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from nmt import policies
 from nmt.config import TrainConfig
 from nmt.errors import NmtError
 
@@ -26,15 +27,11 @@ MARKERS = (
     "not enough memory",
 )
 
-ADVICE = {
-    "none": "turn preallocation on (--preallocate), or lower train.batch_size",
-    "attention": "share every safe buffer (train.prealloc=all), or lower train.batch_size",
-    "all": "re-run each clone's forward in its backward (train.prealloc=recompute), or lower "
-    "train.batch_size or data.max_src_len / data.max_tgt_len",
-    "recompute": "lower train.batch_size or data.max_src_len / data.max_tgt_len",
-    "autograd": "the clone executor with preallocation (train.executor=clones) holds less "
-    "for large vocabularies, or lower train.batch_size",
-}
+# the autograd executor is no preallocation policy: its advice (each policy has its own)
+AUTOGRAD_ADVICE = (
+    "the clone executor with preallocation (train.executor=clones) holds less for large "
+    "vocabularies, or lower train.batch_size"
+)
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
@@ -50,6 +47,11 @@ def policy_in_force(train: TrainConfig) -> str:
     if train.executor == "autograd":
         return "autograd"
     return train.prealloc
+
+
+def advice(policy: str) -> str:
+    """What to try when `policy` (a registered policy, or autograd) runs out of memory."""
+    return AUTOGRAD_ADVICE if policy == "autograd" else policies.get(policy).advice
 
 
 def policy_text(policy: str) -> str:
@@ -112,7 +114,7 @@ def training_message(
     )
     return (
         f"out of memory on {ran_out(device)} in {where} ({shape}; {policy_text(policy)}): "
-        f"{ADVICE.get(policy, ADVICE['all'])}; {memreport_advice(device, sets)}; {kept}"
+        f"{advice(policy)}; {memreport_advice(device, sets)}; {kept}"
     )
 
 

@@ -38,12 +38,12 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from nmt import policies
 from nmt.config import all_keys, apply_overrides, from_dict
 from nmt.data.batching import Batch, epoch_order, make_batches
 from nmt.data.corpus import load_corpus
 from nmt.data.vocab import PAD
 from nmt.devices import DTYPES
-from nmt.engine import policies
 from nmt.model import build_model
 from nmt.opcount import count
 from nmt.train.executors import Executor, make_executor

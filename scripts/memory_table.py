@@ -12,8 +12,8 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
+from nmt import policies
 from nmt.config import load_config
-from nmt.engine import policies
 from nmt.memreport.measure import AUTOGRAD_ROWS, report_policies
 from nmt.memreport.report import build_report
 

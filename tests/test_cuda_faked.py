@@ -19,10 +19,12 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from nmt import policies
+from nmt.checkpoint import load_checkpoint, save_checkpoint
 from nmt.cli import app
 from nmt.config import ModelConfig, TrainConfig, load_config
 from nmt.devices import resolve_device, set_tf32, setup_device
-from nmt.engine import clones, planner, policies
+from nmt.engine import clones, planner
 from nmt.engine.sharing import SharingPlan
 from nmt.errors import NmtError
 from nmt.memreport import report as report_mod
@@ -31,7 +33,7 @@ from nmt.memreport.live import LiveResult
 from nmt.out_of_memory import is_out_of_memory, policy_in_force, training_message
 from nmt.train import distributed as dd
 from nmt.train import validation
-from nmt.train.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from nmt.train.rng import rng_state, set_rng_state
 from nmt.train.trainer import Trainer
 from tests.conftest import write_toy_config
 

@@ -8,9 +8,10 @@ import pytest
 import torch
 from torch import Tensor
 
+from nmt import policies
 from nmt.config import ModelConfig
 from nmt.data.batching import Batch
-from nmt.engine import planner, policies
+from nmt.engine import planner
 from nmt.engine.accounting import account, model_records, summarize
 from nmt.engine.clones import CloneExecutor
 from nmt.model import Seq2SeqAttn

@@ -7,10 +7,11 @@ from contextlib import nullcontext
 import pytest
 import torch
 
+from nmt import policies
 from nmt.config import GRANULARITIES, ModelConfig
 from nmt.data.batching import Batch, leading_pad_rows
 from nmt.data.vocab import PAD
-from nmt.engine import clones, planner, policies, seq2seq
+from nmt.engine import clones, planner, seq2seq
 from nmt.engine.clones import CloneExecutor
 from nmt.engine.graph import StateSpec
 from nmt.errors import NmtError

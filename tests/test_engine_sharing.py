@@ -7,9 +7,10 @@ import copy
 import pytest
 import torch
 
+from nmt import policies
 from nmt.config import ModelConfig
 from nmt.data.batching import Batch
-from nmt.engine import planner, policies
+from nmt.engine import planner
 from nmt.engine.clones import CloneExecutor
 from nmt.engine.nodes import MM, Split
 from nmt.model import Seq2SeqAttn

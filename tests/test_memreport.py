@@ -12,9 +12,9 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from nmt import policies
 from nmt.cli import app
 from nmt.config import ModelConfig, load_config
-from nmt.engine import policies
 from nmt.errors import NmtError
 from nmt.memreport import budget as budget_mod
 from nmt.memreport.budget import largest_fitting, parse_size

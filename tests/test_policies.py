@@ -16,16 +16,17 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from nmt import policies
 from nmt.cli import app
 from nmt.config import ModelConfig, from_dict, load_config, reference_markdown, upgrade_saved
 from nmt.data.batching import Batch
-from nmt.engine import planner, policies
+from nmt.engine import planner
 from nmt.engine.clones import CloneExecutor
-from nmt.engine.policies import Analysis, Policy
 from nmt.errors import NmtError
 from nmt.memreport.report import build_report, to_json
 from nmt.memreport.text import render
 from nmt.model import Seq2SeqAttn
+from nmt.policies import Analysis, Policy
 from tests.conftest import write_toy_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -65,7 +66,9 @@ def _outputs(a: Analysis) -> frozenset[tuple[str, str]]:
 @pytest.fixture
 def extra_policy(monkeypatch) -> str:
     """A fourth policy, registered the way a contributor would add one: one entry."""
-    entry = Policy("outputs", "only the safe output buffers (a test policy)", _outputs)
+    entry = Policy(
+        "outputs", "only the safe output buffers (a test policy)", _outputs, advice="try all"
+    )
     monkeypatch.setitem(policies.REGISTRY, entry.name, entry)
     return entry.name
 
@@ -88,7 +91,9 @@ def test_registry_entries_and_selectors() -> None:
     assert policies.get("all").shares(a) == a.safe
     assert policies.get("recompute").shares(a) == a.safe  # of a step that recomputes
     assert [p.name for p in policies.REGISTRY.values() if p.recompute] == ["recompute"]
-    reckless = Policy("reckless", "shares what is unsafe", lambda a: a.safe | a.unsafe)
+    reckless = Policy(
+        "reckless", "shares what is unsafe", lambda a: a.safe | a.unsafe, advice="none"
+    )
     with pytest.raises(AssertionError, match="reckless.*unsafe"):
         reckless.shares(a)
     with pytest.raises(NmtError, match="none, attention, all, recompute, got 'most'"):

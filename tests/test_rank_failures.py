@@ -13,9 +13,9 @@ import sys
 import pytest
 import torch
 
+from nmt.checkpoint import load_checkpoint
 from nmt.data.batching import Batch
 from nmt.errors import NmtError
-from nmt.train.checkpoint import load_checkpoint
 from nmt.train.distributed import DistContext
 from nmt.train.failures import RankFailures, plain_description
 from tests.conftest import write_toy_config

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from nmt.checkpoint import load_checkpoint
 from nmt.config import load_config
 from nmt.errors import NmtError
-from nmt.train.checkpoint import load_checkpoint
 from nmt.train.trainer import Trainer, train
 from tests.conftest import PoisonedExecutor, write_toy_config
 

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import torch
 
+from nmt.checkpoint import save_checkpoint
 from nmt.config import (
     Config,
     ModelConfig,
@@ -27,7 +28,6 @@ from nmt.engine.clones import CloneExecutor
 from nmt.engine.sharing import SharingPlan
 from nmt.errors import NmtError
 from nmt.model import build_model
-from nmt.train.checkpoint import save_checkpoint
 from nmt.train.trainer import check_resume_config
 from tests.conftest import write_toy_config
 

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from nmt import policies
+from nmt.checkpoint import load_checkpoint, save_checkpoint
 from nmt.config import TrainConfig, load_config
-from nmt.engine import policies
 from nmt.errors import NmtError
-from nmt.train.checkpoint import load_checkpoint, save_checkpoint
 from nmt.train.schedule import LearningRateSchedule
 from nmt.train.trainer import Trainer
 from tests.conftest import write_toy_config

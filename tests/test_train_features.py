@@ -16,6 +16,7 @@ import torch
 import yaml
 from typer.testing import CliRunner
 
+from nmt.checkpoint import step_checkpoints
 from nmt.cli import app
 from nmt.config import Config, ModelConfig, from_dict
 from nmt.data.batching import make_batches
@@ -24,7 +25,6 @@ from nmt.errors import NmtError
 from nmt.model import Seq2SeqAttn
 from nmt.train import trainer as trainer_module
 from nmt.train import validation
-from nmt.train.checkpoint import step_checkpoints
 from nmt.train.stopping import EarlyStopping
 from nmt.train.trainer import Trainer
 from nmt.translate.metrics import bleu

@@ -37,9 +37,9 @@ from typing import Any
 
 import torch
 
+from nmt import policies
 from nmt.config import ModelConfig, graph_structure
 from nmt.data.batching import Batch
-from nmt.engine import policies
 from nmt.engine.clones import CloneExecutor
 from nmt.engine.graph import Tracer
 from nmt.engine.node import flat

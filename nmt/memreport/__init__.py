@@ -18,8 +18,8 @@ import os
 import sys
 from pathlib import Path
 
+from nmt import policies
 from nmt.config import Config
-from nmt.engine import policies
 from nmt.errors import NmtError
 from nmt.memreport.budget import parse_size
 from nmt.memreport.report import Report, build_report, to_json

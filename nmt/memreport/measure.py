@@ -26,10 +26,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from nmt import policies
 from nmt.config import Config, ModelConfig, TrainConfig
 from nmt.data.batching import Batch
 from nmt.devices import DTYPES
-from nmt.engine import planner, policies
+from nmt.engine import planner
 from nmt.engine.accounting import MODEL_ROLES, account, summarize
 from nmt.engine.records import BufferRecord
 from nmt.loss import batch_nll

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from nmt.engine import policies
+from nmt import policies
 from nmt.errors import NmtError
 from nmt.memreport.measure import AUTOGRAD, CATEGORIES
 from nmt.memreport.report import Report

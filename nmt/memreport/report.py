@@ -12,9 +12,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from nmt import policies
 from nmt.config import Config
 from nmt.devices import resolve_device
-from nmt.engine import planner, policies
+from nmt.engine import planner
 from nmt.errors import NmtError
 from nmt.memreport.budget import (
     BATCH_CAP,

@@ -3,7 +3,7 @@ comparison needs them."""
 
 from __future__ import annotations
 
-from nmt.engine import policies
+from nmt import policies
 from nmt.memreport.measure import AUTOGRAD_ROWS, CATEGORIES, Setting
 from nmt.memreport.report import Report, to_json
 

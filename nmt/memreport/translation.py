@@ -4,7 +4,7 @@ Beam search decides as it goes (which hypotheses end, which sentences leave the 
 it cannot run where no value exists. Its peak, though, is reached in a known state: every
 sentence of the batch still searching, at the last position its limit allows, with the
 longest history. `beam_peak` replays the search's loop body in that state with the search's
-own pieces (`_Beam`, `_next_log_probs`, `decode_step`), two iterations in one scope so that
+own pieces (`Beam`, `next_log_probs`, `decode_step`), two iterations in one scope so that
 what the previous iteration leaves referenced (its log-probabilities and scores) is live
 while the next one computes, as in `beam_search`. What depends on values - hypotheses that
 end, sentences that leave - only ever makes the batch smaller and is left out.
@@ -21,7 +21,7 @@ from nmt.data.vocab import BOS, EOS
 from nmt.errors import NmtError
 from nmt.memreport.tracker import StorageTracker
 from nmt.model import Seq2SeqAttn
-from nmt.translate.search import _Beam, _next_log_probs
+from nmt.translate.search import Beam, next_log_probs
 
 DEFAULT_BATCH = 32  # nmt translate's --batch-size default
 DEFAULT_MAX_LENGTH = 250  # nmt translate's --max-length default
@@ -68,7 +68,7 @@ def beam_peak(model: Seq2SeqAttn, source_length: int, t: Translation) -> int:
             src_mask = torch.ones(B, S, dtype=torch.bool, device=device)
             context, final = model.encode(src, src_mask)
             rep = torch.arange(B, device=device).repeat_interleave(K)
-            beam = _Beam(
+            beam = Beam(
                 alive=torch.arange(B, device=device),
                 scores=context.new_zeros(B, K),
                 tokens=src.new_zeros(B * K, history),
@@ -82,7 +82,7 @@ def beam_peak(model: Seq2SeqAttn, source_length: int, t: Translation) -> int:
                 out, beam.state, attn = model.decode_step(
                     y, beam.state, beam.context, beam.src_mask
                 )
-                logp = _next_log_probs(model, out, forbid_eos=False)
+                logp = next_log_probs(model, out, forbid_eos=False)
                 V = logp.size(1)
                 total = (beam.scores.view(-1, 1) + logp).view(B, K * V)
                 cand_scores, cand = total.topk(min(2 * K, K * V), dim=1)

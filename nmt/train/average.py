@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
+from nmt.checkpoint import load_checkpoint, save_checkpoint
 from nmt.errors import NmtError
-from nmt.train.checkpoint import load_checkpoint, save_checkpoint
 
 IGNORED_MODEL_KEYS = ("dropout", "param_init")  # settings that leave the weights' meaning alone
 

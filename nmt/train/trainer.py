@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
+from nmt.checkpoint import load_checkpoint, prune_step_checkpoints, save_checkpoint
 from nmt.config import Config, shape_keys
 from nmt.cpu_memory import map_large_allocations
 from nmt.data.batching import Batch, epoch_order, make_batches
@@ -39,15 +40,9 @@ from nmt.errors import NmtError
 from nmt.model import build_model
 from nmt.out_of_memory import batch_shape, training_message
 from nmt.train import distributed as dd
-from nmt.train.checkpoint import (
-    load_checkpoint,
-    prune_step_checkpoints,
-    rng_state,
-    save_checkpoint,
-    set_rng_state,
-)
 from nmt.train.executors import make_executor
 from nmt.train.failures import RankFailures
+from nmt.train.rng import rng_state, set_rng_state
 from nmt.train.runlog import RunLog
 from nmt.train.schedule import (
     LearningRateSchedule,

@@ -29,6 +29,7 @@ from typing import BinaryIO, Protocol, TextIO
 import torch
 from tqdm import tqdm
 
+from nmt.checkpoint import load_checkpoint
 from nmt.config import from_dict
 from nmt.data.reading import read_lines, stream_lines
 from nmt.data.tokenizers import Tokenizer, tokenizer_from_state
@@ -36,7 +37,6 @@ from nmt.devices import resolve_device
 from nmt.errors import NmtError
 from nmt.model import Seq2SeqAttn, build_model
 from nmt.out_of_memory import ran_out, reported
-from nmt.train.checkpoint import load_checkpoint
 from nmt.translate import unk
 from nmt.translate.formats import attention_record, gold_lines, nbest_line
 from nmt.translate.metrics import bleu_line, chrf_line

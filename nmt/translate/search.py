@@ -98,7 +98,7 @@ def _limits(options: SearchOptions, lengths: list[int]) -> list[int]:
     return [options.limit(n - 2) for n in lengths]
 
 
-def _next_log_probs(model: Seq2SeqAttn, out: Tensor, forbid_eos: bool) -> Tensor:
+def next_log_probs(model: Seq2SeqAttn, out: Tensor, forbid_eos: bool) -> Tensor:
     """Log-probabilities of the next token, with the tokens that may not come set to -inf."""
     logp = model.log_probs(out)
     logp[:, PAD] = NEG_INF
@@ -150,7 +150,7 @@ def greedy_search(
 
     for t in range(max(limits, default=0)):
         out, state, attn = model.decode_step(y, state, context, src_mask)
-        logp = _next_log_probs(model, out, forbid_eos=t < options.min_length)
+        logp = next_log_probs(model, out, forbid_eos=t < options.min_length)
         total = scores.unsqueeze(1) + logp
         scores, y = total.max(dim=1)
         tokens = torch.cat([tokens, y.unsqueeze(1)], dim=1)
@@ -174,7 +174,7 @@ def greedy_search(
 
 
 @dataclass
-class _Beam:
+class Beam:
     """The live part of a batched beam: rows are (active sentence, beam) flattened, K per
     sentence; history tensors are reordered with the hypotheses at every step."""
 
@@ -188,9 +188,9 @@ class _Beam:
 
     def select(
         self, rows: Tensor, scores: Tensor, new_tokens: Tensor, new_attn: Tensor, alive: Tensor
-    ) -> _Beam:
+    ) -> Beam:
         """Keep `rows` (parent rows, K per kept sentence), extended by their new token."""
-        return _Beam(
+        return Beam(
             alive=alive,
             scores=scores,
             tokens=torch.cat([self.tokens.index_select(0, rows), new_tokens.unsqueeze(1)], 1),
@@ -202,11 +202,11 @@ class _Beam:
             src_mask=None if self.src_mask is None else self.src_mask.index_select(0, rows),
         )
 
-    def sentences(self, keep: Tensor) -> _Beam:
+    def sentences(self, keep: Tensor) -> Beam:
         """The sub-beam of the active sentences `keep` (positions in `alive`)."""
         K = self.scores.size(1)
         rows = (keep.unsqueeze(1) * K + torch.arange(K, device=keep.device)).reshape(-1)
-        return _Beam(
+        return Beam(
             alive=self.alive.index_select(0, keep),
             scores=self.scores.index_select(0, keep),
             tokens=self.tokens.index_select(0, rows),
@@ -246,7 +246,7 @@ def beam_search(
     rep = torch.arange(B, device=device).repeat_interleave(K)
     scores = context.new_full((B, K), NEG_INF)
     scores[:, 0] = 0.0  # one live beam at first, so that the K beams do not start identical
-    beam: _Beam | None = _Beam(
+    beam: Beam | None = Beam(
         alive=torch.arange(B, device=device),
         scores=scores,
         tokens=src.new_empty(B * K, 0),
@@ -267,7 +267,7 @@ def beam_search(
         n = beam.alive.numel()
         alive = beam.alive.tolist()
         out, beam.state, attn = model.decode_step(y, beam.state, beam.context, beam.src_mask)
-        logp = _next_log_probs(model, out, forbid_eos=t < min_length)
+        logp = next_log_probs(model, out, forbid_eos=t < min_length)
         V = logp.size(1)
         total = (beam.scores.view(-1, 1) + logp).view(n, K * V)
         cand_scores, cand = total.topk(min(2 * K, K * V), dim=1)  # sorted, best first
@@ -359,9 +359,7 @@ def _sentences_done(
     return done
 
 
-def _take_live(
-    beam: _Beam, found: list[list[Hypothesis]], lengths: list[int], alpha: float
-) -> None:
+def _take_live(beam: Beam, found: list[list[Hypothesis]], lengths: list[int], alpha: float) -> None:
     """At its length limit: every live hypothesis joins its sentence's candidates, unfinished."""
     K = beam.scores.size(1)
     attns, alive = beam.attns.cpu(), beam.alive.tolist()

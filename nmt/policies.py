@@ -1,11 +1,12 @@
 """The preallocation policies: the one list of which clone buffers are shared, and why.
 
-A policy is a name, a one-line description and a selector: given what the planner's probe
-found (`Analysis`), the (node, role) slots whose buffer all clones share. A policy may also
-trade compute for memory (`recompute`): each clone's backward then re-runs its forward first,
-and the planner analyses a step that does so. Everything that
-names policies - config validation, `--help`, the planner, the executors, `nmt memreport`
-and the README table - reads `REGISTRY`, so adding a policy is one entry and its selector.
+A policy is a name, a one-line description, a selector - given what the planner's probe
+found (`Analysis`), the (node, role) slots whose buffer all clones share - and the advice for
+a run that runs out of memory under it. A policy may also trade compute for memory
+(`recompute`): each clone's backward then re-runs its forward first, and the planner
+analyses a step that does so. Everything that names policies - config validation, `--help`,
+the planner, the executors, `nmt memreport`, the out-of-memory message and the README table
+- reads `REGISTRY`, so adding a policy is one entry and its selector.
 
 Kept free of torch and of nmt modules other than `nmt.errors`: `nmt.config` imports it.
 """
@@ -42,6 +43,8 @@ class Policy:
     name: str
     description: str  # one line: --help texts, the config reference, the README
     select: Selector
+    # what to try when a run under this policy runs out of memory (`nmt.out_of_memory`)
+    advice: str
     # each clone's backward re-runs its forward first, into buffers shared by all clones:
     # what lives from a forward to its backward becomes shareable, at the cost of the
     # forward FLOPs once more (the planner analyses a step that runs this way)
@@ -74,20 +77,31 @@ def _everything_safe(a: Analysis) -> frozenset[Slot]:
 REGISTRY: dict[str, Policy] = {
     p.name: p
     for p in (
-        Policy("none", "no buffer shared (seq2seq-attn -prealloc 0)", _nothing),
+        Policy(
+            "none",
+            "no buffer shared (seq2seq-attn -prealloc 0)",
+            _nothing,
+            advice="turn preallocation on (--preallocate), or lower train.batch_size",
+        ),
         Policy(
             "attention",
             "the two attention matrix products' output and grad_input (seq2seq-attn PR #45)",
             _attention_products,
+            advice="share every safe buffer (train.prealloc=all), or lower train.batch_size",
         ),
         Policy(
-            "all", "every buffer the planner proves safe (PR #46, generalised)", _everything_safe
+            "all",
+            "every buffer the planner proves safe (PR #46, generalised)",
+            _everything_safe,
+            advice="re-run each clone's forward in its backward (train.prealloc=recompute), or "
+            "lower train.batch_size or data.max_src_len / data.max_tgt_len",
         ),
         Policy(
             "recompute",
             "each clone keeps only its outgoing states and re-runs its forward in its backward; "
             "every other buffer shared (least memory, more FLOPs)",
             _everything_safe,
+            advice="lower train.batch_size or data.max_src_len / data.max_tgt_len",
             recompute=True,
         ),
     )
