@@ -25,9 +25,45 @@ from nmt import policies
 from nmt.errors import NmtError
 
 GRAPH_KINDS = ("structure", "size", "rate", "none")
-# model.granularity: the clone graph's node set (a structure field, so the planner's key)
-GRANULARITIES = ("nngraph", "fused")
 Choices = tuple | Callable[[], tuple]  # a callable is asked at validation time (a registry)
+
+
+# The registries of the model's parts name their own choices; they are asked lazily (they
+# import torch, which `nmt --help` need not load), and none of them imports the config.
+def _cells() -> tuple[str, ...]:
+    from nmt import cells
+
+    return cells.names()
+
+
+def _cell_doc() -> str:
+    from nmt import cells
+
+    return cells.describe()
+
+
+def _attentions() -> tuple[str, ...]:
+    from nmt import attention
+
+    return attention.names()
+
+
+def _attention_doc() -> str:
+    from nmt import attention
+
+    return attention.describe()
+
+
+def _granularities() -> tuple[str, ...]:
+    from nmt import granularities
+
+    return granularities.names()
+
+
+def _granularity_doc() -> str:
+    from nmt import granularities
+
+    return granularities.describe()
 
 
 def _opt(
@@ -41,6 +77,7 @@ def _opt(
     graph: str = "structure",
     probe: Any = None,
     shape: bool = False,
+    doc_more: Callable[[], str] | None = None,
 ) -> Any:
     """A dataclass field whose metadata carries its validation rule and its documentation,
     and, for the model, what it does to the clone graph (`graph_structure`) and whether it
@@ -61,6 +98,7 @@ def _opt(
         "graph": graph,
         "probe": probe,
         "shape": shape,
+        "doc_more": doc_more,
     }
     return field(default=default, metadata=meta)
 
@@ -92,8 +130,15 @@ class DataConfig:
 
 @dataclass
 class ModelConfig:
-    num_layers: int = _opt(2, min=1, shape=True, doc="LSTM layers in encoder and decoder")
-    rnn_size: int = _opt(500, min=1, graph="size", probe=3, shape=True, doc="LSTM hidden size")
+    rnn_type: str = _opt(
+        "lstm",
+        choices=_cells,
+        shape=True,
+        doc="the recurrent cell of encoder and decoder",
+        doc_more=_cell_doc,
+    )
+    num_layers: int = _opt(2, min=1, shape=True, doc="recurrent layers in encoder and decoder")
+    rnn_size: int = _opt(500, min=1, graph="size", probe=3, shape=True, doc="hidden size")
     word_vec_size: int = _opt(
         500, min=1, graph="size", probe=2, shape=True, doc="word embedding size"
     )
@@ -108,21 +153,20 @@ class ModelConfig:
     input_feed: bool = _opt(
         True, shape=True, doc="feed the previous attentional output to the decoder"
     )
-    bidirectional: bool = _opt(False, shape=True, doc="add a backward encoder LSTM (states summed)")
+    bidirectional: bool = _opt(False, shape=True, doc="add a backward encoder (states summed)")
     attention: str = _opt(
         "general",
-        choices=("general", "dot", "mlp"),
+        choices=_attentions,
         shape=True,
-        doc="global attention score: general h_s.W_a h_t (Luong), dot h_s.h_t (Luong), "
-        "mlp v.tanh(W_k h_s + W_q h_t + b) (Bahdanau)",
+        doc="the global attention's score",
+        doc_more=_attention_doc,
     )
     granularity: str = _opt(
         "nngraph",
-        choices=GRANULARITIES,
-        doc="the node set the clone executor builds, and the cell inference runs: nngraph, "
-        "one node per Torch7 module (the seed's graph); fused, one node per LSTM cell, "
-        "attention, dropout and output layer + loss (fewer ops a step, same numbers to "
-        "rounding). No parameter depends on it",
+        choices=_granularities,
+        doc="the node set the clone executor builds, and the forms inference runs (no "
+        "parameter depends on it)",
+        doc_more=_granularity_doc,
     )
     param_init: float = _opt(
         0.1, min=0.0, graph="none", doc="uniform initialisation range +-param_init"
@@ -187,9 +231,10 @@ class TrainConfig:
     )
     autograd_encoder: str = _opt(
         "cells",
-        choices=("cells", "nn_lstm"),
-        doc="the autograd executor's encoder: cells: the model's LSTM cells position by "
-        "position; nn_lstm: torch's LSTM kernel (cuDNN, oneDNN) on the same parameters",
+        choices=("cells", "kernel"),
+        doc="the autograd executor's encoder: cells: the model's cells position by position; "
+        "kernel: torch's RNN kernel for the cell (nn.LSTM / nn.GRU: cuDNN, oneDNN) on the "
+        "same parameters",
     )
     prealloc: str = _opt(
         policies.DEFAULT,
@@ -229,6 +274,9 @@ REPLACED_KEYS = {
     "train.preallocate": "train.prealloc",
     "train.prealloc_scope": "train.prealloc",
 }
+# (key, old value) -> the value that replaced it: refused in configs and --set, upgraded in
+# checkpoints (`upgrade_saved`)
+REPLACED_VALUES = {("train.autograd_encoder", "nn_lstm"): "kernel"}
 
 
 def all_keys() -> list[str]:
@@ -337,6 +385,9 @@ def _build_section(cls: type, values: Any, source: str, section: str) -> Any:
         if key not in fields:
             raise NmtError(f"{source}: unknown key '{dotted}'{_suggest(dotted, all_keys())}")
         where = f"{source}: key '{dotted}'"
+        if isinstance(value, str) and (dotted, value) in REPLACED_VALUES:
+            new = REPLACED_VALUES[dotted, value]
+            raise NmtError(f"{where}: {value!r} was renamed {new!r}")
         value = _coerce(value, _field_type(cls, key), where)
         _check_rules(value, fields[key].metadata, where)
         kwargs[key] = value
@@ -367,10 +418,18 @@ def from_dict(raw: Any, source: str = "config") -> Config:
 
 
 def upgrade_saved(raw: Any) -> Any:
-    """A config dict saved in a checkpoint by an older nmt, in today's keys: `preallocate:
-    false` becomes `prealloc: none`, otherwise `prealloc` takes `prealloc_scope`. Only
-    checkpoints are upgraded; config files and --set with old keys are refused."""
-    train = raw.get("train") if isinstance(raw, dict) else None
+    """A config dict saved in a checkpoint by an older nmt, in today's keys and values:
+    `preallocate: false` becomes `prealloc: none`, otherwise `prealloc` takes
+    `prealloc_scope`; a renamed value takes its new name. Only checkpoints are upgraded;
+    config files and --set with old keys or values are refused."""
+    if not isinstance(raw, dict):
+        return raw
+    for (dotted, old), new in REPLACED_VALUES.items():
+        section, key = dotted.split(".")
+        part = raw.get(section)
+        if isinstance(part, dict) and part.get(key) == old:
+            raw = {**raw, section: {**part, key: new}}
+    train = raw.get("train")
     if not isinstance(train, dict) or not {"preallocate", "prealloc_scope"} & set(train):
         return raw
     train = dict(train)
@@ -476,6 +535,8 @@ def reference_markdown() -> str:
         for f in dataclasses.fields(cls):
             meta = f.metadata
             doc = meta.get("doc", "")
+            if more := meta.get("doc_more"):
+                doc += ": " + more()
             if choices := choices_of(meta):
                 doc += f" ({' / '.join(choices)})"
             default = "required" if section == "data" and f.name in DATA_FILE_KEYS else f.default

@@ -1,11 +1,12 @@
 """The seq2seq-attn network: the parameters (single source of truth) and the autograd forward.
 
 Both training executors use these parameter tensors: the autograd executor runs `forward`
-below; the clone executor (`nmt.engine`) re-implements the same arithmetic node by node and
-writes its gradients into the same `.grad` fields. Dropout masks come from `dropout_mask`
-(`keep_mask_`), drawn in the same order by both executors, so that they agree to rounding.
-Where no gradient is recorded (translation, validation) a model of `model.granularity: fused`
-runs the fused LSTM cell and attention (`nmt.cells`, `Attention.fused`), as its clones do.
+below; the clone executor (`nmt.engine`) runs the same arithmetic node by node (the cells'
+and the attention's own wiring and fused forms) and writes its gradients into the same
+`.grad` fields. Dropout masks come from `dropout_mask` (`keep_mask_`), drawn in the same
+order by both executors, so that they agree to rounding. Where no gradient is recorded
+(translation, validation) a model whose granularity infers with the fused forms
+(`nmt.granularities`) runs the fused cell and attention, as its clones do.
 
 Shapes: B batch, S source length, T target length, H rnn_size, E word_vec_size.
 """
@@ -21,15 +22,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from nmt import cells, granularities
 from nmt.attention import LEGACY_NAMES, Attention, build_attention
-from nmt.cells import lstm_cell
+from nmt.cells import RecurrentLayer, State
 from nmt.config import ModelConfig
 from nmt.data.vocab import PAD
 
-LayerState = tuple[Tensor, Tensor]  # (h, c), each B x H
 # src B x S -> (context B x S x H, final state of every layer): `Seq2SeqAttn.encode` or another
-# implementation of the same arithmetic (`nmt.nn_lstm`)
-Encode = Callable[[Tensor], tuple[Tensor, list[LayerState]]]
+# implementation of the same arithmetic (`nmt.nn_rnn`)
+Encode = Callable[[Tensor], tuple[Tensor, list[State]]]
 
 
 # (seed, {device: generator}) inside `private_rng`; None: the global generators
@@ -125,37 +126,25 @@ def replayed_masks(device: torch.device, state: Tensor | None) -> Iterator[None]
         _set_mask_rng_state(device, now)
 
 
-class LSTMLayer(nn.Module):
-    """One LSTM layer as seq2seq-attn builds it: i2h (with bias) + h2h (without), gates i f o g."""
+class RNNStack(nn.Module):
+    """Stacked recurrent layers of one cell type (`model.rnn_type`, `nmt.cells`) with
+    dropout on the input of every layer above the first."""
 
-    def __init__(self, input_size: int, rnn_size: int):
+    def __init__(
+        self,
+        cell: type[RecurrentLayer],
+        input_size: int,
+        rnn_size: int,
+        layers: int,
+        dropout: float,
+    ):
         super().__init__()
-        self.i2h = nn.Linear(input_size, 4 * rnn_size)
-        self.h2h = nn.Linear(rnn_size, 4 * rnn_size, bias=False)
+        sizes = [input_size] + [rnn_size] * (layers - 1)
+        self.layers = nn.ModuleList(cell(n, rnn_size) for n in sizes)
+        self.cell, self.dropout = cell, dropout
 
-    def forward(self, x: Tensor, state: LayerState, fused: bool = False) -> LayerState:
-        """`fused`: the fused cell of `nmt.cells` (no gradient is recorded)."""
-        h, c = state
-        if fused:
-            return lstm_cell(x, h, c, self.i2h.weight, self.i2h.bias, self.h2h.weight)[:2]
-        gates = self.i2h(x) + self.h2h(h)
-        i, f, o, g = gates.chunk(4, dim=1)
-        next_c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
-        next_h = torch.sigmoid(o) * torch.tanh(next_c)
-        return next_h, next_c
-
-
-class LSTMStack(nn.Module):
-    """Stacked LSTM layers with dropout on the input of every layer above the first."""
-
-    def __init__(self, input_size: int, rnn_size: int, num_layers: int, dropout: float):
-        super().__init__()
-        sizes = [input_size] + [rnn_size] * (num_layers - 1)
-        self.layers = nn.ModuleList(LSTMLayer(n, rnn_size) for n in sizes)
-        self.dropout = dropout
-
-    def forward(self, x: Tensor, states: list[LayerState], fused: bool = False) -> list[LayerState]:
-        new_states = []
+    def forward(self, x: Tensor, states: list[State], fused: bool = False) -> list[State]:
+        new_states: list[State] = []
         for idx, (layer, state) in enumerate(zip(self.layers, states, strict=True)):
             if idx > 0:
                 x = new_states[-1][0]
@@ -169,33 +158,33 @@ class LSTMStack(nn.Module):
 class DecoderState:
     """Everything the decoder carries from one target position to the next."""
 
-    layers: list[LayerState]
+    layers: list[State]  # per layer, the cell's state (LSTM: h, c; GRU: h), each B x H
     input_feed: Tensor  # B x H, the previous attentional output (zeros at the start)
 
     def index_select(self, index: Tensor) -> DecoderState:
         """Reorder/expand the batch dimension (beam search)."""
         return DecoderState(
-            [(h.index_select(0, index), c.index_select(0, index)) for h, c in self.layers],
+            [tuple(t.index_select(0, index) for t in state) for state in self.layers],
             self.input_feed.index_select(0, index),
         )
 
 
 class Seq2SeqAttn(nn.Module):
-    """LSTM encoder, LSTM decoder with input feeding and global attention (`model.attention`:
-    Luong "general" by default, see `nmt.attention`)."""
+    """Recurrent encoder, recurrent decoder with input feeding and global attention: the cell
+    of `model.rnn_type` (seq2seq-attn's LSTM by default, see `nmt.cells`), the attention of
+    `model.attention` (Luong "general" by default, see `nmt.attention`)."""
 
     def __init__(self, cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int):
         super().__init__()
         self.cfg = cfg
         H, E = cfg.rnn_size, cfg.word_vec_size
+        cell, L = cells.get(cfg.rnn_type), cfg.num_layers
         self.src_embedding = nn.Embedding(src_vocab_size, E)
-        self.encoder = LSTMStack(E, H, cfg.num_layers, cfg.dropout)
-        self.encoder_bwd = (
-            LSTMStack(E, H, cfg.num_layers, cfg.dropout) if cfg.bidirectional else None
-        )
+        self.encoder = RNNStack(cell, E, H, L, cfg.dropout)
+        self.encoder_bwd = RNNStack(cell, E, H, L, cfg.dropout) if cfg.bidirectional else None
         self.tgt_embedding = nn.Embedding(tgt_vocab_size, E)
         dec_in = E + H if cfg.input_feed else E
-        self.decoder = LSTMStack(dec_in, H, cfg.num_layers, cfg.dropout)
+        self.decoder = RNNStack(cell, dec_in, H, L, cfg.dropout)
         self.attention: Attention = build_attention(cfg.attention, H)
         self.generator = nn.Linear(H, tgt_vocab_size)
         self.reset_parameters()
@@ -206,21 +195,27 @@ class Seq2SeqAttn(nn.Module):
             a = self.cfg.param_init
             nn.init.uniform_(p, -a, a, generator=_generator(p.device))
 
+    @property
+    def granularity(self) -> granularities.Granularity:
+        """`model.granularity`: the clone executor's node set, and the inference forms."""
+        return granularities.get(self.cfg.granularity)
+
     def fused(self) -> bool:
-        """Whether to run the fused cell and attention now: a model of granularity `fused`
-        where no gradient is recorded (their in-place ops are not for autograd)."""
-        return self.cfg.granularity == "fused" and not torch.is_grad_enabled()
+        """Whether to run the fused cell and attention now: where the model's granularity
+        infers with them and no gradient is recorded (their in-place ops are not for
+        autograd)."""
+        return self.granularity.fused_inference and not torch.is_grad_enabled()
 
     # ---- encoder -------------------------------------------------------------------------
 
-    def zero_states(self, batch: int, like: Tensor) -> list[LayerState]:
+    def zero_states(self, batch: int, like: Tensor) -> list[State]:
         H = self.cfg.rnn_size
         z = like.new_zeros(batch, H, dtype=self.generator.weight.dtype)
-        return [(z, z) for _ in range(self.cfg.num_layers)]
+        return [(z,) * len(self.encoder.cell.STATE) for _ in range(self.cfg.num_layers)]
 
     def _run_encoder(
-        self, stack: LSTMStack, emb: Tensor, order: range, src_mask: Tensor | None
-    ) -> tuple[list[Tensor | None], list[LayerState]]:
+        self, stack: RNNStack, emb: Tensor, order: range, src_mask: Tensor | None
+    ) -> tuple[list[Tensor | None], list[State]]:
         states = self.zero_states(emb.size(0), emb)
         tops: list[Tensor | None] = [None] * emb.size(1)
         fused = self.fused()
@@ -229,16 +224,14 @@ class Seq2SeqAttn(nn.Module):
             if src_mask is not None:  # padded positions keep the previous state
                 keep = src_mask[:, t].unsqueeze(1)
                 new = [
-                    (torch.where(keep, h, ph), torch.where(keep, c, pc))
-                    for (h, c), (ph, pc) in zip(new, states, strict=True)
+                    tuple(torch.where(keep, t, pt) for t, pt in zip(s, ps, strict=True))
+                    for s, ps in zip(new, states, strict=True)
                 ]
             states = new
             tops[t] = states[-1][0]
         return tops, states
 
-    def encode(
-        self, src: Tensor, src_mask: Tensor | None = None
-    ) -> tuple[Tensor, list[LayerState]]:
+    def encode(self, src: Tensor, src_mask: Tensor | None = None) -> tuple[Tensor, list[State]]:
         """src: B x S token ids -> context B x S x H and the final state of every layer.
 
         Training batches have one source length and no mask; translation may pad and pass
@@ -252,12 +245,15 @@ class Seq2SeqAttn(nn.Module):
                 self.encoder_bwd, emb, range(src.size(1) - 1, -1, -1), src_mask
             )
             context = context + torch.stack(tops_b, dim=1)
-            final = [(h + hb, c + cb) for (h, c), (hb, cb) in zip(final, final_b, strict=True)]
+            final = [
+                tuple(t + tb for t, tb in zip(s, sb, strict=True))
+                for s, sb in zip(final, final_b, strict=True)
+            ]
         return context, final
 
     # ---- decoder -------------------------------------------------------------------------
 
-    def init_decoder_state(self, final: list[LayerState]) -> DecoderState:
+    def init_decoder_state(self, final: list[State]) -> DecoderState:
         h = final[0][0]
         return DecoderState(list(final), h.new_zeros(h.shape))
 

@@ -4,7 +4,7 @@ The variants (`VARIANTS`: a name and the config keys it sets; all but the last t
   clones-nngraph    the clone executor with seq2seq-attn's node granularity (prealloc all)
   clones-fused      the clone executor with fused nodes (where model.granularity exists)
   autograd-cells    autograd over the model's LSTM cells, position by position
-  autograd-nn_lstm  autograd with the encoders on torch's LSTM kernel (cuDNN, oneDNN)
+  autograd-kernel   autograd with the encoders on torch's RNN kernel (cuDNN, oneDNN)
   clones-none       the clone executor without sharing (train.prealloc none)
   clones-recompute  the clone executor with train.prealloc recompute (where it exists)
   autograd-full     autograd with the loss over all positions at once (train.loss_chunk 0)
@@ -75,19 +75,19 @@ VARIANTS = (
     ),
     Variant("autograd-cells", {"train.executor": "autograd", "train.autograd_encoder": "cells"}),
     Variant(
-        "autograd-nn_lstm",
-        {"train.executor": "autograd", "train.autograd_encoder": "nn_lstm"},
+        "autograd-kernel",
+        {"train.executor": "autograd", "train.autograd_encoder": "kernel"},
         needs="train.autograd_encoder",
     ),
     Variant("autograd-full", {"train.executor": "autograd", "train.loss_chunk": 0}),
 )
-BASELINES = ("clones-nngraph", "autograd-nn_lstm")  # the ratio columns
+BASELINES = ("clones-nngraph", "autograd-kernel")  # the ratio columns
 DEFAULT = (
     "clones-nngraph",
     "clones-fused",
     "clones-recompute",
     "autograd-cells",
-    "autograd-nn_lstm",
+    "autograd-kernel",
 )
 
 

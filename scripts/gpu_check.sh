@@ -16,7 +16,7 @@
 #   GPU_CHECK_DEVICE=cpu bash scripts/gpu_check.sh   # the same checks, tiny, on the CPU
 #
 # The CPU form (small sizes, a few steps, BLEU not required, 2 Gloo ranks, the engine tests
-# of one structure per granularity and attention, which the suite runs in full anyway) is run
+# of one structure per cell, granularity and attention, which the suite runs in full) is run
 # by the test suite so that this script cannot rot; it proves nothing about CUDA.
 set -uo pipefail
 cd "$(dirname "$0")/.."

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import math
 import os
@@ -11,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from nmt.config import ModelConfig
+from nmt.config import ModelConfig, choices_of
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -42,30 +41,33 @@ def deterministic():
 
 
 def _choices(name: str) -> tuple:
-    return next(f for f in dataclasses.fields(ModelConfig) if f.name == name).metadata["choices"]
+    return choices_of(ModelConfig.__dataclass_fields__[name].metadata)
 
 
-# Layers swept per `model.granularity`: nngraph's sweep is the historical 1-4; a fused stack
-# has nothing at 2 or 4 layers that 1 (no inter-layer dropout) and 3 (a bottom, a middle and
-# a top layer, dropout between them) do not have, so its sweep stays half the size.
-SWEPT_LAYERS = {"nngraph": (1, 2, 3, 4), "fused": (1, 3)}
+# Layers swept per (`model.rnn_type`, `model.granularity`): seq2seq-attn's own cell and graph
+# sweep 1-4; any other stack has nothing at 2 or 4 layers that 1 (no inter-layer dropout) and
+# 3 (a bottom, a middle and a top layer, dropout between them) do not have.
+SWEPT_LAYERS = {("lstm", "nngraph"): (1, 2, 3, 4)}
+OTHER_LAYERS = (1, 3)
 
 
 def model_structures() -> list:
     """Every structure the config allows, as pytest params of ModelConfig keyword arguments:
     layers x input feed x bidirectional x dropout on/off x every `model.attention` choice x
-    every `model.granularity` (choices read from the config, so a new attention type or
-    granularity joins the sweeps by itself; layers per granularity from SWEPT_LAYERS)."""
+    every `model.granularity` x every `model.rnn_type` (choices read from the registries, so
+    a new cell, attention type or granularity joins the sweeps by itself; layers from
+    SWEPT_LAYERS)."""
     params = []
-    for granularity in _choices("granularity"):
-        layer_counts = SWEPT_LAYERS.get(granularity, SWEPT_LAYERS["nngraph"])
+    for rnn_type, granularity in itertools.product(_choices("rnn_type"), _choices("granularity")):
+        layer_counts = SWEPT_LAYERS.get((rnn_type, granularity), OTHER_LAYERS)
         for attention in _choices("attention"):
             for layers, feed, bi, dropout in itertools.product(layer_counts, *[(False, True)] * 3):
                 kw = {"num_layers": layers, "input_feed": feed, "bidirectional": bi}
                 kw.update(dropout=0.3 if dropout else 0.0, attention=attention)
-                kw.update(granularity=granularity)
+                kw.update(granularity=granularity, rnn_type=rnn_type)
                 name = f"{attention}-L{layers}{'-feed' * feed}{'-bi' * bi}{'-drop' * dropout}"
                 prefix = "" if granularity == "nngraph" else f"{granularity}-"
+                prefix = ("" if rnn_type == "lstm" else f"{rnn_type}-") + prefix
                 params.append(pytest.param(kw, id=prefix + name))
     return params
 

@@ -12,21 +12,25 @@ import dataclasses
 import pytest
 import torch
 
-from nmt.attention import ATTENTIONS, LEGACY_NAMES, build_attention
-from nmt.config import ModelConfig
-from nmt.engine.seq2seq import SCORES
+from nmt import attention
+from nmt.attention import LEGACY_NAMES, build_attention
+from nmt.config import ModelConfig, choices_of
 from nmt.model import Seq2SeqAttn
 
 B, S, H = 3, 5, 4
 
 
-def test_every_config_choice_has_a_module_and_a_graph() -> None:
+def test_every_config_choice_is_a_registered_type() -> None:
     field = next(f for f in dataclasses.fields(ModelConfig) if f.name == "attention")
     assert ModelConfig().attention == "general"
-    assert set(field.metadata["choices"]) == set(ATTENTIONS) == set(SCORES)
+    assert choices_of(field.metadata) == attention.names() == tuple(attention.REGISTRY)
+    for kind, cls in attention.REGISTRY.items():  # every form of the type, in its class
+        for form in ("score", "fused_score", "fused_score_backward", "wire_score", "score_macs"):
+            assert getattr(cls, form) is not getattr(attention.Attention, form), (kind, form)
+        assert cls.SUMMARY and cls.FUSED.outputs == ("output",)
 
 
-@pytest.mark.parametrize("kind", list(ATTENTIONS))
+@pytest.mark.parametrize("kind", attention.names())
 def test_scores_and_output_follow_the_formulas(kind: str) -> None:
     torch.manual_seed(0)
     att = build_attention(kind, H).double()
@@ -53,7 +57,9 @@ def test_scores_and_output_follow_the_formulas(kind: str) -> None:
 
 
 def test_parameters_of_each_type() -> None:
-    names = {k: sorted(n for n, _ in build_attention(k, H).named_parameters()) for k in ATTENTIONS}
+    names = {
+        k: sorted(n for n, _ in build_attention(k, H).named_parameters()) for k in attention.names()
+    }
     assert names["general"] == ["linear_in.weight", "linear_out.weight"]
     assert names["dot"] == ["linear_out.weight"]
     assert names["mlp"] == [

@@ -52,9 +52,7 @@ def rows(out: str) -> dict[str, list[str]]:
 
 def test_every_variant_side_by_side_with_counts(tmp_path):
     variants = [v.name for v in bench_module().available()]
-    assert {"clones-nngraph", "autograd-cells", "autograd-nn_lstm", "autograd-full"} <= set(
-        variants
-    )
+    assert {"clones-nngraph", "autograd-cells", "autograd-kernel", "autograd-full"} <= set(variants)
     out = run_bench(tmp_path, "--steps", "2", "--count-ops", "--variants", ",".join(variants))
     counts, speeds = out.split("\n2x8, batch 8")
     count_rows, speed_rows = rows(counts), rows(speeds)
@@ -66,9 +64,9 @@ def test_every_variant_side_by_side_with_counts(tmp_path):
         assert (syncs, log_syncs) == ("0", "1")  # nothing read back, but on a log step
         assert float(speed_rows[name][0].replace(",", "")) > 0
     assert speed_rows["clones-nngraph"][1] == "1.00x"
-    assert speed_rows["autograd-nn_lstm"][2] == "1.00x"
-    nn_lstm_ops = int(count_rows["autograd-nn_lstm"][0].replace(",", ""))
-    assert nn_lstm_ops < int(count_rows["autograd-cells"][0].replace(",", ""))
+    assert speed_rows["autograd-kernel"][2] == "1.00x"
+    kernel_ops = int(count_rows["autograd-kernel"][0].replace(",", ""))
+    assert kernel_ops < int(count_rows["autograd-cells"][0].replace(",", ""))
     assert re.search(r"^ratios vs clones-nngraph: .*autograd-cells \d+\.\d\dx", out, re.M)
 
 
@@ -81,12 +79,12 @@ def test_fixed_lengths_and_a_variant_list(tmp_path):
         "--fixed-length",
         "5",
         "--variants",
-        "autograd-nn_lstm",
+        "autograd-kernel",
         "--set",
         "model.dropout=0",
     )
     assert "on a batch of 8 sentences, source length 7, target length 6" in out
-    assert list(rows(out)) == ["variant", "autograd-nn_lstm"]
+    assert list(rows(out)) == ["variant", "autograd-kernel"]
     assert "tokens/s" not in out  # no timed steps
 
 

@@ -7,8 +7,8 @@ from contextlib import nullcontext
 import pytest
 import torch
 
-from nmt import policies
-from nmt.config import GRANULARITIES, ModelConfig
+from nmt import granularities, policies
+from nmt.config import ModelConfig
 from nmt.data.batching import Batch, leading_pad_rows
 from nmt.data.vocab import PAD
 from nmt.engine import clones, planner, seq2seq
@@ -106,17 +106,17 @@ def test_the_executor_follows_the_state_the_graphs_declare(monkeypatch) -> None:
     _, ref = autograd_grads(model, batch)
     plan = planner.plan(model.cfg, "all")  # analysed (and cached) with the usual layout
 
-    def reordered(layers: int) -> StateSpec:
+    def reordered(state: tuple[str, ...], layers: int) -> StateSpec:
         names = tuple(f"{k}{i}" for k in ("c", "h") for i in range(layers))
         return StateSpec(names, top=f"h{layers - 1}")
 
-    monkeypatch.setattr(seq2seq, "lstm_state", reordered)
+    monkeypatch.setattr(seq2seq, "state_spec", reordered)
     executor = CloneExecutor(model, S - 2, T - 1, plan=plan)
     assert executor.clones["dec"][0].state.names[:2] == ("c0", "c1")
     _, grads = clone_grads(model, batch, plan=plan)
     assert max_rel_err(grads, ref) < 1e-10
 
-    monkeypatch.setattr(seq2seq, "lstm_state", lambda n: StateSpec(reordered(n).names, "c2"))
+    monkeypatch.setattr(seq2seq, "state_spec", lambda s, n: StateSpec(reordered(s, n).names, "c2"))
     _, grads = clone_grads(model, batch, plan=plan)
     assert max_rel_err(grads, ref) > 1e-3
 
@@ -226,7 +226,7 @@ def test_smoothed_loss_is_the_cross_entropy_with_the_smoothed_targets() -> None:
     assert smoothed_loss(logp, target, 0.0)[0].item() == pytest.approx(nll.item(), rel=1e-12)
 
 
-@pytest.mark.parametrize("granularity", GRANULARITIES)
+@pytest.mark.parametrize("granularity", granularities.names())
 @pytest.mark.parametrize("policy", ["none", "all"])
 def test_label_smoothing_gradients_equal_autograd(policy: str, granularity: str) -> None:
     """The clone criterion's w * (softmax - q) matches autograd of the smoothed loss, in

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from nmt.attention import build_attention
+from nmt import attention, cells
 from nmt.engine import fused
 from nmt.engine.node import Node, flat
 from nmt.engine.nodes import (
@@ -25,13 +25,13 @@ from nmt.engine.nodes import (
     Linear,
     MMContext,
     MMScores,
+    OneMinus,
     Sigmoid,
     SoftMax,
     Split,
     Tanh,
     VScores,
 )
-from nmt.model import LSTMLayer
 
 B, S, H = 3, 4, 5
 KW = {"device": torch.device("cpu"), "dtype": torch.float64}
@@ -67,18 +67,20 @@ def with_grads(module: nn.Module) -> list[Tensor]:
     return list(module.parameters())
 
 
-def cell():
-    """A fused LSTM cell with a 4-wide input: (x, h, c)."""
-    layer = LSTMLayer(4, H)
+def fused_cell(kind: str):
+    """The fused node of cell `kind` with a 4-wide input: (x, *state)."""
+    layer = cells.get(kind)(4, H)
     params = with_grads(layer)
-    return fused.LSTMCell("cell", layer, **KW), lambda: (rand(B, 4), rand(B, H), rand(B, H)), params
+    n_state = len(layer.STATE)
+    node = fused.FusedLayer("cell", layer, **KW)
+    return node, lambda: (rand(B, 4), *(rand(B, H) for _ in range(n_state))), params
 
 
 def fused_attention(kind: str):
     """The fused attention node of `kind`: (h_t, context)."""
-    module = build_attention(kind, H)
+    module = attention.build_attention(kind, H)
     params = with_grads(module)
-    node = fused.ATTENTIONS[kind]("attn", module, **KW)
+    node = fused.FusedLayer("attn", module, **KW)
     return node, lambda: (rand(B, H), rand(B, S, H)), params
 
 
@@ -90,6 +92,7 @@ CASES: dict[str, Callable[[], tuple[Node, Callable[[], object], list[Tensor]]]] 
     "softmax": lambda: (SoftMax("sm", **KW), lambda: rand(B, S), []),
     "cadd": lambda: (CAdd("a", **KW), lambda: (rand(B, H), rand(B, H)), []),
     "cmul": lambda: (CMul("m", **KW), lambda: (rand(B, H), rand(B, H)), []),
+    "one_minus": lambda: (OneMinus("om", **KW), lambda: rand(B, H), []),
     "split": lambda: (Split("sp", 4, **KW), lambda: rand(B, 4 * H), []),
     "join": lambda: (Join("j", **KW), lambda: (rand(B, H), rand(B, 2)), []),
     "mm1": lambda: (MMScores("mm1", **KW), lambda: (rand(B, S, H), rand(B, H)), []),
@@ -103,11 +106,10 @@ CASES: dict[str, Callable[[], tuple[Node, Callable[[], object], list[Tensor]]]] 
     "bottle_linear": lambda: weighted(BottleLinear, 2 * H, lambda: rand(B, S, H)),
     "add_across": lambda: (AddAcross("aa", **KW), lambda: (rand(B, S, H), rand(B, H)), []),
     "vscores": lambda: weighted(VScores, 1, lambda: rand(B, S, H)),
-    "fused_cell": cell,
     "fused_dropout": lambda: (fused.Dropout("d", 0.5, _Training(), **KW), lambda: rand(B, H), []),
-    "fused_general": lambda: fused_attention("general"),
-    "fused_dot": lambda: fused_attention("dot"),
-    "fused_mlp": lambda: fused_attention("mlp"),
+    # every registered cell and attention type as its fused node: a new one joins by itself
+    **{f"fused_{k}": (lambda k=k: fused_cell(k)) for k in cells.names()},
+    **{f"fused_{k}": (lambda k=k: fused_attention(k)) for k in attention.names()},
 }
 
 
@@ -152,7 +154,7 @@ def test_backward_reads_nothing_it_does_not_declare(name: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "name", [n for n in CASES if n not in ("cadd", "split", "join", "add_across")]
+    "name", [n for n in CASES if n not in ("cadd", "split", "join", "add_across", "one_minus")]
 )
 def test_backward_does_read_what_it_declares(name: str) -> None:
     got = run(name, lambda node, x: node.backward_reads(x))

@@ -8,7 +8,7 @@ import torch
 
 from nmt.config import ModelConfig
 from nmt.data.batching import Batch
-from nmt.engine import planner, seq2seq
+from nmt.engine import nodes, planner
 from nmt.engine.clones import CloneExecutor
 from nmt.engine.graph import Tracer
 from nmt.engine.nodes import Tanh
@@ -38,13 +38,13 @@ class TanhWithSpare(Tanh):
 
 
 def test_a_node_with_an_undeclared_buffer_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(seq2seq, "Tanh", TanhWithScratch)
+    monkeypatch.setattr(nodes, "Tanh", TanhWithScratch)
     with pytest.raises(planner.UndeclaredBufferError, match=r"scratch.*TanhWithScratch\.ROLES"):
         planner.analyse(STRUCTURE)
 
 
 def test_a_never_touched_buffer_is_not_shared(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(seq2seq, "Tanh", TanhWithSpare)
+    monkeypatch.setattr(nodes, "Tanh", TanhWithSpare)
     safe, unsafe, _, _ = planner.analyse(STRUCTURE)
     spare = ("l0.tanh_c", "spare")
     assert spare not in safe

@@ -19,6 +19,7 @@ from nmt.config import (
     Config,
     ModelConfig,
     _opt,
+    choices_of,
     graph_structure,
     load_config,
     shape_keys,
@@ -40,8 +41,8 @@ def other_value(f: dataclasses.Field, value: Any) -> Any:
     meta = f.metadata
     if isinstance(value, bool):
         return not value
-    if meta.get("choices"):
-        return next(c for c in meta["choices"] if c != value)
+    if choices := choices_of(meta):
+        return next(c for c in choices if c != value)
     step = 1 if isinstance(value, int) else 0.25
     hi = meta.get("max")
     return value - step if hi is not None and value + step > hi else value + step

@@ -19,7 +19,7 @@ from tests.conftest import PoisonedExecutor, write_toy_config
 EXECUTORS = {
     "clones": ["train.executor=clones"],
     "autograd-cells": ["train.executor=autograd"],
-    "autograd-nn_lstm": ["train.executor=autograd", "train.autograd_encoder=nn_lstm"],
+    "autograd-kernel": ["train.executor=autograd", "train.autograd_encoder=kernel"],
 }
 
 

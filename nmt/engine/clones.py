@@ -76,9 +76,8 @@ class CloneExecutor:
             "dec": [decoder_graph(model, dev, dt) for _ in range(self.n_dec)],
         }
         self.generator = Generator(model, dev, dt, label_smoothing)
-        # target positions the output layer runs at once (0: all); nngraph's does one
-        fused = self.generator.fused is not None
-        self.loss_chunk = (loss_chunk or self.n_dec) if fused else 1
+        # target positions the output layer runs at once, as the granularity has it
+        self.loss_chunk = model.granularity.output_positions(loss_chunk, self.n_dec)
         self.plan = plan
         self.policy = self.plan.policy
         self.shared = self._share(self.plan)

@@ -2,11 +2,10 @@
 
 nngraph's graph (`nmt.engine.nodes`) has a node per Torch7 module: an LSTM layer is 15
 nodes, and each node's forward and backward are separate ops. Here one node does what a
-group of them did, with a hand-written backward:
+group of them did, with a hand-written backward (the layer's own, for cells and attention):
 
-    LSTMCell    one LSTM layer at one position: `nmt.cells.lstm_cell` into its buffers
+    FusedLayer  a layer's own fused form: a cell at one position, or the attention
     Dropout     x * mask / (1 - p) as one op each way; the 0/1 mask drawn like nngraph's
-    *Attn       the attention of each `model.attention` type: `Attention.fused`
     OutputLoss  the generator's Linear + log-softmax + NLL, forward and backward at once
 
 The arithmetic is nngraph's to rounding (float64 gradients equal autograd to 1e-10). Each
@@ -25,16 +24,11 @@ import torch
 from torch import Tensor
 from torch.nn import Linear, Module, Parameter
 
-from nmt.attention import Attention, row_dots
-from nmt.cells import lstm_cell
 from nmt.data.vocab import PAD
 from nmt.engine.node import Node, resized
 from nmt.loss import smoothing_value
-from nmt.model import LSTMLayer, keep_mask_
-
-_sigmoid_backward = torch.ops.aten.sigmoid_backward.grad_input
-_tanh_backward = torch.ops.aten.tanh_backward.grad_input
-_softmax_backward = torch.ops.aten._softmax_backward_data.out
+from nmt.model import keep_mask_
+from nmt.wiring import Fusable
 
 
 @cache
@@ -44,7 +38,7 @@ def _zero(device: torch.device, dtype: torch.dtype) -> Tensor:
 
 
 class _Fused(Node):
-    """`_buf` is the `nmt.cells.Buf` over the node's buffers, by attribute name. Buffers of
+    """`_buf` is the `nmt.wiring.Buf` over the node's buffers, by attribute name. Buffers of
     CONSTANT_ROLES hold a constant (`_constant`): backward scratch that every writer fills
     with the same values, so it is kept from one call to the next."""
 
@@ -78,69 +72,56 @@ class _Fused(Node):
         return t
 
 
-class LSTMCell(_Fused):
-    """(x, h, c) -> (h', c') of one LSTM layer. Backward reads the three inputs (x and h for
-    the weight gradients, c for the forget gate's), the activated gates and tanh(c'): what
-    nngraph's nodes keep, so the fused cell holds no more memory than they do."""
+class FusedLayer(_Fused):
+    """One layer of the model as one node: a recurrent cell at one position (`nmt.cells`) or
+    the attention (`nmt.attention`), run by the layer's own `fused_forward` into this node's
+    buffers and backward by its `fused_backward`. The layer's `FUSED` facts name the buffers
+    and say what its backward reads; the node turns them into the planner's facts: outputs
+    are roles `output` (or `output[i]`), the inputs' gradients `grad_input[i]`, every other
+    buffer the role of its name."""
 
-    ROLES = {
-        "output[0]": "h",
-        "output[1]": "c",
-        "gates": "gates",
-        "tanh_c": "tanh_c",
-        "grad_input[0]": "grad_x",
-        "grad_input[1]": "grad_h",
-        "grad_input[2]": "grad_c",
-        "grad_gates": "grad_gates",
-        "grad_next_c": "grad_next_c",
-        "ones": "ones",
-    }
-    N_INPUTS = 3
-    BWD_READS_INPUTS = (0, 1, 2)
-    BWD_READS_ROLES = ("gates", "tanh_c")
-    BWD_SCRATCH_ROLES = ("grad_gates", "grad_next_c", "ones")
-    n_outputs = 2
-
-    def __init__(self, name: str, layer: LSTMLayer, device: torch.device, dtype: torch.dtype):
-        self.w_ih, self.b_ih, self.w_hh = layer.i2h.weight, layer.i2h.bias, layer.h2h.weight
+    def __init__(self, name: str, layer: Fusable, device: torch.device, dtype: torch.dtype):
+        facts = layer.FUSED
+        self.layer, self.facts = layer, facts
+        outs = facts.outputs
+        single = len(outs) == 1 and not facts.tuple_output
+        roles = {"output": outs[0]} if single else {f"output[{i}]": b for i, b in enumerate(outs)}
+        roles |= {f"grad_input[{i}]": b for i, b in enumerate(facts.grad_inputs)}
+        roles |= {b: b for b in (*facts.saved, *facts.forward_scratch, *facts.backward_scratch)}
+        self.ROLES = roles
+        self.N_INPUTS = len(facts.grad_inputs)
+        self.BWD_READS_INPUTS = facts.reads_inputs
+        self.BWD_READS_OUTPUT = facts.reads_output
+        self.BWD_READS_ROLES = facts.saved
+        self.FWD_SCRATCH_ROLES = facts.forward_scratch
+        self.BWD_SCRATCH_ROLES = facts.backward_scratch
+        self.ATTENTION_PRODUCTS = facts.attention_products
+        self.n_outputs = None if single else len(outs)
         super().__init__(name, device, dtype)
 
     def _bind(self) -> None:
-        self.output = (self.h, self.c)
-        self.grad_input = (self.grad_x, self.grad_h, self.grad_c)
+        outs = [getattr(self, b) for b in self.facts.outputs]
+        self.output = outs[0] if self.n_outputs is None else tuple(outs)
+        self.grad_input = tuple(getattr(self, b) for b in self.facts.grad_inputs)
 
-    def forward(self, xhc: tuple[Tensor, Tensor, Tensor]) -> tuple[Tensor, Tensor]:
-        x, h, c = xhc
-        lstm_cell(x, h, c, self.w_ih, self.b_ih, self.w_hh, self._buf)
+    def forward(self, inputs: tuple[Tensor, ...]) -> Any:
+        self.layer.fused_forward(inputs, self._buf)
         return self.output
 
-    def backward(
-        self, xhc: tuple[Tensor, Tensor, Tensor], grads: tuple[Tensor, Tensor]
-    ) -> tuple[Tensor, Tensor, Tensor]:
-        x, h, c = xhc
-        g_h, g_c = grads
-        B, H = h.shape
-        gates = self.gates
-        i, f, o, g = gates.chunk(4, 1)
-        dc = torch.mul(g_h, o, out=self._buf("grad_next_c", (B, H)))  # dL/dc' =
-        _tanh_backward(dc, self.tanh_c, grad_input=dc)  # g_h o (1 - tanh(c')^2)
-        dc.add_(g_c)  # + what the next position sends back
-        gg = self._buf("grad_gates", (B, 4 * H))
-        g_i, g_f, g_o, g_g = gg.chunk(4, 1)
-        torch.mul(dc, g, out=g_i)
-        torch.mul(dc, c, out=g_f)
-        torch.mul(g_h, self.tanh_c, out=g_o)
-        torch.mul(dc, i, out=g_g)
-        ifo = gg[:, : 3 * H]
-        _sigmoid_backward(ifo, gates[:, : 3 * H], grad_input=ifo)
-        _tanh_backward(g_g, g, grad_input=g_g)
-        torch.mul(dc, f, out=self._buf("grad_c", (B, H)))
-        torch.mm(gg, self.w_ih, out=self._buf("grad_x", tuple(x.shape)))
-        torch.mm(gg, self.w_hh, out=self._buf("grad_h", (B, H)))
-        self.w_ih.grad.addmm_(gg.t(), x)
-        self.w_hh.grad.addmm_(gg.t(), h)
-        self.b_ih.grad.addmv_(gg.t(), self._constant("ones", (B,), 1.0))
+    def backward(self, inputs: tuple[Tensor, ...], grads: Any) -> tuple[Tensor, ...]:
+        self.layer.fused_backward(inputs, grads, self)
         return self.grad_input
+
+    # ---- nmt.wiring.FusedBuffers: what the layer's backward sees -----------------------------
+
+    def __call__(self, name: str, shape: tuple[int, ...]) -> Tensor:
+        return self._buf(name, shape)
+
+    def saved(self, name: str) -> Tensor:
+        return getattr(self, name)
+
+    def constant(self, name: str, shape: tuple[int, ...], value: float) -> Tensor:
+        return self._constant(name, shape, value)
 
 
 class Dropout(_Fused):
@@ -171,151 +152,6 @@ class Dropout(_Fused):
         if not self._active:
             return gi.copy_(g)
         return torch.addcmul(_zero(g.device, g.dtype), g, self.mask, value=self.scale, out=gi)
-
-
-# ---- attention --------------------------------------------------------------------------------
-
-_ATTN_ROLES = {
-    "output": "output",
-    "grad_input[0]": "grad_h",
-    "grad_input[1]": "grad_context",
-    "scores": "scores",
-    "attn": "attn",
-    "ctx": "ctx",
-    "joined": "joined",
-    "grad_lin": "grad_lin",
-    "grad_joined": "grad_joined",
-    "grad_attn": "grad_attn",
-    "grad_scores": "grad_scores",
-}
-
-
-class _Attn(_Fused):
-    """(h_t B x H, context B x S x H) -> tanh(W_c [c_t ; h_t]): `Attention.fused` into the
-    node's buffers; backward by hand, the score's part per type (`_score_backward`).
-    Backward reads both inputs, the output (tanh), the attention and [c_t ; h_t]."""
-
-    ROLES = _ATTN_ROLES
-    N_INPUTS = 2
-    BWD_READS_INPUTS = (0, 1)
-    BWD_READS_OUTPUT = True
-    BWD_READS_ROLES: tuple[str, ...] = ("attn", "joined")
-    FWD_SCRATCH_ROLES: tuple[str, ...] = ("scores", "ctx")
-    BWD_SCRATCH_ROLES: tuple[str, ...] = ("grad_lin", "grad_joined", "grad_attn", "grad_scores")
-    # mm2 (c_t) and its gradients (the context's is mm1's too, where the score has an mm1)
-    ATTENTION_PRODUCTS: tuple[str, ...] = ("ctx", "grad_attn", "grad_input[1]")
-
-    def __init__(self, name: str, module: Attention, device: torch.device, dtype: torch.dtype):
-        self.module = module
-        super().__init__(name, device, dtype)
-
-    def _bind(self) -> None:
-        super()._bind()
-        self.grad_input = (self.grad_h, self.grad_context)
-
-    def forward(self, hc: tuple[Tensor, Tensor]) -> Tensor:
-        h, context = hc
-        out, _ = self.module.fused(h, context, None, self._buf)
-        return out
-
-    def backward(self, hc: tuple[Tensor, Tensor], g: Tensor) -> tuple[Tensor, Tensor]:
-        h, context = hc
-        B, S, H = context.shape
-        g_lin = _tanh_backward(g, self.output, grad_input=self._buf("grad_lin", (B, H)))
-        w_c = self.module.linear_out.weight
-        g_joined = torch.mm(g_lin, w_c, out=self._buf("grad_joined", (B, 2 * H)))
-        w_c.grad.addmm_(g_lin.t(), self.joined)
-        g_ctx = g_joined[:, :H]
-        g_attn = row_dots(context, g_ctx, self._buf("grad_attn", (B, S)))
-        g_scores = self._buf("grad_scores", (B, S))
-        _softmax_backward(g_attn, self.attn, 1, self.attn.dtype, grad_input=g_scores)
-        g_context = self._buf("grad_context", (B, S, H))
-        torch.mul(self.attn.unsqueeze(2), g_ctx.unsqueeze(1), out=g_context)
-        g_h = self._buf("grad_h", (B, H))
-        self._score_backward(h, context, g_scores, g_joined[:, H:], g_h, g_context)
-        return self.grad_input
-
-    def _score_backward(
-        self,
-        h: Tensor,
-        context: Tensor,
-        g_scores: Tensor,
-        g_h_out: Tensor,
-        g_h: Tensor,
-        g_context: Tensor,
-    ) -> None:
-        """Write h's gradient into g_h (g_h_out: its part from the output layer), add the
-        score's part of the context's gradient to g_context, accumulate the score's
-        parameter gradients."""
-        raise NotImplementedError
-
-
-class GeneralAttn(_Attn):
-    """score = h_s . (W_a h_t); backward also reads W_a h_t ("target")."""
-
-    ROLES = {**_ATTN_ROLES, "target": "target", "grad_target": "grad_target"}
-    BWD_READS_ROLES = (*_Attn.BWD_READS_ROLES, "target")
-    BWD_SCRATCH_ROLES = (*_Attn.BWD_SCRATCH_ROLES, "grad_target")
-    ATTENTION_PRODUCTS = (*_Attn.ATTENTION_PRODUCTS, "scores", "grad_target")  # + mm1
-
-    def _score_backward(self, h, context, g_scores, g_h_out, g_h, g_context) -> None:
-        B, S, H = context.shape
-        g_target = self._buf("grad_target", (B, H))
-        torch.bmm(g_scores.unsqueeze(1), context, out=g_target.unsqueeze(1))
-        g_context.baddbmm_(g_scores.unsqueeze(2), self.target.unsqueeze(1))
-        w_a = self.module.linear_in.weight
-        torch.addmm(g_h_out, g_target, w_a, out=g_h)
-        w_a.grad.addmm_(g_target.t(), h)
-
-
-class DotAttn(_Attn):
-    """score = h_s . h_t."""
-
-    ROLES = {**_ATTN_ROLES, "grad_target": "grad_target"}
-    BWD_SCRATCH_ROLES = (*_Attn.BWD_SCRATCH_ROLES, "grad_target")
-    ATTENTION_PRODUCTS = (*_Attn.ATTENTION_PRODUCTS, "scores", "grad_target")  # + mm1
-
-    def _score_backward(self, h, context, g_scores, g_h_out, g_h, g_context) -> None:
-        B, S, H = context.shape
-        g_target = self._buf("grad_target", (B, H))
-        torch.bmm(g_scores.unsqueeze(1), context, out=g_target.unsqueeze(1))
-        g_context.baddbmm_(g_scores.unsqueeze(2), h.unsqueeze(1))
-        torch.add(g_h_out, g_target, out=g_h)
-
-
-class MlpAttn(_Attn):
-    """score = v . tanh(W_k h_s + W_q h_t + b); backward also reads the tanh ("hidden")."""
-
-    ROLES = {
-        **_ATTN_ROLES,
-        "hidden": "hidden",
-        "query": "query",
-        "grad_hidden": "grad_hidden",
-        "grad_query": "grad_query",
-        "ones": "ones",
-    }
-    BWD_READS_ROLES = (*_Attn.BWD_READS_ROLES, "hidden")
-    FWD_SCRATCH_ROLES = (*_Attn.FWD_SCRATCH_ROLES, "query")
-    BWD_SCRATCH_ROLES = (*_Attn.BWD_SCRATCH_ROLES, "grad_hidden", "grad_query", "ones")
-
-    def _score_backward(self, h, context, g_scores, g_h_out, g_h, g_context) -> None:
-        B, S, H = context.shape
-        att = self.module
-        v, w_k, q = att.v.weight, att.linear_context.weight, att.linear_query
-        hidden = self.hidden.view(B * S, H)
-        g_hidden = self._buf("grad_hidden", (B, S, H))
-        torch.mul(g_scores.unsqueeze(2), v.view(1, 1, H), out=g_hidden)
-        v.grad.addmm_(g_scores.reshape(1, B * S), hidden)
-        g_sum = _tanh_backward(g_hidden, self.hidden, grad_input=g_hidden).view(B * S, H)
-        g_query = torch.sum(g_hidden, 1, out=self._buf("grad_query", (B, H)))
-        g_context.view(B * S, H).addmm_(g_sum, w_k)
-        w_k.grad.addmm_(g_sum.t(), context.reshape(B * S, H))
-        q.weight.grad.addmm_(g_query.t(), h)
-        q.bias.grad.addmv_(g_query.t(), self._constant("ones", (B,), 1.0))
-        torch.addmm(g_h_out, g_query, q.weight, out=g_h)
-
-
-ATTENTIONS: dict[str, type[_Attn]] = {"general": GeneralAttn, "dot": DotAttn, "mlp": MlpAttn}
 
 
 # ---- the output layer and the loss --------------------------------------------------------------

@@ -2,9 +2,10 @@
 
 seq2seq-attn never keeps vocabulary-sized activations for all positions at once: at each
 target position (last to first) it runs the generator forward and backward on that position
-only, adds the resulting gradient to the decoder output's gradient, and moves on. With
-`model.granularity: fused` the output layer and the loss are one node (`fused.OutputLoss`),
-which can also run `train.loss_chunk` positions at a time (`step_positions`).
+only, adds the resulting gradient to the decoder output's gradient, and moves on. Where the
+model's granularity fuses the output layer (`Granularity.fused_output_layer`) the output
+layer and the loss are one node (`fused.OutputLoss`), which can also run several positions
+at a time (`step_positions`).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ class Generator:
         self.fused: OutputLoss | None = None
         # fused: the executor may hand `step` only the rows that are not PAD (seq2seq-attn's
         # nngraph criterion ran every row, and the nngraph granularity still does)
-        self.skips_pad_rows = model.cfg.granularity == "fused"
+        self.skips_pad_rows = model.granularity.fused_output_layer
         if self.skips_pad_rows:
             self.fused = OutputLoss("generator", lin, device, dtype, label_smoothing)
             return

@@ -18,9 +18,12 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from torch.nn import Module, Parameter
 
+from nmt.engine import fused, nodes
 from nmt.engine.node import Node, flat
 from nmt.engine.nodes import GradSum, Input
+from nmt.wiring import Fusable
 
 Fetch = Callable[[], Any]
 
@@ -75,10 +78,12 @@ class StateSpec:
 
 class GraphBuilder:
     """Wire nodes into a Graph: `input`, `add` (in topological order), `output`, and `carry`
-    to declare the recurrent state."""
+    to declare the recurrent state. It is the `nmt.wiring.Wiring` the model's layers wire
+    their parts with: one method per node type, each adding that node. `owner`: the module
+    whose `training` flag the dropout nodes follow."""
 
-    def __init__(self, device: torch.device, dtype: torch.dtype):
-        self.device, self.dtype = device, dtype
+    def __init__(self, device: torch.device, dtype: torch.dtype, owner: Module | None = None):
+        self.device, self.dtype, self.owner = device, dtype, owner
         self.inputs: dict[str, Input] = {}
         self.no_grad: set[str] = set()
         self.nodes: list[tuple[Node, tuple[Value, ...]]] = []
@@ -97,6 +102,71 @@ class GraphBuilder:
             raise ValueError(f"{node} takes {node.N_INPUTS} inputs, got {len(srcs)}")
         self.nodes.append((node, srcs))
         return Value(node)
+
+    # ---- nmt.wiring.Wiring: the node vocabulary -----------------------------------------
+
+    def _node(self, cls: type[Node], name: str, *srcs: Value, **params) -> Value:
+        return self.add(cls(name, **params, device=self.device, dtype=self.dtype), *srcs)
+
+    def lookup(self, name: str, weight: Parameter, idx: Value) -> Value:
+        return self._node(nodes.LookupTable, name, idx, weight=weight)
+
+    def linear(self, name: str, weight: Parameter, bias: Parameter | None, x: Value) -> Value:
+        return self._node(nodes.Linear, name, x, weight=weight, bias=bias)
+
+    def sigmoid(self, name: str, x: Value) -> Value:
+        return self._node(nodes.Sigmoid, name, x)
+
+    def tanh(self, name: str, x: Value) -> Value:
+        return self._node(nodes.Tanh, name, x)
+
+    def softmax(self, name: str, x: Value) -> Value:
+        return self._node(nodes.SoftMax, name, x)
+
+    def cadd(self, name: str, a: Value, b: Value) -> Value:
+        return self._node(nodes.CAdd, name, a, b)
+
+    def cmul(self, name: str, a: Value, b: Value) -> Value:
+        return self._node(nodes.CMul, name, a, b)
+
+    def one_minus(self, name: str, x: Value) -> Value:
+        return self._node(nodes.OneMinus, name, x)
+
+    def split(self, name: str, n: int, x: Value) -> tuple[Value, ...]:
+        node = self._node(nodes.Split, name, x, n=n).node
+        return tuple(Value(node, i) for i in range(n))
+
+    def join(self, name: str, a: Value, b: Value) -> Value:
+        return self._node(nodes.Join, name, a, b)
+
+    def mm_scores(self, name: str, context: Value, target: Value) -> Value:
+        return self._node(nodes.MMScores, name, context, target)
+
+    def mm_context(self, name: str, attn: Value, context: Value) -> Value:
+        return self._node(nodes.MMContext, name, attn, context)
+
+    def bottle_linear(self, name: str, weight: Parameter, x: Value) -> Value:
+        return self._node(nodes.BottleLinear, name, x, weight=weight)
+
+    def add_across(self, name: str, a: Value, b: Value) -> Value:
+        return self._node(nodes.AddAcross, name, a, b)
+
+    def v_scores(self, name: str, weight: Parameter, e: Value) -> Value:
+        return self._node(nodes.VScores, name, e, weight=weight)
+
+    def dropout(self, name: str, p: float, x: Value) -> Value:
+        return self._node(nodes.Dropout, name, x, p=p, module=self.owner)
+
+    def fused_layer(self, name: str, layer: Fusable, *inputs: Value) -> Value:
+        node = self._node(fused.FusedLayer, name, *inputs, layer=layer)
+        if node.node.n_outputs is None:
+            return node
+        return tuple(Value(node.node, i) for i in range(node.node.n_outputs))
+
+    def fused_dropout(self, name: str, p: float, x: Value) -> Value:
+        return self._node(fused.Dropout, name, x, p=p, module=self.owner)
+
+    # ---- the graph's boundary --------------------------------------------------------------
 
     def output(self, name: str, value: Value) -> None:
         self.outputs.append((name, value))

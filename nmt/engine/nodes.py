@@ -8,6 +8,8 @@ aliases/views instead of copies: they own no storage for that role at all.
 
 from __future__ import annotations
 
+from functools import cache
+
 import torch
 from torch import Tensor
 from torch.nn import Module, Parameter
@@ -148,6 +150,26 @@ class CAdd(Node):
     def backward(self, ab: tuple[Tensor, Tensor], g: Tensor) -> tuple[Tensor, Tensor]:
         self.grad_input = (g, g)
         return self.grad_input
+
+
+@cache
+def _one(device: torch.device, dtype: torch.dtype) -> Tensor:
+    """A 0-dim one: the minuend of 1 - x."""
+    return torch.ones((), device=device, dtype=dtype)
+
+
+class OneMinus(Node):
+    """1 - x (Torch7's AddConstant(1) of MulConstant(-1): the GRU's 1 - z). Reads nothing in
+    backward: its gradient is -grad_output."""
+
+    ROLES = _OUT_GI
+
+    def forward(self, x: Tensor) -> Tensor:
+        one = _one(x.device, x.dtype)
+        return torch.sub(one, x, out=resized(self.output, x.shape))
+
+    def backward(self, x: Tensor, g: Tensor) -> Tensor:
+        return torch.neg(g, out=resized(self.grad_input, g.shape))
 
 
 class CMul(_Binary):

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from nmt import policies
+from nmt import granularities, policies
 from nmt.config import Config, ModelConfig, TrainConfig
 from nmt.data.batching import Batch
 from nmt.devices import DTYPES
@@ -203,7 +203,8 @@ def row_loss_chunk(setting: Setting, row: str) -> int:
     clone executor's nngraph generator one position at a time."""
     if row == AUTOGRAD_FULL:
         return 0
-    if row not in AUTOGRAD_ROWS and setting.model.granularity != "fused":
+    granularity = granularities.get(setting.model.granularity)
+    if row not in AUTOGRAD_ROWS and not granularity.fused_output_layer:
         return 1
     return setting.loss_chunk
 

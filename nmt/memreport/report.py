@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from nmt import policies
+from nmt import attention, cells, policies
 from nmt.config import Config
 from nmt.devices import resolve_device
 from nmt.engine import planner
@@ -89,12 +89,13 @@ def forward_macs(s: Setting) -> tuple[int, int]:
     """Multiply-adds of one forward at maximum lengths: (every clone, the generator)."""
     m = s.model
     H, E, L = m.rnn_size, m.word_vec_size, m.num_layers
+    cell = cells.get(m.rnn_type)
 
-    def stack(inp: int) -> int:  # multiply-adds of one position of an LSTM stack
-        return (inp + H) * 4 * H + (L - 1) * 2 * H * 4 * H
+    def stack(inp: int) -> int:  # multiply-adds of one position of a recurrent stack
+        return cell.macs(inp, H) + (L - 1) * cell.macs(H, H)
 
     enc = stack(E) * (2 if m.bidirectional else 1)
-    dec = stack(E + H if m.input_feed else E) + _attention_macs(m.attention, H, s.encoder_clones)
+    dec = stack(E + H if m.input_feed else E) + attention.get(m.attention).macs(H, s.encoder_clones)
     clones = s.batch_size * (s.encoder_clones * enc + s.decoder_clones * dec)
     return clones, s.batch_size * s.decoder_clones * H * s.tgt_vocab
 
@@ -111,12 +112,6 @@ def extra_flop_fraction(s: Setting, policy: str) -> float:
         return 0.0
     clones, generator = forward_macs(s)
     return 2 * clones / (6 * (clones + generator))
-
-
-def _attention_macs(attention: str, H: int, S: int) -> int:
-    """Multiply-adds of one decoder position's attention: its score, c_t (S H), W_c (2 H H)."""
-    score = {"general": H * H + S * H, "dot": S * H, "mlp": H * H + S * H * H + S * H}
-    return score[attention] + S * H + 2 * H * H
 
 
 def physical_ram() -> int:

@@ -48,7 +48,8 @@ def _model_line(s: Setting) -> str:
         extras.append(f"dropout {m.dropout:g}")
     extras.append(f"{m.granularity} granularity")
     return (
-        f"model {m.num_layers} x {m.rnn_size} ({', '.join(extras)}), vocabularies "
+        f"model {m.num_layers} x {m.rnn_size} {m.rnn_type.upper()} ({', '.join(extras)}), "
+        f"vocabularies "
         f"{s.src_vocab} / {s.tgt_vocab}, batch {s.batch_size}, max lengths {s.max_src_len} / "
         f"{s.max_tgt_len} -> {s.encoder_clones} encoder / {s.decoder_clones} decoder clones, "
         f"{s.dtype}, optimizer {s.optimizer}"

@@ -21,7 +21,7 @@ from nmt.data.batching import Batch
 from nmt.engine import planner
 from nmt.engine.clones import CloneExecutor
 from nmt.model import Seq2SeqAttn
-from nmt.nn_lstm import NnLstmEncoder
+from nmt.nn_rnn import KernelEncoder
 
 
 class Executor(Protocol):
@@ -31,8 +31,8 @@ class Executor(Protocol):
 class AutogradExecutor:
     """Plain PyTorch autograd: the reference the clones must match. The output layer and
     the loss run over `loss_chunk` target positions at a time (`nmt.loss`; 0: all at once).
-    `encoder`: "cells" runs the model's own cells position by position; "nn_lstm" runs the
-    encoders on torch's LSTM kernel with the same parameters (`nmt.nn_lstm`)."""
+    `encoder`: "cells" runs the model's own cells position by position; "kernel" runs the
+    encoders on torch's RNN kernel for the cell with the same parameters (`nmt.nn_rnn`)."""
 
     def __init__(
         self,
@@ -42,7 +42,7 @@ class AutogradExecutor:
         encoder: str = "cells",
     ):
         self.model, self.loss_chunk, self.label_smoothing = model, loss_chunk, label_smoothing
-        self.encode = NnLstmEncoder(model) if encoder == "nn_lstm" else None
+        self.encode = KernelEncoder(model) if encoder == "kernel" else None
 
     def forward_backward(self, batch: Batch) -> Tensor:
         return self.step(batch).to(torch.float64)

@@ -1,5 +1,6 @@
-"""`train.autograd_encoder: nn_lstm`: torch's LSTM kernel on the model's parameters computes
-the clones' loss and gradients - dropout included, its masks drawn as the cells draw them."""
+"""`train.autograd_encoder: kernel`: torch's RNN kernel for the cell (nn.LSTM's, nn.GRU's) on
+the model's parameters computes the clones' loss and gradients - dropout included, its masks
+drawn as the cells draw them."""
 
 from __future__ import annotations
 
@@ -8,17 +9,17 @@ import torch
 
 from nmt.config import Config, TrainConfig
 from nmt.model import dropout_mask, dropout_masks, private_rng
-from nmt.nn_lstm import NnLstmEncoder
+from nmt.nn_rnn import KernelEncoder
 from nmt.opcount import count
 from nmt.train.executors import AutogradExecutor, make_executor
 from tests.conftest import TEST_DEVICE, model_structures
 from tests.test_engine_equivalence import clone_grads, make_batch, make_model, max_rel_err
 
 
-def nn_lstm_grads(model, batch) -> tuple[float, dict[str, torch.Tensor]]:
+def kernel_grads(model, batch) -> tuple[float, dict[str, torch.Tensor]]:
     model.zero_grad(set_to_none=True)
     torch.manual_seed(5)  # the clones' masks (clone_grads seeds the same)
-    loss = AutogradExecutor(model, encoder="nn_lstm").forward_backward(batch)
+    loss = AutogradExecutor(model, encoder="kernel").forward_backward(batch)
     return float(loss), {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
@@ -27,28 +28,29 @@ def test_equals_the_clones_in_float64(structure: dict) -> None:
     """Every structure, dropout on and off: 1e-10 against the clone executor."""
     model = make_model(**structure, param_init=0.3)
     batch = make_batch()
-    loss, grads = nn_lstm_grads(model, batch)
+    loss, grads = kernel_grads(model, batch)
     ref_loss, ref = clone_grads(model, batch, "none")
     assert all(g.abs().max() > 0 for g in grads.values())
     assert max_rel_err(grads, ref) < 1e-10
     assert loss == pytest.approx(ref_loss, rel=1e-12)
 
 
-def test_the_decoder_draws_the_same_masks_after_it() -> None:
+@pytest.mark.parametrize("rnn_type", ["lstm", "gru"])
+def test_the_decoder_draws_the_same_masks_after_it(rnn_type: str) -> None:
     """The encoder leaves the generator where the cells leave it, so what follows matches."""
-    model = make_model(num_layers=3, bidirectional=True)
+    model = make_model(num_layers=3, bidirectional=True, rnn_type=rnn_type)
     src = make_batch().src
     after = {}
-    for name, encode in (("cells", model.encode), ("nn_lstm", NnLstmEncoder(model))):
+    for name, encode in (("cells", model.encode), ("kernel", KernelEncoder(model))):
         torch.manual_seed(5)
         context, final = encode(src)
         after[name] = (context, final, torch.rand(8, device=TEST_DEVICE))
     (c1, f1, r1), (c2, f2, r2) = after.values()
     assert torch.equal(r1, r2)
     torch.testing.assert_close(c1, c2, rtol=1e-12, atol=1e-14)
-    for (h1, s1), (h2, s2) in zip(f1, f2, strict=True):
-        torch.testing.assert_close(h1, h2, rtol=1e-12, atol=1e-14)
-        torch.testing.assert_close(s1, s2, rtol=1e-12, atol=1e-14)
+    for state1, state2 in zip(f1, f2, strict=True):
+        for t1, t2 in zip(state1, state2, strict=True):
+            torch.testing.assert_close(t1, t2, rtol=1e-12, atol=1e-14)
 
 
 @pytest.mark.parametrize("private", [False, True])
@@ -72,17 +74,18 @@ def test_dropout_masks_are_successive_dropout_mask_draws(private: bool) -> None:
 
 
 def test_float32_runs_the_fused_kernel_and_fewer_ops() -> None:
-    """cuDNN on a GPU, oneDNN on the CPU: one op per layer instead of a cell per position."""
+    """LSTM: cuDNN on a GPU, oneDNN on the CPU: one op per layer instead of a cell per
+    position."""
     model = make_model(num_layers=2).float()
     batch = make_batch()
     runs = {}
-    for encoder in ("cells", "nn_lstm"):
+    for encoder in ("cells", "kernel"):
         model.zero_grad(set_to_none=True)
         torch.manual_seed(5)
         executor = AutogradExecutor(model, encoder=encoder)
         counts = count(lambda executor=executor: executor.forward_backward(batch))
         runs[encoder] = (counts, {n: p.grad.clone() for n, p in model.named_parameters()})
-    (cells, ref), (fast, grads) = runs["cells"], runs["nn_lstm"]
+    (cells, ref), (fast, grads) = runs["cells"], runs["kernel"]
     assert max_rel_err(grads, ref) < 1e-4
     assert fast.ops < cells.ops and fast.syncs == cells.syncs == 0
     kernel = "aten._cudnn_rnn" if TEST_DEVICE.type == "cuda" else "aten.mkldnn_rnn_layer"
@@ -94,7 +97,7 @@ def test_float32_runs_the_fused_kernel_and_fewer_ops() -> None:
 
 def test_the_config_key_picks_the_encoder() -> None:
     model = make_model()
-    for encoder, kind in (("cells", type(None)), ("nn_lstm", NnLstmEncoder)):
+    for encoder, kind in (("cells", type(None)), ("kernel", KernelEncoder)):
         cfg = Config(
             model=model.cfg, train=TrainConfig(executor="autograd", autograd_encoder=encoder)
         )

@@ -1,20 +1,22 @@
-"""The encoder through torch's LSTM kernel - what `torch.nn.LSTM` runs: cuDNN on a GPU,
-oneDNN on the CPU in float32 - with the model's own parameters (`train.autograd_encoder:
-nn_lstm`).
+"""The encoder through torch's RNN kernel - what `torch.nn.LSTM` / `torch.nn.GRU` run: cuDNN
+on a GPU, oneDNN on the CPU in float32 - with the model's own parameters
+(`train.autograd_encoder: kernel`).
 
 The fast autograd baseline a PyTorch user would write: one kernel call over the whole source
-instead of one cell per position. The weights are those of the seq2seq-attn cells
-(`nmt.model.LSTMLayer`): i2h -> weight_ih and bias_ih, h2h -> weight_hh, a zero bias_hh, the
-gate rows reordered from the cells' i f o g to the kernel's i f g o, all copied into one flat
-buffer per call in nn.LSTM's layout (cuDNN takes it as is); gradients flow back through the
-copy into the same parameters.
+instead of one cell per position. The weights are those of the model's cells
+(`nmt.cells`): i2h -> weight_ih and bias_ih, h2h -> weight_hh, a zero bias_hh, the gate rows
+reordered from the cell's order to the kernel's (`RecurrentLayer.KERNEL_GATES`), all copied
+into one flat buffer per call in nn.LSTM's / nn.GRU's layout (cuDNN takes it as is);
+gradients flow back through the copy into the same parameters. The cell's `kernel` makes the
+call.
 
-Dropout: nn.LSTM would draw its own inter-layer masks, all at once, which no other executor
-could reproduce. So with dropout each layer is one kernel call, and the input of every layer
-above the first is multiplied by the masks `LSTMStack` would have drawn - the same draws from
-the same generator in the same order (`nmt.model.dropout_masks`), so the decoder's masks after
-them are the same too. The loss and gradients equal the cells' to rounding, dropout on or off
-(float64: 1e-10 against the clone executor). Without dropout all layers run in one call.
+Dropout: the kernel would draw its own inter-layer masks, all at once, which no other
+executor could reproduce. So with dropout each layer is one kernel call, and the input of
+every layer above the first is multiplied by the masks `RNNStack` would have drawn - the same
+draws from the same generator in the same order (`nmt.model.dropout_masks`), so the decoder's
+masks after them are the same too. The loss and gradients equal the cells' to rounding,
+dropout on or off (float64: 1e-10 against the clone executor). Without dropout all layers run
+in one call.
 """
 
 from __future__ import annotations
@@ -24,25 +26,24 @@ import warnings
 import torch
 from torch import Tensor
 
-from nmt.model import LayerState, LSTMStack, Seq2SeqAttn, dropout_masks
+from nmt.cells import RecurrentLayer, State
+from nmt.model import RNNStack, Seq2SeqAttn, dropout_masks
 
-# the kernel's gates i f g o as row blocks of the cells' i f o g
-KERNEL_GATES = (0, 1, 3, 2)
 # cuDNN warns when the weights are not one nn.LSTM-style buffer; ours are built as one, and
 # where its layout differed it would compact them (a copy we make anyway) - not the user's doing
 NOT_FLAT = "RNN module weights are not part of single contiguous chunk of memory"
 
 
-class NnLstmEncoder:
-    """`Seq2SeqAttn.encode` for training batches (one source length, no mask) on the LSTM
-    kernel; pass it as `model.nll(..., encode=NnLstmEncoder(model))`."""
+class KernelEncoder:
+    """`Seq2SeqAttn.encode` for training batches (one source length, no mask) on the RNN
+    kernel of the model's cell; pass it as `model.nll(..., encode=KernelEncoder(model))`."""
 
     def __init__(self, model: Seq2SeqAttn):
         self.model = model
         self._rows: dict[torch.device, Tensor] = {}
         self._zero_bias: dict[tuple[torch.device, torch.dtype], Tensor] = {}
 
-    def __call__(self, src: Tensor) -> tuple[Tensor, list[LayerState]]:
+    def __call__(self, src: Tensor) -> tuple[Tensor, list[State]]:
         m = self.model
         emb = m.src_embedding(src.t())  # S x B x E: the kernel's time-major layout
         with warnings.catch_warnings():
@@ -52,35 +53,35 @@ class NnLstmEncoder:
             if m.encoder_bwd is not None:  # over the reversed source, as the cells run it
                 tops_b, final_b = self._run(m.encoder_bwd, emb.flip(0))
                 tops = tops + tops_b.flip(0)
-                final = [(h + hb, c + cb) for (h, c), (hb, cb) in zip(final, final_b, strict=True)]
+                final = [
+                    tuple(t + tb for t, tb in zip(s, sb, strict=True))
+                    for s, sb in zip(final, final_b, strict=True)
+                ]
         return tops.transpose(0, 1).contiguous(), final
 
-    def _run(self, stack: LSTMStack, x: Tensor) -> tuple[Tensor, list[LayerState]]:
-        """x: S x B x E -> top layer's h at every position S x B x H, final (h, c) per layer."""
+    def _run(self, stack: RNNStack, x: Tensor) -> tuple[Tensor, list[State]]:
+        """x: S x B x E -> top layer's h at every position S x B x H, final state per layer."""
         layers, S, B = list(stack.layers), x.size(0), x.size(1)
-        H = self.model.cfg.rnn_size
+        H, cell = self.model.cfg.rnn_size, stack.cell
         train = torch.is_grad_enabled()  # cuDNN keeps what its backward needs only if asked
         if not (stack.training and stack.dropout > 0 and len(layers) > 1):
             zeros = x.new_zeros(len(layers), B, H)
-            n, weights = len(layers), self._weights(layers)
-            out, h, c = torch.lstm(x, (zeros, zeros), weights, True, n, 0.0, train, False, False)
-            return out, list(zip(h.unbind(0), c.unbind(0), strict=True))
-        # the masks LSTMStack draws: position by position, for every layer above the first
+            return cell.kernel(x, zeros, self._weights(layers), len(layers), train)
+        # the masks RNNStack draws: position by position, for every layer above the first
         masks = dropout_masks(S * (len(layers) - 1), (B, H), stack.dropout, x)
         masks = masks.view(S, len(layers) - 1, B, H)
         zeros = x.new_zeros(1, B, H)
-        final: list[LayerState] = []
+        final: list[State] = []
         for idx, layer in enumerate(layers):
             if idx > 0:
                 x = x * masks[:, idx - 1]
-            weights = self._weights([layer])
-            x, h, c = torch.lstm(x, (zeros, zeros), weights, True, 1, 0.0, train, False, False)
-            final.append((h[0], c[0]))
+            x, (state,) = cell.kernel(x, zeros, self._weights([layer]), 1, train)
+            final.append(state)
         return x, final
 
-    def _weights(self, layers: list) -> list[Tensor]:
+    def _weights(self, layers: list[RecurrentLayer]) -> list[Tensor]:
         """weight_ih, weight_hh, bias_ih, bias_hh of each layer, views of one flat buffer."""
-        rows = self._gate_rows(layers[0].h2h.weight)
+        rows = self._gate_rows(layers[0])
         tensors = []
         for layer in layers:
             tensors += [
@@ -96,10 +97,12 @@ class NnLstmEncoder:
             offset += t.numel()
         return views
 
-    def _gate_rows(self, w_hh: Tensor) -> Tensor:
+    def _gate_rows(self, layer: RecurrentLayer) -> Tensor:
+        """The cell's gate rows in the kernel's order."""
+        w_hh = layer.h2h.weight
         if w_hh.device not in self._rows:
             H = w_hh.size(1)
-            blocks = [torch.arange(g * H, (g + 1) * H) for g in KERNEL_GATES]
+            blocks = [torch.arange(g * H, (g + 1) * H) for g in layer.KERNEL_GATES]
             self._rows[w_hh.device] = torch.cat(blocks).to(w_hh.device)
         return self._rows[w_hh.device]
 

@@ -1,0 +1,91 @@
+"""The recurrent cell contract: what one cell type provides, all of it in its own file.
+
+A cell is one layer of a recurrent stack at one position. As Torch7's Linear.lua keeps a
+layer's forward, gradient and parameter gradient together, a cell's file holds everything
+about it:
+
+    forward         the module form, recorded by autograd (`train.executor: autograd`)
+    fused           the fused cell into persistent buffers (`nmt.wiring.Buf`): the fused
+                    granularity's node and inference with a fused model
+    fused_backward  its hand-written backward, parameter gradients included
+    FUSED           the fused node's buffers and what its backward reads (the planner's facts)
+    wire            the cell as nngraph nodes (the nngraph granularity), via `nmt.wiring.Wiring`
+    STATE           what it carries from one position to the next, each B x H; the first is
+                    its output (the next layer's input, the encoder's context column)
+    GATES           blocks of H in its input products: i2h = Linear(I, GATES H) with a bias,
+                    h2h = Linear(H, GATES H) without (seq2seq-attn's layout)
+    KERNEL_GATES, kernel   torch's fused RNN kernel on the same parameters (cuDNN, oneDNN)
+
+`nmt.cells` registers the types by their `model.rnn_type` name. Shapes: B batch, I input
+size, H rnn_size, S positions.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from torch import Tensor, nn
+
+from nmt.wiring import Buf, FusedBuffers, FusedFacts, Value, Wiring, fresh
+
+State = tuple[Tensor, ...]  # one layer's state, in the order of `STATE`
+
+
+class RecurrentLayer(nn.Module):
+    """One layer of a recurrent stack: the parameters, and the cell in every form."""
+
+    SUMMARY: ClassVar[str]  # one line: the config reference
+    STATE: ClassVar[tuple[str, ...]]
+    GATES: ClassVar[int]
+    FUSED: ClassVar[FusedFacts]
+    KERNEL_GATES: ClassVar[tuple[int, ...]]  # the kernel's gate blocks, as indices of ours
+
+    def __init__(self, input_size: int, rnn_size: int):
+        super().__init__()
+        self.i2h = nn.Linear(input_size, self.GATES * rnn_size)
+        self.h2h = nn.Linear(rnn_size, self.GATES * rnn_size, bias=False)
+
+    def forward(self, x: Tensor, state: State, fused: bool = False) -> State:
+        """x B x I and the state -> the next state. `fused`: the fused cell (no gradient is
+        recorded: its in-place ops are not for autograd)."""
+        if fused:
+            return self.fused(x, state)
+        return self.cell(x, state)
+
+    def cell(self, x: Tensor, state: State) -> State:
+        """The module form."""
+        raise NotImplementedError
+
+    def fused(self, x: Tensor, state: State, buf: Buf = fresh) -> State:
+        """The fused cell, into the buffers `buf` gives."""
+        raise NotImplementedError
+
+    def fused_forward(self, inputs: tuple[Tensor, ...], buf: Buf) -> State:
+        """The fused node's forward: inputs (x, *state)."""
+        x, *state = inputs
+        return self.fused(x, tuple(state), buf)
+
+    def fused_backward(
+        self, inputs: tuple[Tensor, ...], grads: tuple[Tensor, ...], bufs: FusedBuffers
+    ) -> None:
+        """d loss / d (x, *state) into the `FUSED.grad_inputs` buffers from the gradients of
+        the next state; the parameters' gradients added into their `.grad`."""
+        raise NotImplementedError
+
+    def wire(self, g: Wiring, prefix: str, x: Value, state: tuple[Value, ...]) -> tuple:
+        """The cell as nngraph nodes named `prefix` + a node name; returns the next state."""
+        raise NotImplementedError
+
+    @staticmethod
+    def kernel(
+        x: Tensor, zeros: Tensor, weights: list[Tensor], layers: int, train: bool
+    ) -> tuple[Tensor, list[State]]:
+        """torch's RNN kernel over x S x B x I from zero states (`zeros`: layers x B x H)
+        with `weights` in its layout: the top layer's output at every position S x B x H,
+        and every layer's final state."""
+        raise NotImplementedError
+
+    @classmethod
+    def macs(cls, input_size: int, rnn_size: int) -> int:
+        """Multiply-adds of the two products of one position (memreport's FLOPs)."""
+        return cls.GATES * rnn_size * (input_size + rnn_size)
