@@ -40,7 +40,7 @@ Selector = Callable[[Analysis], frozenset[Slot]]
 @dataclass(frozen=True)
 class Policy:
     name: str
-    description: str  # one line: --help texts, the config reference, the README
+    description: str  # one line: --help texts and the config reference (docs/config.md)
     select: Selector
     # each clone's backward re-runs its forward first, into buffers shared by all clones:
     # what lives from a forward to its backward becomes shareable, at the cost of the
