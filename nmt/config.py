@@ -528,7 +528,7 @@ def load_config(
 
 
 def reference_markdown() -> str:
-    """The configuration reference of the README, generated from the dataclasses."""
+    """The configuration reference (docs/config.md), generated from the dataclasses."""
     lines = []
     for section, cls in SECTIONS.items():
         lines += [f"### `{section}`", "", "| key | default | meaning |", "|---|---|---|"]

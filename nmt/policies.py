@@ -41,7 +41,7 @@ Selector = Callable[[Analysis], frozenset[Slot]]
 @dataclass(frozen=True)
 class Policy:
     name: str
-    description: str  # one line: --help texts, the config reference, the README
+    description: str  # one line: --help texts and the config reference (docs/config.md)
     select: Selector
     # what to try when a run under this policy runs out of memory (`nmt.out_of_memory`)
     advice: str

@@ -17,9 +17,9 @@ tokens/s per variant and the ratios between them.
 --count-ops also counts one step of each (after the warm-up): aten ops (~ kernel launches) and
 host synchronisations per step, and the synchronisations of a log step (one that reads the
 loss back). The counts are device-independent; --fixed-length N counts (and times) batches of
-random sentences of N words on both sides (the issue-13 table: 50). --output-layer-share times
-the output layer and loss inside the clone variants' steps: the part that node granularity
-does not change, so it bounds what fused nodes can gain.
+random sentences of N words on both sides (docs/speed.md's op counts: 50).
+--output-layer-share times the output layer and loss inside the clone variants' steps: the
+part that node granularity does not change, so it bounds what fused nodes can gain.
 
     python scripts/bench_train.py                      # 2x256, batch 64, 20 batches
     python scripts/bench_train.py --data data/ende-demo --steps 40 --device cuda

@@ -1,7 +1,7 @@
-"""Print the configuration reference (generated from nmt.config), or rewrite it in README.md.
+"""Print the configuration reference (generated from nmt.config), or write it to docs/config.md.
 
 python scripts/config_reference.py            # print
-python scripts/config_reference.py --write    # replace the README's section in place
+python scripts/config_reference.py --write    # rewrite docs/config.md, the whole file
 """
 
 from __future__ import annotations
@@ -11,23 +11,31 @@ from pathlib import Path
 
 from nmt.config import reference_markdown
 
-README = Path(__file__).resolve().parents[1] / "README.md"
-START = "A config file has three sections; every key is optional except the four data files.\n"
-END = "\n## Development"
+REFERENCE = Path(__file__).resolve().parents[1] / "docs" / "config.md"
+HEADER = (
+    "*Generated from `nmt/config.py` by `python scripts/config_reference.py --write`:"
+    " edit the field docs there, not this file.*"
+)
+INTRO = (
+    "A config file has three sections; every key is optional except the four data files.\n"
+    "Any key can be overridden on the command line: `--set section.key=value`."
+)
+
+
+def document() -> str:
+    """The whole text of docs/config.md."""
+    reference = reference_markdown().rstrip()
+    return f"{HEADER}\n\n# Configuration reference\n\n{INTRO}\n\n{reference}\n"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--write", action="store_true", help=f"rewrite the section in {README.name}")
+    ap.add_argument("--write", action="store_true", help="rewrite docs/config.md")
     args = ap.parse_args()
-    reference = reference_markdown().rstrip() + "\n"
     if not args.write:
-        print(reference, end="")
+        print(document(), end="")
         return
-    text = README.read_text(encoding="utf-8")
-    head, rest = text.split(START, 1)
-    _, tail = rest.split(END, 1)
-    README.write_text(f"{head}{START}\n{reference}{END}{tail}", encoding="utf-8")
+    REFERENCE.write_text(document(), encoding="utf-8")
 
 
 if __name__ == "__main__":

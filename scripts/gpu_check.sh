@@ -48,7 +48,7 @@ if [ "$device" = cuda ]; then
     test_lines=500 min_bleu=90 beam=5
     engine_sel=()
     mem_args=(--config configs/seed-4x600.yaml --device cuda)
-    bench_args=(--device cuda --steps 30 --set train.loss_chunk=8)  # as the README's table
+    bench_args=(--device cuda --steps 30 --set train.loss_chunk=8)  # as docs/speed.md's table
     ranks_sets=(--set train.device=cuda --set train.max_steps=100 --set train.valid_every=50)
 else
     small=(--set data.tokenizer=word --set model.rnn_size=32 --set model.word_vec_size=16)

@@ -41,7 +41,7 @@ def test_every_read_back_is_a_sync():
 
 
 def test_the_fused_granularity_takes_fewer_ops_a_step() -> None:
-    """The issue-13 model shape (2 layers, input feed, dropout), small: a fused clone step
+    """The op-count model shape (2 layers, input feed, dropout), small: a fused clone step
     takes at most 0.8x the ops of an nngraph one, encoder and decoder positions alike."""
     counts = {}
     for granularity in ("nngraph", "fused"):

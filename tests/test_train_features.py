@@ -167,7 +167,7 @@ def test_bleu_off_and_the_bleu_metric_needs_it(tmp_path):
 
 
 def test_each_step_is_validated_once(tmp_path):
-    """valid_every dividing max_steps, or the epoch length, used to validate the step twice."""
+    """valid_every dividing max_steps, or the epoch length: that step is validated once."""
     out = tmp_path / "steps"
     run(make_cfg(tmp_path, max_steps=12, valid_every=6, valid_bleu_sample=5), out)
     assert [r["step"] for r in raw_records(out, "valid")] == [6, 12]

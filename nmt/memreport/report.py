@@ -1,6 +1,6 @@
 """Assemble the memory report: accounting per row and phase, the seed's arithmetic, the
 per-node table, real-step checks, the budget search, length curves; and its stable JSON
-schema (`SCHEMA_VERSION`; every field is described in the README)."""
+schema (`SCHEMA_VERSION`; every field is described in docs/memory.md)."""
 
 from __future__ import annotations
 
