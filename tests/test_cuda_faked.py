@@ -26,6 +26,7 @@ from nmt.config import ModelConfig, TrainConfig, load_config
 from nmt.devices import resolve_device, set_tf32, setup_device
 from nmt.engine import clones, planner
 from nmt.engine.sharing import SharingPlan
+from nmt.engine.spec import ExecutorSpec
 from nmt.errors import NmtError
 from nmt.memreport import report as report_mod
 from nmt.memreport.budget import parse_size
@@ -241,7 +242,7 @@ def test_nothing_but_train_seed_seeds_the_gpus(fake_cuda, tmp_path):
         "num_layers: 1, rnn_size: 8, word_vec_size: 6, dropout: 0.3",
         "batch_size: 64, max_steps: 2, device: cpu, seed: 77",
     )
-    Trainer(load_config(cfg), tmp_path / "run", log=lambda _: None, progress=False).run()
+    Trainer.build(load_config(cfg), tmp_path / "run", log=lambda _: None, progress=False).run()
     assert fake.seeds == [77]
     assert fake.deterministic == [] and fake.bound == []  # a CPU device: CUDA left alone
 
@@ -307,10 +308,10 @@ def test_the_executor_takes_the_models_exact_device(monkeypatch):
     )
     plan = SharingPlan("none", frozenset())
     with pytest.raises(ReachedGraphs):
-        clones.CloneExecutor(model, 3, 3, plan, device="cuda")
+        clones.CloneExecutor(model, ExecutorSpec(model.cfg, 3, 3), plan, device="cuda")
     assert seen == [torch.device("cuda", 1)]
     with pytest.raises(NmtError, match="model is on cuda:1 but the executor on cuda:0"):
-        clones.CloneExecutor(model, 3, 3, plan, device="cuda:0")
+        clones.CloneExecutor(model, ExecutorSpec(model.cfg, 3, 3), plan, device="cuda:0")
 
 
 # ---- 7: out of memory --------------------------------------------------------------------
@@ -384,7 +385,7 @@ def test_out_of_memory_anywhere_in_training_is_one_line(tmp_path, monkeypatch, w
         "num_layers: 1, rnn_size: 8, word_vec_size: 6",
         "batch_size: 64, max_steps: 6, valid_every: 2, device: cpu",
     )
-    trainer = Trainer(load_config(cfg), tmp_path / "run", log=lambda _: None, progress=False)
+    trainer = Trainer.build(load_config(cfg), tmp_path / "run", log=lambda _: None, progress=False)
     calls = {"n": 0}
 
     def fails_at_step_3(real):
@@ -423,7 +424,7 @@ def test_out_of_memory_while_translating_is_one_line(tmp_path, monkeypatch):
         "num_layers: 1, rnn_size: 8, word_vec_size: 6",
         "max_steps: 1, device: cpu",
     )
-    Trainer(load_config(cfg), tmp_path / "run", log=lambda _: None, progress=False).run()
+    Trainer.build(load_config(cfg), tmp_path / "run", log=lambda _: None, progress=False).run()
     src = tmp_path / "src.txt"
     src.write_text("one two\nthree four five\n", encoding="utf-8")
     monkeypatch.setattr(run_module, "translate_ids", oom)

@@ -14,6 +14,7 @@ from nmt.data.batching import Batch
 from nmt.engine import planner
 from nmt.engine.accounting import account, model_records, summarize
 from nmt.engine.clones import CloneExecutor
+from nmt.engine.spec import ExecutorSpec
 from nmt.model import Seq2SeqAttn
 
 CFG = ModelConfig(num_layers=2, rnn_size=6, word_vec_size=5, dropout=0.3, bidirectional=True)
@@ -32,7 +33,7 @@ def full_length_batch() -> Batch:
 def live_executor(policy: str, cfg: ModelConfig = CFG) -> tuple[Seq2SeqAttn, CloneExecutor]:
     torch.manual_seed(0)
     model = Seq2SeqAttn(cfg, SRC_V, TGT_V).train()
-    executor = CloneExecutor(model, MAX_SRC, MAX_TGT, planner.plan(cfg, policy))
+    executor = CloneExecutor(model, ExecutorSpec(cfg, MAX_SRC, MAX_TGT), planner.plan(cfg, policy))
     executor.forward_backward(full_length_batch())
     return model, executor
 
@@ -82,7 +83,7 @@ def test_meta_accounting_equals_the_live_executor(policy: str, attention: str) -
     cfg = dataclasses.replace(CFG, attention=attention)
     model, executor = live_executor(policy, cfg)
     live = summarize(executor.buffers() + model_records(model))
-    meta_records = account(cfg, SRC_V, TGT_V, BATCH, MAX_SRC, MAX_TGT, policy)
+    meta_records = account(ExecutorSpec(cfg, MAX_SRC, MAX_TGT, policy, BATCH), SRC_V, TGT_V)
     assert summarize(meta_records) == live
     assert sorted((r.clone, r.node, r.role, r.shape) for r in meta_records) == sorted(
         (r.clone, r.node, r.role, r.shape) for r in executor.buffers() + model_records(model)
@@ -97,7 +98,7 @@ def test_sharing_saves_memory_in_order() -> None:
 def test_large_model_on_meta() -> None:
     """4 layers x 1000 units, vocab 50k, batch 64, length 50: computed, never allocated."""
     cfg = ModelConfig(num_layers=4, rnn_size=1000, word_vec_size=1000, dropout=0.3)
-    records = {p: account(cfg, 50000, 50000, 64, 50, 50, p) for p in ("none", "all")}
+    records = {p: account(ExecutorSpec(cfg, 50, 50, p, 64), 50000, 50000) for p in ("none", "all")}
     none, all_ = summarize(records["none"]), summarize(records["all"])
     assert none["param"] == all_["param"] == none["grad"]
     assert none["param"] > 800 * 2**20  # ~221M float32 parameters

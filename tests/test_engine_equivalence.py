@@ -14,6 +14,7 @@ from nmt.data.vocab import PAD
 from nmt.engine import clones, planner, seq2seq
 from nmt.engine.clones import CloneExecutor
 from nmt.engine.graph import StateSpec
+from nmt.engine.spec import ExecutorSpec
 from nmt.errors import NmtError
 from nmt.loss import smoothed_loss
 from nmt.model import Seq2SeqAttn
@@ -57,9 +58,10 @@ def clone_grads(
 ) -> tuple[float, dict[str, torch.Tensor]]:
     model.zero_grad(set_to_none=True)
     plan = plan or planner.plan(model.cfg, policy)
-    executor = CloneExecutor(
-        model, S - 2, T - 1, plan, label_smoothing=label_smoothing, loss_chunk=loss_chunk
+    spec = ExecutorSpec(
+        model.cfg, S - 2, T - 1, label_smoothing=label_smoothing, loss_chunk=loss_chunk
     )
+    executor = CloneExecutor(model, spec, plan)
     torch.manual_seed(5)  # the same dropout masks as the autograd run
     loss = float(executor.forward_backward(batch))
     return float(loss), {n: p.grad.clone() for n, p in model.named_parameters()}
@@ -111,7 +113,7 @@ def test_the_executor_follows_the_state_the_graphs_declare(monkeypatch) -> None:
         return StateSpec(names, top=f"h{layers - 1}")
 
     monkeypatch.setattr(seq2seq, "state_spec", reordered)
-    executor = CloneExecutor(model, S - 2, T - 1, plan=plan)
+    executor = CloneExecutor(model, ExecutorSpec(model.cfg, S - 2, T - 1), plan=plan)
     assert executor.clones["dec"][0].state.names[:2] == ("c0", "c1")
     _, grads = clone_grads(model, batch, plan=plan)
     assert max_rel_err(grads, ref) < 1e-10
@@ -125,7 +127,9 @@ def test_gradients_accumulate_into_existing_grads() -> None:
     model = make_model()
     batch = make_batch()
     _, once = clone_grads(model, batch)
-    executor = CloneExecutor(model, S - 2, T - 1, planner.plan(model.cfg, "all"))
+    executor = CloneExecutor(
+        model, ExecutorSpec(model.cfg, S - 2, T - 1), planner.plan(model.cfg, "all")
+    )
     torch.manual_seed(5)
     executor.forward_backward(batch)  # on top of the grads left by clone_grads
     twice = {n: p.grad for n, p in model.named_parameters()}
@@ -157,7 +161,9 @@ def test_a_wrong_share_gives_wrong_gradients(
     model = make_model(attention=attention, granularity=granularity, param_init=0.3)
     batch = make_batch()
     _, ref = autograd_grads(model, batch)
-    executor = CloneExecutor(model, S - 2, T - 1, planner.plan(model.cfg, "none"))
+    executor = CloneExecutor(
+        model, ExecutorSpec(model.cfg, S - 2, T - 1), planner.plan(model.cfg, "none")
+    )
     assert slot in {
         (n.name, r) for _, g in executor.clone_graphs() for n in g.nodes for r in n.ROLES
     }
@@ -187,9 +193,13 @@ def test_too_long_batch_and_bad_policy_are_user_errors() -> None:
     model = make_model()
     plan = planner.plan(model.cfg, "all")
     with pytest.raises(NmtError, match="encoder clones"):
-        CloneExecutor(model, S - 3, T - 1, plan).forward_backward(make_batch())
+        CloneExecutor(model, ExecutorSpec(model.cfg, S - 3, T - 1), plan).forward_backward(
+            make_batch()
+        )
     with pytest.raises(NmtError, match="decoder clones"):
-        CloneExecutor(model, S - 2, T - 2, plan).forward_backward(make_batch())
+        CloneExecutor(model, ExecutorSpec(model.cfg, S - 2, T - 2), plan).forward_backward(
+            make_batch()
+        )
     with pytest.raises(NmtError, match="policy"):
         planner.plan(model.cfg, "some")
 
@@ -332,7 +342,9 @@ def test_fused_output_layer_over_several_positions_with_label_smoothing() -> Non
 def test_nngraph_output_layer_runs_one_position_whatever_the_chunk() -> None:
     """nngraph is seq2seq-attn's graph: its generator runs position by position."""
     model = make_model()
-    executor = CloneExecutor(model, S - 2, T - 1, planner.plan(model.cfg, "all"), loss_chunk=0)
+    executor = CloneExecutor(
+        model, ExecutorSpec(model.cfg, S - 2, T - 1, loss_chunk=0), planner.plan(model.cfg, "all")
+    )
     assert executor.loss_chunk == 1
     with pytest.raises(TypeError, match="one position at a time"):
         executor.generator.step_positions([], [], [], [])

@@ -13,6 +13,7 @@ from nmt.data.batching import Batch
 from nmt.engine import planner
 from nmt.engine.clones import CloneExecutor
 from nmt.engine.nodes import MM, Split
+from nmt.engine.spec import ExecutorSpec
 from nmt.model import Seq2SeqAttn
 from tests.conftest import TEST_DEVICE, model_structures
 
@@ -53,7 +54,7 @@ def test_policies_give_bitwise_identical_parameters(structure: dict, determinist
     results = {}
     for policy in policies.names():
         model = copy.deepcopy(start)
-        executor = CloneExecutor(model, 3, 3, planner.plan(cfg, policy))
+        executor = CloneExecutor(model, ExecutorSpec(cfg, 3, 3), planner.plan(cfg, policy))
         opt = torch.optim.SGD(model.parameters(), lr=0.5)
         torch.manual_seed(42)
         losses = []
@@ -130,7 +131,7 @@ def test_all_plan_covers_pr46(layers: int, bidirectional: bool) -> None:
     )
     shared = planner.plan(cfg, "all").shared
     model = Seq2SeqAttn(cfg, 7, 7)
-    executor = CloneExecutor(model, 2, 2, planner.plan(cfg, "none"))
+    executor = CloneExecutor(model, ExecutorSpec(model.cfg, 2, 2), planner.plan(cfg, "none"))
     nodes = {n.name: n for _, g in executor.clone_graphs() for n in g.nodes}
     for name, role in pr46_slots(layers):
         if role is None:  # nothing to share: no storage of its own for the gradient
@@ -244,7 +245,9 @@ def test_recompute_keeps_private_only_what_leaves_a_clone(structure: dict) -> No
     plan = planner.plan(cfg, "recompute")
     assert plan.recompute and not planner.plan(cfg, "all").recompute
     assert plan.shared == plan.safe and plan.shared > planner.plan(cfg, "all").shared
-    executor = CloneExecutor(Seq2SeqAttn(cfg, 7, 7), 2, 2, planner.plan(cfg, "none"))
+    executor = CloneExecutor(
+        Seq2SeqAttn(cfg, 7, 7), ExecutorSpec(cfg, 2, 2), planner.plan(cfg, "none")
+    )
     executor.forward_backward(random_corpus(1, 7, seed=1, max_src=4, max_tgt=3)[0])
     leaving = set()
     for _, g in executor.clone_graphs():
@@ -264,7 +267,9 @@ def test_recompute_keeps_private_only_what_leaves_a_clone(structure: dict) -> No
 
 def test_attention_policy_shares_across_decoder_clones_only() -> None:
     cfg = ModelConfig(num_layers=1, rnn_size=4, word_vec_size=3, granularity="nngraph")
-    executor = CloneExecutor(Seq2SeqAttn(cfg, 7, 7), 3, 3, planner.plan(cfg, "attention"))
+    executor = CloneExecutor(
+        Seq2SeqAttn(cfg, 7, 7), ExecutorSpec(cfg, 3, 3), planner.plan(cfg, "attention")
+    )
     mms = [n for _, g in executor.clone_graphs() for n in g.nodes if isinstance(n, MM)]
     assert len(mms) == 2 * executor.n_dec
     by_name = {}

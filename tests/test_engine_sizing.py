@@ -14,6 +14,7 @@ from nmt.data.batching import Batch
 from nmt.engine import planner
 from nmt.engine.accounting import account, summarize
 from nmt.engine.clones import CloneExecutor
+from nmt.engine.spec import ExecutorSpec
 from nmt.model import Seq2SeqAttn
 
 CFG = ModelConfig(num_layers=2, rnn_size=6, word_vec_size=5, dropout=0.3, bidirectional=True)
@@ -55,10 +56,11 @@ def test_built_executor_holds_what_the_accounting_says(
     model = Seq2SeqAttn(cfg, 11, 13).train()
     rng = torch.get_rng_state()
     plan = planner.plan(cfg, policy)
-    executor = CloneExecutor(model, MAX_SRC, MAX_TGT, plan, batch_size=BATCH, loss_chunk=chunk)
+    spec = ExecutorSpec(cfg, MAX_SRC, MAX_TGT, policy, batch_size=BATCH, loss_chunk=chunk)
+    executor = CloneExecutor(model, spec, plan)
     assert torch.equal(torch.get_rng_state(), rng)  # sizing drew no random number
     assert all(p.grad is None for p in model.parameters())  # nor touched a gradient
-    accounted = account(cfg, 11, 13, BATCH, MAX_SRC, MAX_TGT, policy, loss_chunk=chunk)
+    accounted = account(spec, 11, 13)
     vocab = [r for r in accounted if r.clone == "generator" and r.role == "output"]
     rows = BATCH * (chunk if granularity == "fused" else 1)
     assert {r.shape for r in vocab} == {(rows, 13)}  # vocabulary-sized: the output layer's
@@ -77,9 +79,8 @@ def test_sized_and_lazy_executors_train_identically() -> None:
     runs = {}
     for sized in (False, True):
         model = copy.deepcopy(start)
-        executor = CloneExecutor(
-            model, MAX_SRC, MAX_TGT, planner.plan(CFG, "all"), batch_size=BATCH if sized else None
-        )
+        spec = ExecutorSpec(CFG, MAX_SRC, MAX_TGT, batch_size=BATCH if sized else None)
+        executor = CloneExecutor(model, spec, planner.plan(CFG, "all"))
         torch.manual_seed(3)
         losses = [float(executor.forward_backward(batch(3, 4, 5, seed))) for seed in range(3)]
         runs[sized] = (losses, [p.grad.clone() for p in model.parameters()])

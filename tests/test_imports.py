@@ -9,6 +9,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 import nmt
 
 ROOT = Path(nmt.__file__).resolve().parent
@@ -73,11 +75,78 @@ def test_nmt_has_no_import_cycle() -> None:
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
 
-def test_the_executor_stands_below_the_planner_and_the_accounting() -> None:
+# The floors of the house, bottom first (docs/architecture.md shows the same list): a module
+# stands on the floor of the longest entry that names it or a package above it, and imports
+# only from its own floor or below. A module that no entry names fails the test: place it.
+FLOORS: list[tuple[str, tuple[str, ...]]] = [
+    ("foundation", ("nmt", "nmt.errors", "nmt.wiring", "nmt.policies", "nmt.devices",
+                    "nmt.opcount", "nmt.cpu_memory")),
+    ("parts", ("nmt.cells", "nmt.attention", "nmt.granularities")),
+    ("config", ("nmt.config",)),
+    ("data", ("nmt.data", "nmt.checkpoint", "nmt.out_of_memory")),
+    ("model", ("nmt.model", "nmt.loss", "nmt.nn_rnn")),
+    ("engine", ("nmt.engine",)),
+    ("translate", ("nmt.translate",)),
+    ("train", ("nmt.train",)),
+    ("memreport", ("nmt.memreport",)),
+    ("cli", ("nmt.cli", "nmt.__main__")),
+]  # fmt: skip
+
+
+def floor_of(module: str) -> int:
+    """The index in FLOORS of the floor `module` stands on."""
+    best, floor = -1, -1
+    for index, (_, entries) in enumerate(FLOORS):
+        for entry in entries:
+            named = module == entry or (entry != "nmt" and module.startswith(entry + "."))
+            if named and len(entry) > best:
+                best, floor = len(entry), index
+    if floor < 0:
+        raise AssertionError(f"{module} stands on no floor: add it to FLOORS (and the doc)")
+    return floor
+
+
+def test_no_module_imports_one_on_a_floor_above_it() -> None:
     graph = import_graph()
+    up = [
+        f"{m} ({FLOORS[floor_of(m)][0]}) imports {t} ({FLOORS[floor_of(t)][0]})"
+        for m, targets in sorted(graph.items())
+        for t in sorted(targets)
+        if floor_of(t) > floor_of(m)
+    ]
+    assert not up, "imports that run back up a floor:\n" + "\n".join(up)
+
+
+def test_the_layers_the_issue_names() -> None:
+    """config, data and the model import nothing from the engine, training, translation or
+    memreport; translation nothing from training; the executor stands below the planner and
+    the accounting."""
+    graph = import_graph()
+    above = ("nmt.engine", "nmt.train", "nmt.translate", "nmt.memreport")
+    for m, targets in graph.items():
+        if m == "nmt.config" or m.startswith(("nmt.data", "nmt.model", "nmt.cells")):
+            assert not [t for t in targets if t.startswith(above)], m
+        if m.startswith("nmt.translate"):
+            assert not [t for t in targets if t.startswith("nmt.train")], m
     assert {"nmt.engine.planner", "nmt.engine.accounting"}.isdisjoint(graph["nmt.engine.clones"])
     assert "nmt.engine.clones" in graph["nmt.engine.planner"]
-    assert "nmt.engine.clones" in graph["nmt.engine.accounting"]
+
+
+def test_the_floor_rule_can_fail() -> None:
+    assert floor_of("nmt.engine.clones") > floor_of("nmt.model") > floor_of("nmt.config")
+    assert floor_of("nmt.cells.gru") == floor_of("nmt.cells")
+    with pytest.raises(AssertionError, match="no floor"):
+        floor_of("nmt_other.x")
+
+
+def test_architecture_doc_lists_the_floors() -> None:
+    doc = (ROOT.parent / "docs" / "architecture.md").read_text(encoding="utf-8")
+    rows = [line for line in doc.splitlines() if line.startswith("| ") and "`nmt" in line]
+    listed = [(row.split("|")[1].strip(), row.split("|")[2]) for row in rows]
+    assert [name for name, _ in listed] == [name for name, _ in FLOORS][::-1]  # top first
+    for (name, cell), (_, entries) in zip(listed, FLOORS[::-1], strict=True):
+        named = {part.strip("` /") for part in cell.split(",")}
+        assert named == {e.removeprefix("nmt.").replace(".", "/") or "nmt" for e in entries}, name
 
 
 def test_the_graph_reader_sees_hidden_and_submodule_imports(tmp_path: Path) -> None:

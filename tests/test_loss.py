@@ -11,6 +11,7 @@ from nmt.data.batching import Batch
 from nmt.data.vocab import PAD
 from nmt.engine import planner
 from nmt.engine.clones import CloneExecutor
+from nmt.engine.spec import ExecutorSpec
 from nmt.model import Seq2SeqAttn
 from nmt.train.executors import AutogradExecutor
 
@@ -67,7 +68,9 @@ def test_the_chunked_autograd_step_matches_the_clone_executor() -> None:
     ref = {n: p.grad.clone() for n, p in model.named_parameters()}
     model.zero_grad(set_to_none=True)
     torch.manual_seed(5)
-    executor = CloneExecutor(model, S - 2, T - 1, planner.plan(model.cfg, "all"))
+    executor = CloneExecutor(
+        model, ExecutorSpec(model.cfg, S - 2, T - 1), planner.plan(model.cfg, "all")
+    )
     assert float(executor.forward_backward(batch)) == pytest.approx(value, rel=1e-12)
     for name, p in model.named_parameters():
         torch.testing.assert_close(p.grad, ref[name], rtol=1e-10, atol=1e-12)

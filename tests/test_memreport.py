@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 from nmt import policies
 from nmt.cli import app
 from nmt.config import ModelConfig, load_config
+from nmt.engine.spec import ExecutorSpec
 from nmt.errors import NmtError
 from nmt.memreport import budget as budget_mod
 from nmt.memreport.budget import largest_fitting, parse_size
@@ -171,7 +172,9 @@ def test_recompute_costs_one_more_forward_of_the_clones(tiny: Setting) -> None:
     the generator 2*10 per position: clones 3*32 + 2*52 = 200, generator 40; the re-run
     forward is 2*200 FLOPs of a 6*240 FLOP step."""
     model = ModelConfig(num_layers=1, rnn_size=2, word_vec_size=2, input_feed=False)
-    hand = Setting(dataclasses.replace(model, attention="dot"), 7, 10, 1, 1, 1)
+    hand = Setting(
+        ExecutorSpec(dataclasses.replace(model, attention="dot"), 1, 1, batch_size=1), 7, 10
+    )
     assert extra_flop_fraction(hand, "recompute") == pytest.approx(400 / 1440)
     assert extra_flop_fraction(hand, "all") == extra_flop_fraction(hand, "autograd") == 0
     big_vocab = tiny.replace(tgt_vocab=100 * tiny.tgt_vocab)  # the generator is not re-run
@@ -281,7 +284,7 @@ def test_parse_size_rejects_garbage(text: str) -> None:
 def test_device_choice(tiny: Setting, monkeypatch) -> None:
     assert choose_device("auto", tiny, 10**6)[0] == "cpu"
     assert choose_device("auto", tiny, 10**15)[0] == "meta"  # more than a quarter of RAM
-    big = Setting(ModelConfig(), 50000, 50000, 64, 50, 50)
+    big = Setting(ExecutorSpec(ModelConfig(), 50, 50, batch_size=64), 50000, 50000)
     assert choose_device("auto", big, 10**6)[0] == "meta"  # a slow CPU step
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(NmtError, match="CUDA is not available"):

@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from nmt.cli import app
 from nmt.config import ModelConfig, load_config
+from nmt.engine.spec import ExecutorSpec
 from nmt.errors import NmtError
 from nmt.memreport.measure import Setting, measure, validation_peak
 from nmt.memreport.report import build_report, seed_arithmetic, to_json
@@ -49,7 +50,7 @@ def test_beam_replay_on_meta_matches_a_real_search(
 
 @pytest.mark.parametrize("chunk", [0, 1, 3])
 def test_validation_peak_on_meta_equals_the_cpu_pass(chunk: int) -> None:
-    setting = Setting(CFG, 40, 900, batch_size=5, max_src_len=6, max_tgt_len=7)
+    setting = Setting(ExecutorSpec(CFG, 6, 7, batch_size=5), 40, 900)
     torch.manual_seed(0)
     cpu = validation_peak(setting, chunk, setting.build_model("cpu"))
     assert cpu == validation_peak(setting, chunk) > 0

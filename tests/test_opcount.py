@@ -8,6 +8,7 @@ from nmt.config import ModelConfig
 from nmt.data.batching import Batch
 from nmt.engine import planner
 from nmt.engine.clones import CloneExecutor
+from nmt.engine.spec import ExecutorSpec
 from nmt.model import build_model
 from nmt.opcount import count, count_ops, count_syncs
 
@@ -48,7 +49,7 @@ def test_the_fused_granularity_takes_fewer_ops_a_step() -> None:
         cfg = ModelConfig(num_layers=2, rnn_size=8, word_vec_size=8, granularity=granularity)
         torch.manual_seed(0)
         model = build_model(cfg, 20, 20, device="cpu", dtype=torch.float32).train()
-        executor = CloneExecutor(model, 8, 8, planner.plan(cfg, "all"))
+        executor = CloneExecutor(model, ExecutorSpec(cfg, 8, 8), planner.plan(cfg, "all"))
         for S, T in ((6, 4), (9, 9)):
             batch = Batch(*(torch.randint(4, 20, (4, n)) for n in (S, T, T)))
             executor.forward_backward(batch)  # buffers sized: the counted step allocates none

@@ -13,6 +13,7 @@ from nmt.engine.clones import CloneExecutor
 from nmt.engine.graph import Tracer
 from nmt.engine.nodes import Tanh
 from nmt.engine.sharing import SharingPlan
+from nmt.engine.spec import ExecutorSpec
 from nmt.model import Seq2SeqAttn
 
 STRUCTURE = ModelConfig(num_layers=1, rnn_size=4, word_vec_size=3, dropout=0.3)
@@ -55,7 +56,7 @@ def test_a_never_touched_buffer_is_not_shared(monkeypatch: pytest.MonkeyPatch) -
 def _traced_step(cfg: ModelConfig) -> tuple[CloneExecutor, Tracer]:
     torch.manual_seed(0)
     model = Seq2SeqAttn(cfg, 7, 7).train()
-    executor = CloneExecutor(model, 1, 2, SharingPlan("none", frozenset()))
+    executor = CloneExecutor(model, ExecutorSpec(cfg, 1, 2), SharingPlan("none", frozenset()))
     batch = Batch(
         torch.tensor([[2, 5, 3], [2, 6, 3]]),
         torch.tensor([[2, 4, 5], [2, 6, 3]]),

@@ -22,6 +22,7 @@ from nmt.config import ModelConfig, from_dict, load_config, reference_markdown, 
 from nmt.data.batching import Batch
 from nmt.engine import planner
 from nmt.engine.clones import CloneExecutor
+from nmt.engine.spec import ExecutorSpec
 from nmt.errors import NmtError
 from nmt.memreport.report import build_report, to_json
 from nmt.memreport.text import render
@@ -152,7 +153,9 @@ def test_an_extra_policy_is_accepted_planned_and_reported(extra_policy, tmp_path
     results = {}
     for name in ("none", extra_policy):
         model = copy.deepcopy(start)
-        executor = CloneExecutor(model, 6, 6, planner.plan(cfg.model, name))
+        executor = CloneExecutor(
+            model, ExecutorSpec(cfg.model, 6, 6), planner.plan(cfg.model, name)
+        )
         assert executor.plan.shared == planner.plan(cfg.model, name).shared
         torch.manual_seed(42)
         losses = [float(executor.forward_backward(b)) for b in batches()]

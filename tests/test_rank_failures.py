@@ -33,7 +33,7 @@ from nmt.train.trainer import Trainer
 
 rank, config, out = int(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
 torch.set_num_threads(1)
-trainer = Trainer(load_config(config), out, log=lambda _: None, progress=False)
+trainer = Trainer.build(load_config(config), out, log=lambda _: None, progress=False)
 failed_at = None
 if rank == 1:
     step = trainer.optimizer.step

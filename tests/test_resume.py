@@ -132,7 +132,7 @@ def poisoned_trainer(tmp_path: Path, bad_calls: set[int]) -> tuple[Trainer, list
     cfg = load_config(
         config(tmp_path), ["train.max_steps=12", "train.valid_every=4", "train.max_bad_steps=3"]
     )
-    trainer = Trainer(cfg, tmp_path / "run", log=logs.append, progress=False)
+    trainer = Trainer.build(cfg, tmp_path / "run", log=logs.append, progress=False)
     trainer.executor = PoisonedExecutor(trainer.executor, bad_calls)
     return trainer, logs
 

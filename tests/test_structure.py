@@ -27,9 +27,10 @@ from nmt.config import (
 from nmt.engine import planner
 from nmt.engine.clones import CloneExecutor
 from nmt.engine.sharing import SharingPlan
+from nmt.engine.spec import ExecutorSpec
 from nmt.errors import NmtError
 from nmt.model import build_model
-from nmt.train.trainer import check_resume_config
+from nmt.train.builders import check_resume_config
 from tests.conftest import write_toy_config
 
 MODEL_FIELDS = [f.name for f in dataclasses.fields(ModelConfig)]
@@ -61,7 +62,7 @@ def clone_graph_layout(cfg: ModelConfig) -> list:
     """What the clone executor builds for `cfg`: every clone's nodes (type, name) and its
     graph's inputs; tensor sizes left out."""
     model = build_model(cfg, 7, 7, device="cpu", dtype=torch.float32).train()
-    executor = CloneExecutor(model, 1, 2, SharingPlan("none", frozenset()))
+    executor = CloneExecutor(model, ExecutorSpec(model.cfg, 1, 2), SharingPlan("none", frozenset()))
     return [
         (name, [(type(n).__name__, n.name) for n in g.all_nodes()], g.input_names)
         for name, g in executor.clone_graphs()

@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def toy_trainer(run_dir: Path, *overrides: str) -> Trainer:
     cfg = load_config(REPO / "configs" / "toy.yaml", ["train.device=cpu", *overrides])
-    return Trainer(cfg, run_dir, log=lambda s: None, progress=False)
+    return Trainer.build(cfg, run_dir, log=lambda s: None, progress=False)
 
 
 def test_sharing_changes_no_number_on_the_toy_config(tmp_path, monkeypatch):
@@ -55,7 +55,7 @@ def test_recompute_resumes_exactly(tmp_path):
 
     def trainer(run: str, policy: str, steps: int, resume: Path | None = None) -> Trainer:
         overrides = [f"train.prealloc={policy}", f"train.max_steps={steps}"]
-        return Trainer(
+        return Trainer.build(
             load_config(cfg, overrides), tmp_path / run, resume=resume, log=lambda s: None,
             progress=False,
         )  # fmt: skip

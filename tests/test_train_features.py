@@ -62,7 +62,7 @@ def make_cfg(tmp_path: Path, train_lines: int = 0, model: dict | None = None, **
 
 def run(cfg: Config, out: Path, progress: bool = False) -> tuple[Trainer, list[str]]:
     lines: list[str] = []
-    trainer = Trainer(cfg, out, log=lines.append, progress=progress)
+    trainer = Trainer.build(cfg, out, log=lines.append, progress=progress)
     trainer.run()
     return trainer, lines
 
@@ -173,7 +173,9 @@ def test_each_step_is_validated_once(tmp_path):
     assert [r["step"] for r in raw_records(out, "valid")] == [6, 12]
 
     cfg = make_cfg(tmp_path, train_lines=64, epochs=2, valid_bleu_sample=5)
-    n = len(Trainer(cfg, tmp_path / "probe", log=lambda _: None, progress=False).train_batches)
+    n = len(
+        Trainer.build(cfg, tmp_path / "probe", log=lambda _: None, progress=False).train_batches
+    )
     out = tmp_path / "epochs"
     cfg = make_cfg(tmp_path, train_lines=64, epochs=2, valid_every=n, valid_bleu_sample=5)
     _, lines = run(cfg, out)
@@ -235,7 +237,7 @@ def test_a_resumed_run_keeps_counting_towards_early_stopping(tmp_path, monkeypat
     run(cfg, out)  # one validation without improvement so far
     scripted(monkeypatch, [8.7, 1.0], [0.0] * 2)
     cfg.train.max_steps = 12
-    trainer = Trainer(cfg, out, resume=out / "last.pt", log=lambda _: None, progress=False)
+    trainer = Trainer.build(cfg, out, resume=out / "last.pt", log=lambda _: None, progress=False)
     trainer.run()
     assert trainer.state.step == 8 and step_of(out / "model.pt") == 4
     assert [r["step"] for r in raw_records(out, "valid")] == [2, 4, 6, 8]
@@ -339,7 +341,7 @@ def test_keep_checkpoints_then_average_and_translate(tmp_path):
     assert len(hyp.read_text(encoding="utf-8").splitlines()) == 5
 
     with pytest.raises(NmtError, match="no training state"):
-        Trainer(cfg, tmp_path / "again", resume=averaged, log=lambda _: None, progress=False)
+        Trainer.build(cfg, tmp_path / "again", resume=averaged, log=lambda _: None, progress=False)
 
 
 def test_average_refuses_checkpoints_of_different_models(tmp_path):

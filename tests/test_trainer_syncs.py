@@ -32,7 +32,7 @@ def trainer(tmp_path: Path, *overrides: str, logs: list[str] | None = None) -> T
     )
     cfg = load_config(path, list(overrides))
     sink = logs.append if logs is not None else (lambda line: None)
-    return Trainer(cfg, tmp_path / "run", log=sink, progress=False)
+    return Trainer.build(cfg, tmp_path / "run", log=sink, progress=False)
 
 
 @pytest.mark.parametrize("executor", list(EXECUTORS))

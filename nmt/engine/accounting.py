@@ -12,10 +12,9 @@ from collections.abc import Iterable
 
 import torch
 
-from nmt.config import ModelConfig
 from nmt.engine import planner
-from nmt.engine.clones import CloneExecutor
 from nmt.engine.records import BufferRecord
+from nmt.engine.spec import ExecutorSpec
 from nmt.model import build_model
 
 MODEL_ROLES = ("param", "grad")
@@ -55,29 +54,14 @@ def summarize(records: Iterable[BufferRecord]) -> dict[str, int]:
 
 
 def account(
-    model_cfg: ModelConfig,
-    src_vocab: int,
-    tgt_vocab: int,
-    batch_size: int,
-    max_src_len: int,
-    max_tgt_len: int,
-    policy: str,
-    dtype: torch.dtype = torch.float32,
-    loss_chunk: int = 1,
+    spec: ExecutorSpec, src_vocab: int, tgt_vocab: int, dtype: torch.dtype = torch.float32
 ) -> list[BufferRecord]:
-    """The executor's buffers (and the model's parameters and gradients, clone "model") as an
-    executor built for `batch_size` sentences holds them: sized up front by one training step
-    at maximum lengths, computed on the meta device, so nothing is allocated."""
-    model = build_model(model_cfg, src_vocab, tgt_vocab, device="meta", dtype=dtype)
-    model.train()
-    plan = planner.plan(model_cfg, policy)
-    executor = CloneExecutor(
-        model,
-        max_src_len,
-        max_tgt_len,
-        plan,
-        device="meta",
-        batch_size=batch_size,
-        loss_chunk=loss_chunk,
-    )
+    """The executor's buffers (and the model's parameters and gradients, clone "model") as the
+    executor `spec` describes holds them - built for `spec.batch_size` sentences, sized up
+    front by one training step at maximum lengths - computed on the meta device, so nothing
+    is allocated."""
+    if spec.batch_size is None:
+        raise ValueError("the accounting needs the batch size the buffers are reserved for")
+    model = build_model(spec.model, src_vocab, tgt_vocab, device="meta", dtype=dtype).train()
+    executor = planner.planned_executor(model, spec, device="meta")
     return executor.buffers() + model_records(model)

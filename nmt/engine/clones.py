@@ -36,28 +36,25 @@ from nmt.engine.node import resized
 from nmt.engine.records import BufferRecord, records_for
 from nmt.engine.seq2seq import decoder_graph, encoder_graph
 from nmt.engine.sharing import SharingPlan
+from nmt.engine.spec import ExecutorSpec
 from nmt.errors import NmtError
 from nmt.model import Seq2SeqAttn, build_model, mask_rng_state, replayed_masks
 
 
 class CloneExecutor:
-    """Trains a Seq2SeqAttn with cloned graphs; the buffers `plan` names are shared by all
-    clones (the planner finds the plan, `nmt.engine.planner.plan(model.cfg, policy)`).
-    Its buffers live on the model's device; `device`, if given, must name it. With
-    `batch_size`, every buffer is allocated up front (`reserve`); without, buffers grow as
-    batches need them (the planner's probe)."""
+    """Trains a Seq2SeqAttn with cloned graphs, shaped as `spec` says (`ExecutorSpec`); the
+    buffers `plan` names are shared by all clones (the planner finds the plan and builds a
+    planned executor: `nmt.engine.planner.planned_executor`). Its buffers live on the
+    model's device; `device`, if given, must name it. With `spec.batch_size`, every buffer is
+    allocated up front (`reserve`); without, buffers grow as batches need them (the
+    planner's probe)."""
 
     def __init__(
         self,
         model: Seq2SeqAttn,
-        max_src_len: int,
-        max_tgt_len: int,
+        spec: ExecutorSpec,
         plan: SharingPlan,
         device: torch.device | str | None = None,
-        batch_size: int | None = None,
-        *,
-        label_smoothing: float = 0.0,
-        loss_chunk: int = 1,
     ):
         param = model.generator.weight
         self.device = param.device  # exactly the model's: a bare `cuda` names no one GPU
@@ -65,8 +62,10 @@ class CloneExecutor:
             raise NmtError(
                 f"the model is on {param.device} but the executor on {device}: move the model first"
             )
-        self.model, self.cfg, self.dtype = model, model.cfg, param.dtype
-        self.n_enc, self.n_dec = max_src_len + 2, max_tgt_len + 1
+        if spec.model != model.cfg:
+            raise ValueError(f"the spec is for {spec.model}, the model is {model.cfg}")
+        self.model, self.cfg, self.dtype, self.spec = model, model.cfg, param.dtype, spec
+        self.n_enc, self.n_dec = spec.encoder_clones, spec.decoder_clones
         dev, dt = self.device, self.dtype
         self.clones: dict[str, list[Graph]] = {
             "enc": [encoder_graph(model, model.encoder, dev, dt) for _ in range(self.n_enc)],
@@ -75,9 +74,8 @@ class CloneExecutor:
             else [],
             "dec": [decoder_graph(model, dev, dt) for _ in range(self.n_dec)],
         }
-        self.generator = Generator(model, dev, dt, label_smoothing)
-        # target positions the output layer runs at once, as the granularity has it
-        self.loss_chunk = model.granularity.output_positions(loss_chunk, self.n_dec)
+        self.generator = Generator(model, dev, dt, spec.label_smoothing)
+        self.loss_chunk = spec.output_positions  # target positions the output layer runs at once
         self.plan = plan
         self.policy = self.plan.policy
         self.shared = self._share(self.plan)
@@ -108,8 +106,8 @@ class CloneExecutor:
         for r in ("src", "tgt_in", "tgt_out"):
             self.loop[r] = torch.empty(0, device=dev, dtype=torch.long)
         self.loop["loss"] = torch.zeros((), device=dev, dtype=torch.float64)
-        if batch_size is not None:
-            self.reserve(batch_size)
+        if spec.batch_size is not None:
+            self.reserve(spec.batch_size)
 
     def reserve(self, batch_size: int) -> None:
         """Allocate every buffer at its size for `batch_size` sentences at the maximum lengths.
@@ -126,14 +124,7 @@ class CloneExecutor:
                 device="meta",
                 dtype=self.dtype,
             ).train()
-            twin = CloneExecutor(
-                meta_model,
-                self.n_enc - 2,
-                self.n_dec - 1,
-                self.plan,
-                "meta",
-                loss_chunk=self.loss_chunk,
-            )
+            twin = CloneExecutor(meta_model, self.spec.replace(batch_size=None), self.plan, "meta")
         with torch.device("meta"):
             full = Batch(
                 torch.zeros(batch_size, self.n_enc, dtype=torch.long),

@@ -44,7 +44,8 @@ from nmt.engine.clones import CloneExecutor
 from nmt.engine.graph import Tracer
 from nmt.engine.node import flat
 from nmt.engine.sharing import SharingPlan, Slot
-from nmt.model import build_model, private_rng
+from nmt.engine.spec import ExecutorSpec
+from nmt.model import Seq2SeqAttn, build_model, private_rng
 
 StructureKey = tuple[tuple[str, Any], ...]  # (field, value) of every field, normalised
 
@@ -87,9 +88,18 @@ def _analysis(key: StructureKey, recompute: bool = False) -> Analysis:
 def _probe(model_cfg: ModelConfig, recompute: bool = False) -> CloneExecutor:
     """A tiny float32 CPU executor without sharing, of `model_cfg`'s graph structure, in
     training mode; `recompute`: its clones re-run their forward in their backward."""
-    model = build_model(graph_structure(model_cfg), 7, 7, device="cpu", dtype=torch.float32)
+    structure = graph_structure(model_cfg)
+    model = build_model(structure, 7, 7, device="cpu", dtype=torch.float32)
     empty = SharingPlan("none", frozenset(), recompute=recompute)
-    return CloneExecutor(model.train(), max_src_len=1, max_tgt_len=2, plan=empty, device="cpu")
+    spec = ExecutorSpec(structure, max_src_len=1, max_tgt_len=2, policy=policies.OFF)
+    return CloneExecutor(model.train(), spec, empty, device="cpu")
+
+
+def planned_executor(
+    model: Seq2SeqAttn, spec: ExecutorSpec, device: torch.device | str | None = None
+) -> CloneExecutor:
+    """The clone executor `spec` describes, sharing what its policy's plan says."""
+    return CloneExecutor(model, spec, plan(spec.model, spec.policy), device)
 
 
 def analyse(model_cfg: ModelConfig, recompute: bool = False) -> Analysis:

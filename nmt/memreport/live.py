@@ -120,21 +120,6 @@ def held_storage_bytes(executor: CloneExecutor, model: Seq2SeqAttn) -> int:
     return sum(storages.values())
 
 
-def _clone_executor(
-    setting: Setting, policy: str, model: Seq2SeqAttn, device: torch.device
-) -> CloneExecutor:
-    plan = planner.plan(setting.model, policy)
-    return CloneExecutor(
-        model,
-        setting.max_src_len,
-        setting.max_tgt_len,
-        plan,
-        device,
-        batch_size=setting.batch_size,
-        loss_chunk=setting.loss_chunk,
-    )
-
-
 def real_step(
     setting: Setting, policy: str, accounted: PolicyMemory, device: torch.device | str
 ) -> LiveResult:
@@ -176,7 +161,7 @@ def _run(
         step = autograd_step(setting, model, batch, row_loss_chunk(setting, policy))
         result.accounted_bytes, result.live_bytes = accounted.buffer_bytes, step.peak
     else:
-        executor = _clone_executor(setting, policy, model, device)
+        executor = planner.planned_executor(model, setting.row_spec(policy), device)
         built = held_storage_bytes(executor, model)
         executor.forward_backward(setting.full_batch(device))
         live = summarize(executor.buffers())["buffers"]

@@ -33,6 +33,7 @@ from nmt.devices import DTYPES
 from nmt.engine import planner
 from nmt.engine.accounting import MODEL_ROLES, account, summarize
 from nmt.engine.records import BufferRecord
+from nmt.engine.spec import ExecutorSpec
 from nmt.loss import batch_nll
 from nmt.memreport.tracker import StorageTracker, storage_key  # noqa: F401 (first lived here)
 from nmt.memreport.translation import Translation, beam_peak
@@ -52,37 +53,64 @@ ACCUMULATOR_ROLES = ("grad_output_acc", "encoder_acc", "state_grad", "state_grad
 
 @dataclass(frozen=True)
 class Setting:
-    """Everything training memory depends on: model, vocabularies, batch, lengths, dtype."""
+    """Everything training memory depends on: the executor's spec (model, lengths, batch,
+    label smoothing, loss chunk; its policy is each row's own), vocabularies, dtype, the
+    optimizer and, when asked, a beam search."""
 
-    model: ModelConfig
+    spec: ExecutorSpec
     src_vocab: int
     tgt_vocab: int
-    batch_size: int
-    max_src_len: int
-    max_tgt_len: int
     dtype: str = "float32"
     optimizer: str = "sgd"
-    loss_chunk: int = 1  # train.loss_chunk: the autograd row, validation, fused clones
     translation: Translation | None = None  # a beam search's phase, when asked
 
     @classmethod
     def from_config(cls, cfg: Config, translation: Translation | None = None) -> Setting:
         d = cfg.data
-        return cls(
-            cfg.model,
-            d.src_vocab_size,
-            d.tgt_vocab_size,
-            cfg.train.batch_size,
-            d.max_src_len,
-            d.max_tgt_len,
-            cfg.train.dtype,
-            cfg.train.optimizer,
-            cfg.train.loss_chunk,
-            translation,
-        )
+        spec = ExecutorSpec.from_config(cfg)
+        t = cfg.train
+        return cls(spec, d.src_vocab_size, d.tgt_vocab_size, t.dtype, t.optimizer, translation)
 
     def replace(self, **changes: object) -> Setting:
-        return dataclasses.replace(self, **changes)
+        """Another setting; the spec's fields (batch_size, max_tgt_len, ...) by name too."""
+        spec_fields = {f.name for f in dataclasses.fields(ExecutorSpec)}
+        mine = {k: v for k, v in changes.items() if k not in spec_fields}
+        spec = self.spec.replace(**{k: v for k, v in changes.items() if k in spec_fields})
+        return dataclasses.replace(self, spec=spec, **mine)
+
+    def row_spec(self, policy: str) -> ExecutorSpec:
+        """The executor of the clone row `policy`."""
+        return self.spec.replace(policy=policy)
+
+    # ---- the spec's, read through ----
+
+    @property
+    def model(self) -> ModelConfig:
+        return self.spec.model
+
+    @property
+    def batch_size(self) -> int:
+        return self.spec.batch_size
+
+    @property
+    def max_src_len(self) -> int:
+        return self.spec.max_src_len
+
+    @property
+    def max_tgt_len(self) -> int:
+        return self.spec.max_tgt_len
+
+    @property
+    def loss_chunk(self) -> int:
+        return self.spec.loss_chunk
+
+    @property
+    def encoder_clones(self) -> int:
+        return self.spec.encoder_clones
+
+    @property
+    def decoder_clones(self) -> int:
+        return self.spec.decoder_clones
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -91,14 +119,6 @@ class Setting:
     @property
     def element_bytes(self) -> int:
         return torch.empty(0, dtype=self.torch_dtype).element_size()
-
-    @property
-    def encoder_clones(self) -> int:
-        return self.max_src_len + 2  # <s> .. </s>
-
-    @property
-    def decoder_clones(self) -> int:
-        return self.max_tgt_len + 1  # <s> w1 .. wm  ->  w1 .. wm </s>
 
     def full_batch(self, device: torch.device | str, seed: int = 0) -> Batch:
         """A batch at maximum lengths with no padding (the largest step); random real tokens
@@ -230,15 +250,7 @@ def measure_clones(setting: Setting, policy: str, opt_bytes: int) -> PolicyMemor
     tracker = StorageTracker()
     with tracker:
         records = account(
-            setting.model,
-            setting.src_vocab,
-            setting.tgt_vocab,
-            setting.batch_size,
-            setting.max_src_len,
-            setting.max_tgt_len,
-            policy,
-            setting.torch_dtype,
-            setting.loss_chunk,
+            setting.row_spec(policy), setting.src_vocab, setting.tgt_vocab, setting.torch_dtype
         )
     summary = summarize(records)
     parts = dict.fromkeys(("output", "grad_input", "accumulator", "other"), 0)

@@ -9,7 +9,6 @@ cross-entropy of `nmt.loss`. The trainer never cares which one ran.
 
 from __future__ import annotations
 
-import math
 from typing import Protocol
 
 import torch
@@ -19,7 +18,7 @@ from nmt import loss
 from nmt.config import Config
 from nmt.data.batching import Batch
 from nmt.engine import planner
-from nmt.engine.clones import CloneExecutor
+from nmt.engine.spec import ExecutorSpec
 from nmt.model import Seq2SeqAttn
 from nmt.nn_rnn import KernelEncoder
 
@@ -62,16 +61,4 @@ def make_executor(cfg: Config, model: Seq2SeqAttn, world_size: int = 1) -> Execu
     if cfg.train.executor == "autograd":
         t = cfg.train
         return AutogradExecutor(model, t.loss_chunk, t.label_smoothing, t.autograd_encoder)
-    plan = planner.plan(cfg.model, cfg.train.prealloc)
-    device = next(model.parameters()).device
-    rows = math.ceil(cfg.train.batch_size / world_size)
-    return CloneExecutor(
-        model,
-        cfg.data.max_src_len,
-        cfg.data.max_tgt_len,
-        plan,
-        device=device,
-        batch_size=rows,
-        label_smoothing=cfg.train.label_smoothing,
-        loss_chunk=cfg.train.loss_chunk,
-    )
+    return planner.planned_executor(model, ExecutorSpec.from_config(cfg, world_size))

@@ -29,30 +29,17 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
-from nmt.checkpoint import load_checkpoint, prune_step_checkpoints, save_checkpoint
-from nmt.config import Config, shape_keys
-from nmt.cpu_memory import map_large_allocations
-from nmt.data.batching import Batch, epoch_order, make_batches
-from nmt.data.corpus import Corpus, load_corpus
-from nmt.data.tokenizers import tokenizer_from_state
-from nmt.devices import DTYPES, setup_device
+from nmt.checkpoint import prune_step_checkpoints, save_checkpoint
+from nmt.config import Config
+from nmt.data.batching import Batch, epoch_order
 from nmt.errors import NmtError
-from nmt.model import build_model
 from nmt.out_of_memory import batch_shape, training_message
 from nmt.train import distributed as dd
-from nmt.train.executors import make_executor
+from nmt.train.builders import Run, build_run
 from nmt.train.failures import RankFailures
 from nmt.train.rng import rng_state, set_rng_state
-from nmt.train.runlog import RunLog
-from nmt.train.schedule import (
-    LearningRateSchedule,
-    load_optimizer_state,
-    make_optimizer,
-    set_learning_rate,
-)
-from nmt.train.stopping import EarlyStopping
-from nmt.train.update import DeviceUpdate
-from nmt.train.validation import BleuSet, greedy_bleu, perplexity, validation_batches
+from nmt.train.schedule import load_optimizer_state, set_learning_rate
+from nmt.train.validation import BleuSet, greedy_bleu, perplexity
 from nmt.translate.translator import SearchOptions
 
 Log = Callable[[str], None]
@@ -79,22 +66,6 @@ class TrainingInterrupted(Exception):
     def __init__(self, message: str, signum: int):
         super().__init__(message)
         self.signum = signum
-
-
-def check_resume_config(cfg: Config, saved: dict, path: Path) -> None:
-    """A resumed run must build the same vocabularies and model as its checkpoint: the keys
-    marked as fixing parameter or vocabulary shapes (`nmt.config.shape_keys`) must agree."""
-    current, defaults = cfg.to_dict(), Config().to_dict()
-    for dotted in shape_keys():
-        section, key = dotted.split(".")
-        # a key the checkpoint lacks is younger than it: it was trained with the default
-        old = saved.get(section, {}).get(key, defaults[section][key])
-        new = current[section][key]
-        if old != new:
-            raise NmtError(
-                f"{path}: trained with {dotted}={old!r}, but the config says {new!r}; "
-                "resume with the checkpoint's value or start a new run"
-            )
 
 
 @dataclass
@@ -132,84 +103,21 @@ class Meter:
 
 
 class Trainer:
-    """Owns the objects of one run; `run()` trains until the epochs or `max_steps` end."""
+    """Runs the loop over one run's built parts (`nmt.train.builders.Run`): `run()` trains
+    until the epochs or `max_steps` end."""
 
-    def __init__(
-        self,
-        cfg: Config,
-        out_dir: Path,
-        *,
-        resume: Path | None = None,
-        log: Log = echo,
-        progress: bool = True,
-    ):
-        t = cfg.train
-        device = setup_device(t.device, deterministic=t.deterministic, tf32=t.tf32)
-        self.dist, self.device = dd.init_distributed(device)
-        self.failures = RankFailures(self.dist, self.device, self._out_of_memory)
-        if self.device.type == "cpu":  # the peak nmt memreport accounts, not a fragmented heap
-            map_large_allocations()
-        if not self.dist.is_main:  # one voice: rank 0 logs, shows progress, writes files
-            log, progress = (lambda message: None), False
-        run_log = RunLog(Path(out_dir) if self.dist.is_main else None, log)
-        self.cfg, self.out_dir, self.log, self.progress = cfg, Path(out_dir), run_log, progress
-        torch.manual_seed(cfg.train.seed)
-        log = run_log
-        checkpoint = load_checkpoint(resume) if resume else None
-        tokenizers = None
-        if checkpoint is not None:
-            check_resume_config(cfg, checkpoint["config"], resume)
-            if "optimizer" not in checkpoint or "schedule" not in checkpoint:
-                raise NmtError(
-                    f"{resume}: holds no training state (an averaged checkpoint?); resume from "
-                    "a last.pt or ckpt_step*.pt"
-                )
-            tokenizers = (
-                tokenizer_from_state(checkpoint["src_tokenizer"]),
-                tokenizer_from_state(checkpoint["tgt_tokenizer"]),
-            )
-        if not self.dist.is_main:  # rank 0 trains (and caches) any sentencepiece model first
-            dd.barrier(self.dist)
-        self.corpus: Corpus = load_corpus(cfg.data, self.out_dir, log=log, tokenizers=tokenizers)
-        if self.dist.is_main:
-            dd.barrier(self.dist)
-        src_vocab, tgt_vocab = len(self.corpus.src_tokenizer), len(self.corpus.tgt_tokenizer)
-        self.model = build_model(
-            cfg.model, src_vocab, tgt_vocab, device=self.device, dtype=DTYPES[cfg.train.dtype]
-        )
-        if self.dist.rank > 0:  # same initial weights everywhere, own dropout masks per rank
-            torch.manual_seed(cfg.train.seed + self.dist.rank)
-        self.optimizer = make_optimizer(cfg.train, list(self.model.parameters()))
-        self.schedule = LearningRateSchedule.from_config(cfg.train)
-        self.executor = make_executor(cfg, self.model, self.dist.world_size)
-        params = list(self.model.parameters())
-        self.update = DeviceUpdate(params, self.optimizer, cfg.train.max_grad_norm)
-        self._zero = torch.zeros((), dtype=torch.float64, device=self.device)  # a failed rank's
-        self.train_batches = make_batches(self.corpus.train, cfg.train.batch_size)
+    def __init__(self, run: Run):
+        self.cfg, self.out_dir, self.dist, self.device = run.cfg, run.out_dir, run.dist, run.device
+        self.log, self.progress = run.log, run.progress
+        self.corpus, self.model, self.executor = run.corpus, run.model, run.executor
+        self.optimizer, self.schedule, self.update = run.optimizer, run.schedule, run.update
+        self.train_batches, self.validation = run.train_batches, run.validation
+        self.stopping = run.stopping
         # counted once on the host: counting a batch on the device would read it back
         self.train_tokens = [batch.n_tokens for batch in self.train_batches]
+        self.failures = RankFailures(self.dist, self.device, self._out_of_memory)
+        self._zero = torch.zeros((), dtype=torch.float64, device=self.device)  # a failed rank's
         self._pending = 0  # steps since `settle` last read the device's counts
-        # validation as memreport accounts it: padded batches of train.batch_size pairs, the
-        # generator over one training loss chunk's rows at a time (all positions: chunk 0)
-        self.valid_batch_size = cfg.train.batch_size
-        chunk = cfg.train.loss_chunk or cfg.data.max_tgt_len + 1
-        self.valid_rows = cfg.train.batch_size * chunk
-        self.valid_batches = validation_batches(self.corpus.valid, self.valid_batch_size)
-        self.bleu_set = (
-            BleuSet.sample(
-                self.corpus.valid_text,
-                self.corpus.src_tokenizer,
-                cfg.train.valid_bleu_sample,
-                cfg.train.seed,
-            )
-            if cfg.train.valid_bleu_sample and self.corpus.valid_text
-            else None
-        )
-        # greedy, at most min(2 x data.max_tgt_len, 3 x source tokens) tokens a sentence
-        self.bleu_search = SearchOptions(
-            beam_size=1, max_length=2 * cfg.data.max_tgt_len, max_length_ratio=3.0
-        )
-        self.stopping = EarlyStopping(cfg.train.early_stopping_metric, cfg.train.early_stopping)
         self.state = TrainState()
         self._valid_seconds = 0.0  # spent validating in this process
         self._window, self._epoch = Meter(self._train_clock), Meter(self._train_clock)
@@ -217,20 +125,46 @@ class Trainer:
         self._early_stop = False
         self._signal: int | None = None  # a signal this process received
         self._stop = False  # some rank received one: all stop at this step boundary
-        if checkpoint is not None:
-            self._restore(checkpoint, resume)
+        if run.checkpoint is not None:
+            self._restore(run.checkpoint, run.resume)
+        self._describe()
+
+    @classmethod
+    def build(
+        cls,
+        cfg: Config,
+        out_dir: Path,
+        *,
+        resume: Path | None = None,
+        log: Log = echo,
+        progress: bool = True,
+    ) -> Trainer:
+        """A trainer over the parts `cfg` describes (`nmt.train.builders.build_run`)."""
+        return cls(build_run(cfg, Path(out_dir), resume=resume, log=log, progress=progress))
+
+    @property
+    def bleu_set(self) -> BleuSet | None:
+        return self.validation.bleu_set
+
+    @property
+    def bleu_search(self) -> SearchOptions:
+        return self.validation.bleu_search
+
+    def _describe(self) -> None:
+        """The run's first lines: the model and the data."""
+        src_vocab, tgt_vocab = len(self.corpus.src_tokenizer), len(self.corpus.tgt_tokenizer)
         n_params = sum(p.numel() for p in self.model.parameters())
-        log(
+        self.log(
             f"model: {n_params:,} parameters, vocabularies {src_vocab} / {tgt_vocab}, "
             f"executor {self._executor_name()}, device {self.device}"
         )
+        valid_text = self.corpus.valid_text
         bleu = (
-            f"; BLEU (greedy) on {len(self.bleu_set.sources)} of the file's "
-            f"{len(self.corpus.valid_text)}"
+            f"; BLEU (greedy) on {len(self.bleu_set.sources)} of the file's {len(valid_text)}"
             if self.bleu_set
             else ""
         )
-        log(
+        self.log(
             f"data: {len(self.corpus.train)} training pairs in {len(self.train_batches)} batches, "
             f"{len(self.corpus.valid)} validation pairs{bleu}"
         )
@@ -334,9 +268,8 @@ class Trainer:
         if s.valid_step == s.step:
             return s.last_valid_ppl
         start = time.perf_counter()
-        ppl = perplexity(
-            self.model, self.valid_batches, self.device, self.dist, self.failures, self.valid_rows
-        )
+        v = self.validation
+        ppl = perplexity(self.model, v.batches, self.device, self.dist, self.failures, v.rows)
         bleu = math.nan
         if self.bleu_set is not None:
             bleu = greedy_bleu(
@@ -344,7 +277,7 @@ class Trainer:
                 self.bleu_set,
                 self.corpus.tgt_tokenizer,
                 self.bleu_search,
-                self.valid_batch_size,
+                v.batch_size,
                 self.dist,
             )
         ppl, bleu = dd.broadcast_values([ppl, bleu], self.dist, self.device)
@@ -640,9 +573,8 @@ def train(
 ) -> TrainState:
     """Train a model as configured; checkpoints go to `out_dir`."""
     try:
-        trainer = Trainer(
-            cfg, Path(out_dir), resume=Path(resume) if resume else None, log=log, progress=progress
-        )
+        resume = Path(resume) if resume else None
+        trainer = Trainer.build(cfg, Path(out_dir), resume=resume, log=log, progress=progress)
         state = trainer.run()
         # every rank done with its collectives before any tears the group down: a rank that
         # destroys it while a peer still talks to it can abort the peer (Gloo: terminate)

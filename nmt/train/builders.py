@@ -1,0 +1,201 @@
+"""The parts of a training run, built from the typed config (JoeyNMT's builders, nanoGPT's
+`GPTConfig -> GPT`): the trainer receives them built and only runs its loop.
+
+`build_run` does, in order: the device and the process group; the run's log; the
+checkpoint to resume from (checked against the config); the corpus and its tokenizers; the
+model; the optimizer, learning-rate schedule, executor and device-side update; the
+training batches; what validation measures. Each step is a function of its own, so a
+part can be built alone (memreport builds an executor from the same spec, tests a corpus).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from nmt.checkpoint import load_checkpoint
+from nmt.config import Config, shape_keys
+from nmt.cpu_memory import map_large_allocations
+from nmt.data.batching import Batch, make_batches
+from nmt.data.corpus import Corpus, load_corpus
+from nmt.data.tokenizers import Tokenizer, tokenizer_from_state
+from nmt.devices import DTYPES, setup_device
+from nmt.errors import NmtError
+from nmt.model import Seq2SeqAttn, build_model
+from nmt.train import distributed as dd
+from nmt.train.executors import Executor, make_executor
+from nmt.train.runlog import RunLog
+from nmt.train.schedule import LearningRateSchedule, make_optimizer
+from nmt.train.stopping import EarlyStopping
+from nmt.train.update import DeviceUpdate
+from nmt.train.validation import BleuSet, ValidBatch, validation_batches
+from nmt.translate.translator import SearchOptions
+
+Log = Callable[[str], None]
+
+
+@dataclass
+class Validation:
+    """What every validation measures: padded batches of `batch_size` pairs scored
+    `rows` target positions at a time (what `nmt memreport` accounts for validation), and
+    greedy BLEU on a fixed sample (`bleu_set`, None: off) searched as `bleu_search` says."""
+
+    batches: list[ValidBatch]
+    batch_size: int
+    rows: int
+    bleu_set: BleuSet | None
+    bleu_search: SearchOptions
+
+
+@dataclass
+class Run:
+    """Everything one training run is made of, built."""
+
+    cfg: Config
+    out_dir: Path
+    dist: dd.DistContext
+    device: torch.device
+    log: RunLog
+    progress: bool
+    corpus: Corpus
+    model: Seq2SeqAttn
+    optimizer: torch.optim.Optimizer
+    schedule: LearningRateSchedule
+    executor: Executor
+    update: DeviceUpdate
+    train_batches: list[Batch]
+    validation: Validation
+    stopping: EarlyStopping
+    checkpoint: dict[str, Any] | None  # the state to resume from
+    resume: Path | None
+
+
+def check_resume_config(cfg: Config, saved: dict, path: Path) -> None:
+    """A resumed run must build the same vocabularies and model as its checkpoint: the keys
+    marked as fixing parameter or vocabulary shapes (`nmt.config.shape_keys`) must agree."""
+    current, defaults = cfg.to_dict(), Config().to_dict()
+    for dotted in shape_keys():
+        section, key = dotted.split(".")
+        # a key the checkpoint lacks is younger than it: it was trained with the default
+        old = saved.get(section, {}).get(key, defaults[section][key])
+        new = current[section][key]
+        if old != new:
+            raise NmtError(
+                f"{path}: trained with {dotted}={old!r}, but the config says {new!r}; "
+                "resume with the checkpoint's value or start a new run"
+            )
+
+
+def resume_state(
+    cfg: Config, path: Path | None
+) -> tuple[dict[str, Any] | None, tuple[Tokenizer, Tokenizer] | None]:
+    """The checkpoint to resume from and its tokenizers (None, None: a new run)."""
+    if path is None:
+        return None, None
+    checkpoint = load_checkpoint(path)
+    check_resume_config(cfg, checkpoint["config"], path)
+    if "optimizer" not in checkpoint or "schedule" not in checkpoint:
+        raise NmtError(
+            f"{path}: holds no training state (an averaged checkpoint?); resume from "
+            "a last.pt or ckpt_step*.pt"
+        )
+    tokenizers = (
+        tokenizer_from_state(checkpoint["src_tokenizer"]),
+        tokenizer_from_state(checkpoint["tgt_tokenizer"]),
+    )
+    return checkpoint, tokenizers
+
+
+def build_corpus(
+    cfg: Config,
+    out_dir: Path,
+    dist: dd.DistContext,
+    log: Log,
+    tokenizers: tuple[Tokenizer, Tokenizer] | None,
+) -> Corpus:
+    """The corpus; rank 0 trains (and caches) any sentencepiece model before the others."""
+    if not dist.is_main:
+        dd.barrier(dist)
+    corpus = load_corpus(cfg.data, out_dir, log=log, tokenizers=tokenizers)
+    if dist.is_main:
+        dd.barrier(dist)
+    return corpus
+
+
+def build_validation(cfg: Config, corpus: Corpus) -> Validation:
+    """Validation as memreport accounts it: padded batches of train.batch_size pairs, the
+    generator over one training loss chunk's rows at a time (all positions: chunk 0); BLEU
+    greedy, at most min(2 x data.max_tgt_len, 3 x source tokens) tokens a sentence."""
+    t = cfg.train
+    chunk = t.loss_chunk or cfg.data.max_tgt_len + 1
+    bleu_set = None
+    if t.valid_bleu_sample and corpus.valid_text:
+        bleu_set = BleuSet.sample(
+            corpus.valid_text, corpus.src_tokenizer, t.valid_bleu_sample, t.seed
+        )
+    return Validation(
+        batches=validation_batches(corpus.valid, t.batch_size),
+        batch_size=t.batch_size,
+        rows=t.batch_size * chunk,
+        bleu_set=bleu_set,
+        bleu_search=SearchOptions(
+            beam_size=1, max_length=2 * cfg.data.max_tgt_len, max_length_ratio=3.0
+        ),
+    )
+
+
+def build_run(
+    cfg: Config,
+    out_dir: Path,
+    *,
+    resume: Path | None = None,
+    log: Log = print,
+    progress: bool = True,
+) -> Run:
+    """Every part of a training run, in the order they depend on each other."""
+    t = cfg.train
+    dist, device = dd.init_distributed(
+        setup_device(t.device, deterministic=t.deterministic, tf32=t.tf32)
+    )
+    if device.type == "cpu":  # the peak nmt memreport accounts, not a fragmented heap
+        map_large_allocations()
+    if not dist.is_main:  # one voice: rank 0 logs, shows progress, writes files
+        log, progress = (lambda message: None), False
+    run_log = RunLog(out_dir if dist.is_main else None, log)
+    torch.manual_seed(t.seed)
+    checkpoint, tokenizers = resume_state(cfg, resume)
+    corpus = build_corpus(cfg, out_dir, dist, run_log, tokenizers)
+    model = build_model(
+        cfg.model,
+        len(corpus.src_tokenizer),
+        len(corpus.tgt_tokenizer),
+        device=device,
+        dtype=DTYPES[t.dtype],
+    )
+    if dist.rank > 0:  # same initial weights everywhere, own dropout masks per rank
+        torch.manual_seed(t.seed + dist.rank)
+    params = list(model.parameters())
+    optimizer = make_optimizer(t, params)
+    return Run(
+        cfg=cfg,
+        out_dir=out_dir,
+        dist=dist,
+        device=device,
+        log=run_log,
+        progress=progress,
+        corpus=corpus,
+        model=model,
+        optimizer=optimizer,
+        schedule=LearningRateSchedule.from_config(t),
+        executor=make_executor(cfg, model, dist.world_size),
+        update=DeviceUpdate(params, optimizer, t.max_grad_norm),
+        train_batches=make_batches(corpus.train, t.batch_size),
+        validation=build_validation(cfg, corpus),
+        stopping=EarlyStopping(t.early_stopping_metric, t.early_stopping),
+        checkpoint=checkpoint,
+        resume=resume,
+    )
