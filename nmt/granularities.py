@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from nmt.errors import NmtError
+from nmt.nodes import fused, modules
 from nmt.wiring import Value, Wiring
 
 
@@ -63,7 +64,7 @@ class NnGraph(Granularity):
         return attention.wire(g, h_top, context)
 
     def wire_dropout(self, g, name, p, x):
-        return g.dropout(name, p, x)
+        return g.add(modules.Dropout, name, x, p=p, module=g.owner)
 
     def output_positions(self, loss_chunk, positions):
         return 1  # seq2seq-attn's generator: one target position at a time
@@ -79,13 +80,13 @@ class Fused(Granularity):
     fused_inference = True
 
     def wire_cell(self, g, layer, prefix, x, state):
-        return g.fused_layer(prefix + "cell", layer, x, *state)
+        return g.add(fused.FusedLayer, prefix + "cell", x, *state, layer=layer)
 
     def wire_attention(self, g, attention, h_top, context):
-        return g.fused_layer("attn", attention, h_top, context)
+        return g.add(fused.FusedLayer, "attn", h_top, context, layer=attention)
 
     def wire_dropout(self, g, name, p, x):
-        return g.fused_dropout(name, p, x)
+        return g.add(fused.Dropout, name, x, p=p, module=g.owner)
 
     def output_positions(self, loss_chunk, positions):
         return min(loss_chunk or positions, positions)

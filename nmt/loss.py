@@ -13,7 +13,7 @@ XentLoss): with smoothing eps and a target vocabulary of V, the target distribut
 1 - eps on the reference token, 0 on PAD and eps / (V - 2) on each other token; PAD positions
 weigh nothing. The loss is the cross-entropy -sum_k q_k log p_k (the KL divergence less the
 constant entropy of q: the same gradient, softmax - q with respect to the logits); the clone
-executor's criterion (`nmt.engine.nodes.LogSoftMaxNLL`) computes that gradient directly.
+executor's criterion (`nmt.engine.generator.LogSoftMaxNLL`) computes that gradient directly.
 Perplexities always come from the NLL part -log p(reference), so that runs with and without
 smoothing compare.
 

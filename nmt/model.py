@@ -13,117 +13,23 @@ Shapes: B batch, S source length, T target length, H rnn_size, E word_vec_size.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from nmt import cells, granularities
+from nmt import cells, granularities, randomness
 from nmt.attention import LEGACY_NAMES, Attention, build_attention
 from nmt.cells import RecurrentLayer, State
 from nmt.config import ModelConfig
 from nmt.data.vocab import PAD
+from nmt.randomness import PRIVATE_RNG, dropout_mask
 
 # src B x S -> (context B x S x H, final state of every layer): `Seq2SeqAttn.encode` or another
 # implementation of the same arithmetic (`nmt.nn_rnn`)
 Encode = Callable[[Tensor], tuple[Tensor, list[State]]]
-
-
-# (seed, {device: generator}) inside `private_rng`; None: the global generators
-_PRIVATE_RNG: ContextVar[tuple[int, dict[torch.device, torch.Generator]] | None] = ContextVar(
-    "private_rng", default=None
-)
-
-
-@contextmanager
-def private_rng(seed: int) -> Iterator[None]:
-    """Inside, initialisation and dropout masks draw from generators of their own (one per
-    device, seeded with `seed`): the global CPU and CUDA generators are neither read,
-    advanced nor reseeded, so a probe (the planner's, memreport's real steps) leaves the
-    randomness of training - seeded by `train.seed` alone - as it was."""
-    token = _PRIVATE_RNG.set((seed, {}))
-    try:
-        yield
-    finally:
-        _PRIVATE_RNG.reset(token)
-
-
-def _generator(device: torch.device) -> torch.Generator | None:
-    """The private generator of `device` inside `private_rng`, else None (the global one)."""
-    private = _PRIVATE_RNG.get()
-    if private is None or device.type == "meta":
-        return None
-    seed, generators = private
-    if device not in generators:
-        generators[device] = torch.Generator(device=device).manual_seed(seed)
-    return generators[device]
-
-
-def keep_mask_(mask: Tensor, p: float) -> Tensor:
-    """Fill `mask` in place with keep draws (1 with probability 1 - p, else 0) from the RNG
-    of its device: the draws of `dropout_mask` for a tensor of its shape and dtype."""
-    return mask.bernoulli_(1.0 - p, generator=_generator(mask.device))
-
-
-def dropout_mask(shape: tuple[int, ...], p: float, like: Tensor) -> Tensor:
-    """An inverted-dropout mask (0 or 1/(1-p)) drawn from the RNG of `like`'s device."""
-    mask = torch.empty(shape, dtype=like.dtype, device=like.device)
-    return keep_mask_(mask, p).div_(1.0 - p)
-
-
-def dropout_masks(n: int, shape: tuple[int, ...], p: float, like: Tensor) -> Tensor:
-    """n x shape: slice k is the mask the k-th of n successive `dropout_mask(shape, p, like)`
-    calls would draw (the same draws from the same generator, in order), divided once."""
-    masks = torch.empty((n, *shape), dtype=like.dtype, device=like.device)
-    generator = _generator(masks.device)
-    for mask in masks:
-        mask.bernoulli_(1.0 - p, generator=generator)
-    return masks.div_(1.0 - p)
-
-
-def mask_rng_state(device: torch.device) -> Tensor | None:
-    """The state of the generator `dropout_mask` draws from on `device` (the private one
-    inside `private_rng`, else the device's global one); None on meta, which draws nothing."""
-    if device.type == "meta":
-        return None
-    private = _generator(device)
-    if private is not None:
-        return private.get_state()
-    if device.type == "cuda":
-        return torch.cuda.get_rng_state(device)
-    if device.type == "cpu":
-        return torch.get_rng_state()
-    raise ValueError(f"no dropout generator known on {device}")
-
-
-def _set_mask_rng_state(device: torch.device, state: Tensor) -> None:
-    private = _generator(device)
-    if private is not None:
-        private.set_state(state)
-    elif device.type == "cuda":
-        torch.cuda.set_rng_state(state, device)
-    else:
-        torch.set_rng_state(state)
-
-
-@contextmanager
-def replayed_masks(device: torch.device, state: Tensor | None) -> Iterator[None]:
-    """Inside, `dropout_mask` on `device` draws again what it drew from `state` (saved by
-    `mask_rng_state`); on exit the generator is back where it was, as if nothing had been
-    drawn (the recompute policy redraws a clone's masks this way). None: nothing to replay."""
-    if state is None:
-        yield
-        return
-    now = mask_rng_state(device)
-    _set_mask_rng_state(device, state)
-    try:
-        yield
-    finally:
-        _set_mask_rng_state(device, now)
 
 
 class RNNStack(nn.Module):
@@ -193,7 +99,7 @@ class Seq2SeqAttn(nn.Module):
     def reset_parameters(self) -> None:
         for p in self.parameters():
             a = self.cfg.param_init
-            nn.init.uniform_(p, -a, a, generator=_generator(p.device))
+            nn.init.uniform_(p, -a, a, generator=randomness.generator(p.device))
 
     @property
     def granularity(self) -> granularities.Granularity:
@@ -314,7 +220,7 @@ def build_model(
     if torch.device(device).type == "meta":
         with torch.device("meta"):
             return Seq2SeqAttn(model_cfg, src_vocab, tgt_vocab).to(dtype=dtype)
-    if _PRIVATE_RNG.get() is None:
+    if PRIVATE_RNG.get() is None:
         return Seq2SeqAttn(model_cfg, src_vocab, tgt_vocab).to(device=device, dtype=dtype)
     with torch.device("meta"):
         model = Seq2SeqAttn(model_cfg, src_vocab, tgt_vocab)

@@ -1,17 +1,17 @@
 """How a layer describes its part of a clone graph, without importing the engine.
 
 The clone executor (`nmt.engine`) builds one graph per time step out of nodes that own
-persistent buffers. Each layer of the model - a recurrent cell (`nmt.cells`), an attention
-type (`nmt.attention`) - states its own part in its own file, in two forms:
+persistent buffers (`nmt.nodes`). Each layer of the model - a recurrent cell (`nmt.cells`),
+an attention type (`nmt.attention`) - states its own part in its own file, in two forms:
 
-- nngraph style, through a `Wiring`: every call adds one node (Torch7's nn modules:
+- nngraph style, through a `Wiring`: each `add` makes one node (Torch7's nn modules:
   Linear, Sigmoid, CMulTable, ...) and returns the handle of its output;
-- as one fused node: the layer's `fused_forward` / `fused_backward` run into the node's
-  buffers, and its `FusedFacts` tell the planner what the node owns and what its backward
-  reads.
+- as one fused node (`nmt.nodes.fused.FusedLayer`): the layer's `fused_forward` /
+  `fused_backward` run into the node's buffers, and its `FusedFacts` tell the planner what
+  the node owns and what its backward reads.
 
-The engine's `GraphBuilder` implements `Wiring` and its `FusedLayer` node runs the fused form,
-so the model's floor never imports the engine, and a new cell or attention type is one file.
+The engine's `GraphBuilder` implements `Wiring`, so the model's floor never imports the
+engine, and a new cell or attention type is one file.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from torch import Tensor
-from torch.nn import Parameter
+from torch.nn import Module
 
 Value = Any  # the handle of a value in the graph being wired (the engine's `Value`)
 
@@ -50,7 +50,7 @@ class FusedBuffers(Protocol):
 
 @dataclass(frozen=True)
 class FusedFacts:
-    """What a layer's fused node owns and reads: the planner's facts (`nmt.engine.node`).
+    """What a layer's fused node owns and reads: the planner's facts (`nmt.nodes.node`).
     Every name is a buffer of the node; the node hands out `outputs` as its output (a
     tuple when `tuple_output`) and `grad_inputs` as its inputs' gradients, in input order."""
 
@@ -89,56 +89,12 @@ class Fusable(Protocol):
 
 
 class Wiring(Protocol):
-    """The node vocabulary a layer wires its clone-graph part with (nngraph style): each
-    method adds one node named `name` (names are per layer, not per clone: the planner
-    shares buffers by name) and returns its output's handle. Shapes: B batch, S source
-    positions, H and I feature sizes."""
+    """How a layer adds its nodes to the clone graph being built, nngraph style: `add` makes
+    a node of a class from `nmt.nodes` (its name is per layer, not per clone: the planner
+    shares buffers by name) on the inputs' handles and returns its output's handle (one per
+    output for a node with several); `owner` is the module whose `training` flag a dropout
+    node follows. The engine's `GraphBuilder` is one."""
 
-    def linear(self, name: str, weight: Parameter, bias: Parameter | None, x: Value) -> Value:
-        """x W^T (+ b)."""
+    owner: Module
 
-    def sigmoid(self, name: str, x: Value) -> Value: ...
-
-    def tanh(self, name: str, x: Value) -> Value: ...
-
-    def softmax(self, name: str, x: Value) -> Value:
-        """Over dimension 1 (source positions)."""
-
-    def cadd(self, name: str, a: Value, b: Value) -> Value:
-        """a + b."""
-
-    def cmul(self, name: str, a: Value, b: Value) -> Value:
-        """a * b."""
-
-    def one_minus(self, name: str, x: Value) -> Value:
-        """1 - x."""
-
-    def split(self, name: str, n: int, x: Value) -> tuple[Value, ...]:
-        """B x nW -> n views B x W."""
-
-    def join(self, name: str, a: Value, b: Value) -> Value:
-        """[a ; b] along dimension 1."""
-
-    def mm_scores(self, name: str, context: Value, target: Value) -> Value:
-        """scores[b, s] = context[b, s] . target[b] (attention MM1)."""
-
-    def mm_context(self, name: str, attn: Value, context: Value) -> Value:
-        """c[b] = sum_s attn[b, s] context[b, s] (attention MM2)."""
-
-    def bottle_linear(self, name: str, weight: Parameter, x: Value) -> Value:
-        """x W^T over the last dimension of x B x S x I."""
-
-    def add_across(self, name: str, a: Value, b: Value) -> Value:
-        """a B x S x H + b B x H added to every row s."""
-
-    def v_scores(self, name: str, weight: Parameter, e: Value) -> Value:
-        """scores[b, s] = v . e[b, s] (v: the 1 x H weight)."""
-
-    def dropout(self, name: str, p: float, x: Value) -> Value: ...
-
-    # ---- the fused granularity: one node per layer ------------------------------------
-
-    def fused_layer(self, name: str, layer: Fusable, *inputs: Value) -> Value:
-        """One node running `layer.fused_forward` (a tuple of handles for `tuple_output`)."""
-
-    def fused_dropout(self, name: str, p: float, x: Value) -> Value: ...
+    def add(self, cls: type, name: str, *inputs: Value, **params: Any) -> Any: ...

@@ -268,7 +268,7 @@ def test_fused_output_layer_runs_only_the_rows_that_are_not_pad(monkeypatch) -> 
     """With the batch's `pad_rows`, the fused output layer runs a position on its rows from
     the first that is not PAD there; the gradients are those of running every row (rounding
     aside), and without `pad_rows` (a batch not built by make_batches) it runs every row."""
-    from nmt.engine.fused import OutputLoss
+    from nmt.engine.generator import OutputLoss
 
     model = make_model(granularity="fused", param_init=0.3)
     batch = make_batch()
@@ -303,7 +303,7 @@ def test_fused_output_layer_over_several_positions(structure: dict, chunk: int, 
     """train.loss_chunk with fused nodes: the output layer runs `chunk` positions' rows
     (leading PAD rows of each skipped) as one product, from the last position down; the
     gradients equal autograd's under every policy, and the policies agree bit for bit."""
-    from nmt.engine.fused import OutputLoss
+    from nmt.engine.generator import OutputLoss
 
     model = make_model(granularity="fused", param_init=0.3, **structure)
     batch = make_batch()

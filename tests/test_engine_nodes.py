@@ -13,9 +13,8 @@ import torch
 from torch import Tensor, nn
 
 from nmt import attention, cells
-from nmt.engine import fused
-from nmt.engine.node import Node, flat
-from nmt.engine.nodes import (
+from nmt.nodes import fused
+from nmt.nodes.modules import (
     AddAcross,
     BottleLinear,
     CAdd,
@@ -32,6 +31,7 @@ from nmt.engine.nodes import (
     Tanh,
     VScores,
 )
+from nmt.nodes.node import Node, flat
 
 B, S, H = 3, 4, 5
 KW = {"device": torch.device("cpu"), "dtype": torch.float64}

@@ -12,9 +12,9 @@ from nmt.config import ModelConfig
 from nmt.data.batching import Batch
 from nmt.engine import planner
 from nmt.engine.clones import CloneExecutor
-from nmt.engine.nodes import MM, Split
 from nmt.engine.spec import ExecutorSpec
 from nmt.model import Seq2SeqAttn
+from nmt.nodes.modules import MM, Split
 from tests.conftest import TEST_DEVICE, model_structures
 
 

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from nmt.config import Config, TrainConfig
-from nmt.model import dropout_mask, dropout_masks, private_rng
 from nmt.nn_rnn import KernelEncoder
 from nmt.opcount import count
+from nmt.randomness import dropout_mask, dropout_masks, private_rng
 from nmt.train.executors import AutogradExecutor, make_executor
 from tests.conftest import TEST_DEVICE, model_structures
 from tests.test_engine_equivalence import clone_grads, make_batch, make_model, max_rel_err

@@ -3,18 +3,23 @@ is refused."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
+from nmt.cells import lstm
+from nmt.cells.lstm import LSTMLayer
 from nmt.config import ModelConfig
 from nmt.data.batching import Batch
-from nmt.engine import nodes, planner
+from nmt.engine import planner
 from nmt.engine.clones import CloneExecutor
 from nmt.engine.graph import Tracer
-from nmt.engine.nodes import Tanh
 from nmt.engine.sharing import SharingPlan
 from nmt.engine.spec import ExecutorSpec
 from nmt.model import Seq2SeqAttn
+from nmt.nodes import modules as nodes
+from nmt.nodes.modules import Tanh
 
 STRUCTURE = ModelConfig(num_layers=1, rnn_size=4, word_vec_size=3, dropout=0.3)
 
@@ -39,13 +44,13 @@ class TanhWithSpare(Tanh):
 
 
 def test_a_node_with_an_undeclared_buffer_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(nodes, "Tanh", TanhWithScratch)
+    monkeypatch.setattr(lstm, "Tanh", TanhWithScratch)
     with pytest.raises(planner.UndeclaredBufferError, match=r"scratch.*TanhWithScratch\.ROLES"):
         planner.analyse(STRUCTURE)
 
 
 def test_a_never_touched_buffer_is_not_shared(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(nodes, "Tanh", TanhWithSpare)
+    monkeypatch.setattr(lstm, "Tanh", TanhWithSpare)
     safe, unsafe, _, _ = planner.analyse(STRUCTURE)
     spare = ("l0.tanh_c", "spare")
     assert spare not in safe
@@ -92,3 +97,32 @@ def test_bidirectional_final_states_are_read_in_a_loop_phase() -> None:
     executor, tracer = _traced_step(cfg)
     last = executor.clones["enc"][-1].outputs()[0]
     assert "loop:init_state" in tracer.phases[last.untyped_storage().data_ptr()]
+
+
+class DropoutForgetful(nodes.Dropout):
+    """A dropout that calls its mask forward scratch: it does not declare that its backward
+    reads it. (A buffer declared nowhere is never touched, so never shared: fail closed.)"""
+
+    BWD_READS_ROLES = ()
+    FWD_SCRATCH_ROLES = ("mask",)
+
+
+def test_a_node_that_underdeclares_its_reads_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without the check, the planner would share the dropout masks of all clones and the
+    gradients would silently change; with it, planning fails naming the node."""
+    monkeypatch.setattr(nodes, "Dropout", DropoutForgetful)
+    with pytest.raises(planner.UnderdeclaredReadError, match=r"attn\.dropout \(mask\)"):
+        planner.analyse(STRUCTURE)
+
+
+def test_a_fused_layer_that_underdeclares_its_reads_is_named(monkeypatch) -> None:
+    """The same check covers a layer's own fused form: an LSTM whose facts call tanh(c') -
+    which its backward reads - forward scratch."""
+    facts = LSTMLayer.FUSED
+    wrong = dataclasses.replace(
+        facts, saved=("gates",), forward_scratch=(*facts.forward_scratch, "tanh_c")
+    )
+    monkeypatch.setattr(LSTMLayer, "FUSED", wrong)
+    fused = dataclasses.replace(STRUCTURE, granularity="fused")
+    with pytest.raises(planner.UnderdeclaredReadError, match=r"l0\.cell \(tanh_c\)"):
+        planner.analyse(fused)

@@ -12,7 +12,7 @@ one entry below; the config, the model, the clone executor and memreport read th
 
 from __future__ import annotations
 
-from nmt.attention.base import LEGACY_NAMES, Attention, row_dots
+from nmt.attention.base import LEGACY_NAMES, Attention
 from nmt.attention.dot import DotAttention
 from nmt.attention.general import GeneralAttention
 from nmt.attention.mlp import MLPAttention
@@ -32,7 +32,6 @@ __all__ = [
     "describe",
     "get",
     "names",
-    "row_dots",
 ]
 
 

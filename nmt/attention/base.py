@@ -27,6 +27,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
+from nmt.nodes.modules import Join, Linear, MMContext, SoftMax, Tanh, row_dots
 from nmt.wiring import Buf, FusedBuffers, FusedFacts, Value, Wiring, fresh
 
 _tanh_backward = torch.ops.aten.tanh_backward.grad_input
@@ -62,18 +63,6 @@ def output_layer(rnn_size: int) -> nn.Linear:
 def viewed(t: Tensor | None, *shape: int) -> Tensor | None:
     """A buffer seen in the shape an op's out= needs, or None (a new tensor)."""
     return None if t is None else t.view(shape)
-
-
-def row_dots(context: Tensor, vector: Tensor, out: Tensor | None = None) -> Tensor:
-    """out[b, s] = context[b, s] . vector[b] (B x S x H, B x H -> B x S): each vector as a
-    row times its context transposed. That form of the batched product runs 5-11x faster
-    than context times a column vector on MKL (B 64-80, S 15-50, H 256-500); the same
-    dot products."""
-    B, S, _ = context.shape
-    if out is None:
-        return torch.bmm(vector.unsqueeze(1), context.transpose(1, 2)).view(B, S)
-    torch.bmm(vector.unsqueeze(1), context.transpose(1, 2), out=out.view(B, 1, S))
-    return out
 
 
 def bmm_scores(context: Tensor, query: Tensor, buf: Buf) -> Tensor:
@@ -187,10 +176,11 @@ class Attention(nn.Module):
     def wire(self, g: Wiring, h_top: Value, context: Value) -> Value:
         """The attention as nngraph nodes: the score's, then softmax, MM2, the join, W_c and
         the tanh (seq2seq-attn's names)."""
-        attn = g.softmax("attn.softmax", self.wire_score(g, h_top, context))
-        ctx = g.mm_context("attn.mm2", attn, context)
-        joined = g.join("attn.join", ctx, h_top)
-        return g.tanh("attn.tanh", g.linear("attn.out", self.linear_out.weight, None, joined))
+        attn = g.add(SoftMax, "attn.softmax", self.wire_score(g, h_top, context))
+        ctx = g.add(MMContext, "attn.mm2", attn, context)
+        joined = g.add(Join, "attn.join", ctx, h_top)
+        out = g.add(Linear, "attn.out", joined, weight=self.linear_out.weight, bias=None)
+        return g.add(Tanh, "attn.tanh", out)
 
     @classmethod
     def macs(cls, rnn_size: int, source_length: int) -> int:

@@ -8,7 +8,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from nmt.attention.base import COMMON_FACTS, Attention, bmm_scores, output_layer, row_dots
+from nmt.attention.base import COMMON_FACTS, Attention, bmm_scores, output_layer
+from nmt.nodes.modules import MMScores, row_dots
 from nmt.wiring import Buf, FusedBuffers, Value, Wiring
 
 
@@ -48,7 +49,7 @@ class DotAttention(Attention):
         torch.add(g_h_out, g_target, out=g_h)
 
     def wire_score(self, g: Wiring, h_top: Value, context: Value) -> Value:
-        return g.mm_scores("attn.mm1", context, h_top)
+        return g.add(MMScores, "attn.mm1", context, h_top)
 
     @classmethod
     def score_macs(cls, rnn_size: int, source_length: int) -> int:

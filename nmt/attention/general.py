@@ -9,7 +9,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from nmt.attention.base import COMMON_FACTS, Attention, bmm_scores, output_layer, row_dots
+from nmt.attention.base import COMMON_FACTS, Attention, bmm_scores, output_layer
+from nmt.nodes.modules import Linear, MMScores, row_dots
 from nmt.wiring import Buf, FusedBuffers, Value, Wiring
 
 
@@ -55,8 +56,8 @@ class GeneralAttention(Attention):
         w_a.grad.addmm_(g_target.t(), h)
 
     def wire_score(self, g: Wiring, h_top: Value, context: Value) -> Value:
-        target = g.linear("attn.in", self.linear_in.weight, None, h_top)
-        return g.mm_scores("attn.mm1", context, target)
+        target = g.add(Linear, "attn.in", h_top, weight=self.linear_in.weight, bias=None)
+        return g.add(MMScores, "attn.mm1", context, target)
 
     @classmethod
     def score_macs(cls, rnn_size: int, source_length: int) -> int:

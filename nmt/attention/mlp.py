@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from nmt.attention.base import COMMON_FACTS, Attention, output_layer, viewed
+from nmt.nodes.modules import AddAcross, BottleLinear, Linear, Tanh, VScores
 from nmt.wiring import Buf, FusedBuffers, Value, Wiring
 
 _tanh_backward = torch.ops.aten.tanh_backward.grad_input
@@ -84,11 +85,11 @@ class MLPAttention(Attention):
         torch.addmm(g_h_out, g_query, q.weight, out=g_h)
 
     def wire_score(self, g: Wiring, h_top: Value, context: Value) -> Value:
-        keys = g.bottle_linear("attn.keys", self.linear_context.weight, context)
+        keys = g.add(BottleLinear, "attn.keys", context, weight=self.linear_context.weight)
         q = self.linear_query
-        query = g.linear("attn.query", q.weight, q.bias, h_top)
-        hidden = g.tanh("attn.hidden", g.add_across("attn.add", keys, query))
-        return g.v_scores("attn.v", self.v.weight, hidden)
+        query = g.add(Linear, "attn.query", h_top, weight=q.weight, bias=q.bias)
+        hidden = g.add(Tanh, "attn.hidden", g.add(AddAcross, "attn.add", keys, query))
+        return g.add(VScores, "attn.v", hidden, weight=self.v.weight)
 
     @classmethod
     def score_macs(cls, rnn_size: int, source_length: int) -> int:

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from nmt.cells.base import RecurrentLayer, State
+from nmt.nodes.modules import CAdd, CMul, Linear, OneMinus, Sigmoid, Split, Tanh
 from nmt.wiring import Buf, FusedBuffers, FusedFacts, Value, Wiring, fresh
 
 _sigmoid_backward = torch.ops.aten.sigmoid_backward.grad_input
@@ -93,17 +94,19 @@ class GRULayer(RecurrentLayer):
         sigmoids, r * gh[n], n's sum and tanh, z * h, 1 - z, (1 - z) * n, h'."""
         (h,) = state
         p = prefix
-        i2h = g.linear(p + "i2h", self.i2h.weight, self.i2h.bias, x)
-        h2h = g.linear(p + "h2h", self.h2h.weight, None, h)
-        i_r, i_z, i_n = g.split(p + "split_i2h", 3, i2h)
-        h_r, h_z, h_n = g.split(p + "split_h2h", 3, h2h)
-        reset = g.sigmoid(p + "reset_gate", g.cadd(p + "reset_sum", i_r, h_r))
-        update = g.sigmoid(p + "update_gate", g.cadd(p + "update_sum", i_z, h_z))
-        reset_h = g.cmul(p + "reset_h", reset, h_n)
-        candidate = g.tanh(p + "candidate", g.cadd(p + "candidate_sum", i_n, reset_h))
-        keep = g.cmul(p + "keep_h", update, h)
-        new = g.cmul(p + "new_h", g.one_minus(p + "one_minus_update", update), candidate)
-        return (g.cadd(p + "next_h", new, keep),)
+        i2h = g.add(Linear, p + "i2h", x, weight=self.i2h.weight, bias=self.i2h.bias)
+        h2h = g.add(Linear, p + "h2h", h, weight=self.h2h.weight, bias=None)
+        i_r, i_z, i_n = g.add(Split, p + "split_i2h", i2h, n=3)
+        h_r, h_z, h_n = g.add(Split, p + "split_h2h", h2h, n=3)
+        reset = g.add(Sigmoid, p + "reset_gate", g.add(CAdd, p + "reset_sum", i_r, h_r))
+        update = g.add(Sigmoid, p + "update_gate", g.add(CAdd, p + "update_sum", i_z, h_z))
+        reset_h = g.add(CMul, p + "reset_h", reset, h_n)
+        candidate_sum = g.add(CAdd, p + "candidate_sum", i_n, reset_h)
+        candidate = g.add(Tanh, p + "candidate", candidate_sum)
+        keep = g.add(CMul, p + "keep_h", update, h)
+        one_minus = g.add(OneMinus, p + "one_minus_update", update)
+        new = g.add(CMul, p + "new_h", one_minus, candidate)
+        return (g.add(CAdd, p + "next_h", new, keep),)
 
     @staticmethod
     def kernel(

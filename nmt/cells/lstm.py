@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from nmt.cells.base import RecurrentLayer, State
+from nmt.nodes.modules import CAdd, CMul, Linear, Sigmoid, Split, Tanh
 from nmt.wiring import Buf, FusedBuffers, FusedFacts, Value, Wiring, fresh
 
 _sigmoid_backward = torch.ops.aten.sigmoid_backward.grad_input
@@ -97,18 +98,19 @@ class LSTMLayer(RecurrentLayer):
         sigmoids and a tanh, f*c, i*g, their sum c', tanh(c'), o*tanh(c')."""
         h, c = state
         p = prefix
-        i2h = g.linear(p + "i2h", self.i2h.weight, self.i2h.bias, x)
-        h2h = g.linear(p + "h2h", self.h2h.weight, None, h)
-        i, f, o, t = g.split(p + "split", 4, g.cadd(p + "gates", i2h, h2h))
-        in_gate = g.sigmoid(p + "in_gate", i)
-        forget_gate = g.sigmoid(p + "forget_gate", f)
-        out_gate = g.sigmoid(p + "out_gate", o)
-        in_transform = g.tanh(p + "in_transform", t)
-        forget_c = g.cmul(p + "forget_c", forget_gate, c)
-        in_c = g.cmul(p + "in_c", in_gate, in_transform)
-        next_c = g.cadd(p + "next_c", forget_c, in_c)
-        tanh_c = g.tanh(p + "tanh_c", next_c)
-        next_h = g.cmul(p + "next_h", out_gate, tanh_c)
+        i2h = g.add(Linear, p + "i2h", x, weight=self.i2h.weight, bias=self.i2h.bias)
+        h2h = g.add(Linear, p + "h2h", h, weight=self.h2h.weight, bias=None)
+        gates = g.add(CAdd, p + "gates", i2h, h2h)
+        i, f, o, t = g.add(Split, p + "split", gates, n=4)
+        in_gate = g.add(Sigmoid, p + "in_gate", i)
+        forget_gate = g.add(Sigmoid, p + "forget_gate", f)
+        out_gate = g.add(Sigmoid, p + "out_gate", o)
+        in_transform = g.add(Tanh, p + "in_transform", t)
+        forget_c = g.add(CMul, p + "forget_c", forget_gate, c)
+        in_c = g.add(CMul, p + "in_c", in_gate, in_transform)
+        next_c = g.add(CAdd, p + "next_c", forget_c, in_c)
+        tanh_c = g.add(Tanh, p + "tanh_c", next_c)
+        next_h = g.add(CMul, p + "next_h", out_gate, tanh_c)
         return next_h, next_c
 
     @staticmethod

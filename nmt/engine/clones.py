@@ -23,6 +23,8 @@ generator is then put back, so the step leaves the RNG exactly where the other p
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
@@ -32,13 +34,14 @@ from nmt.devices import same_device
 from nmt.engine.generator import Generator
 from nmt.engine.graph import Graph, Tracer
 from nmt.engine.meta import SizesOnly
-from nmt.engine.node import resized
 from nmt.engine.records import BufferRecord, records_for
 from nmt.engine.seq2seq import decoder_graph, encoder_graph
 from nmt.engine.sharing import SharingPlan
 from nmt.engine.spec import ExecutorSpec
 from nmt.errors import NmtError
-from nmt.model import Seq2SeqAttn, build_model, mask_rng_state, replayed_masks
+from nmt.model import Seq2SeqAttn, build_model
+from nmt.nodes.node import resized
+from nmt.randomness import mask_rng_state, replayed_masks
 
 
 class CloneExecutor:
@@ -83,6 +86,8 @@ class CloneExecutor:
         self._rng: dict[str, list[Tensor | None]] = {
             kind: [None] * len(graphs) for kind, graphs in self.clones.items()
         }
+        # called with (clone name, graph) as each clone's backward begins (the planner's check)
+        self.before_backward: Callable[[str, Graph], None] | None = None
         state = self.clones["dec"][0].state  # what the cell's graphs declare they carry
         if state is None or state != self.clones["enc"][0].state:
             raise ValueError("the encoder and decoder graphs must carry the same state")
@@ -348,6 +353,8 @@ class CloneExecutor:
     def _backward(
         self, g: Graph, grads: list[Tensor], tr: Tracer | None, kind: str, t: int
     ) -> dict[str, Tensor]:
+        if self.before_backward is not None:
+            self.before_backward(f"{kind}[{t}]", g)
         if self.plan.recompute:  # the clone's forward again, same inputs, same masks
             with replayed_masks(self.device, self._rng[kind][t]):
                 _forward(g, tr, kind, t, "bwd")

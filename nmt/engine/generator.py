@@ -11,14 +11,157 @@ at a time (`step_positions`).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch import Tensor
+from torch.nn import Parameter
 
-from nmt.engine.fused import OutputLoss
-from nmt.engine.node import Node
-from nmt.engine.nodes import Linear, LogSoftMaxNLL
+from nmt.data.vocab import PAD
+from nmt.loss import smoothing_value
 from nmt.model import Seq2SeqAttn
+from nmt.nodes.fused import _Fused
+from nmt.nodes.modules import Linear
+from nmt.nodes.node import Node, resized
+
+_OUT = {"output": "output"}
+
+
+class LogSoftMaxNLL(Node):
+    """Generator criterion: log-softmax, then NLL with row weights (1/B, or 0 at PAD).
+
+    The forward keeps log-probabilities in `output`; backward overwrites them in place with
+    d loss / d logits (= w * (softmax - onehot)), which is also its grad_input: one V-sized
+    buffer for the whole criterion. With label smoothing eps the target distribution is
+    `nmt.loss`'s q (1 - eps on the reference, 0 on PAD, s = eps / (V - 2) elsewhere)
+    and the gradient w * (softmax - q) = w * (softmax - s) + w s onehot(PAD)
+    - w (1 - eps - s) onehot(target), still computed in the same buffer.
+    """
+
+    ROLES = _OUT
+    BWD_READS_OUTPUT = True
+
+    def __init__(
+        self, name: str, device: torch.device, dtype: torch.dtype, label_smoothing: float = 0.0
+    ):
+        self.label_smoothing = label_smoothing
+        super().__init__(name, device, dtype)
+
+    def forward(self, logits: Tensor) -> Tensor:
+        return torch.log_softmax(logits, 1, out=resized(self.output, logits.shape))
+
+    def backward(self, target_weight: tuple[Tensor, Tensor], g: None = None) -> Tensor:
+        target, weight = target_weight  # B x 1 int64, B x 1 (1/B for real tokens, 0 for PAD)
+        eps = self.label_smoothing
+        if eps == 0:
+            grad = self.output.exp_().mul_(weight)
+            grad.scatter_add_(1, target, weight.neg())
+        else:
+            s = smoothing_value(self.output.shape[1], eps)
+            grad = self.output.exp_().sub_(s).mul_(weight)
+            grad[:, PAD : PAD + 1].add_(weight, alpha=s)
+            grad.scatter_add_(1, target, weight.mul(-(1.0 - eps - s)))
+        self.grad_input = grad
+        return grad
+
+
+class OutputLoss(_Fused):
+    """The generator's Linear(H, V), log-softmax and NLL (PAD weighs nothing) as one node,
+    run forward and backward at once (`step`) for the rows of one target position, or of
+    several stacked (`step_positions`, `train.loss_chunk`: one product of k x B rows runs
+    near twice as fast per row on a CPU as k of B rows, for k x B x V of memory). One
+    vocabulary-sized buffer holds the logits, the log-probabilities (in place) and then
+    d loss / d logits; d loss / d out goes straight into the caller's gradient of the
+    decoder output. With label smoothing eps the gradient is w * (softmax - q), q as
+    `nmt.loss`'s (nngraph's `LogSoftMaxNLL` computes the same); the loss stays the NLL."""
+
+    ROLES = {
+        "output": "output",
+        "ones": "ones",
+        "minus_target_q": "minus_target_q",
+        # several positions' rows stacked (step_positions)
+        "rows_out": "rows_out",
+        "rows_target": "rows_target",
+        "rows_weight": "rows_weight",
+        "rows_logp": "rows_logp",
+        "rows_grad": "rows_grad",
+    }
+
+    def __init__(
+        self,
+        name: str,
+        linear: Linear,
+        device: torch.device,
+        dtype: torch.dtype,
+        label_smoothing: float = 0.0,
+    ):
+        self.weight: Parameter = linear.weight
+        self.bias: Parameter = linear.bias
+        eps = label_smoothing
+        # q (nmt.loss): 1 - eps at the target, 0 at PAD, s at every other token
+        self.smoothing = smoothing_value(linear.weight.shape[0], eps) if eps else 0.0
+        # q at the target less the s every row gets; buffer "minus_target_q" holds its negative
+        self.target_q = 1.0 - eps - self.smoothing
+        super().__init__(name, device, dtype)
+        self.rows_target = torch.empty(0, device=device, dtype=torch.long)
+
+    def step(
+        self,
+        out: Tensor,
+        target: Tensor,
+        weight: Tensor,
+        target_logp: Tensor,
+        grad_out: Tensor,
+        accumulate: bool = True,
+    ) -> None:
+        """Write log p(target) into `target_logp` (R x 1: the executor sums the NLL from it;
+        aten's nll_loss has no deterministic CUDA kernel), accumulate the parameter
+        gradients, add d loss / d out into `grad_out` (R x H; written, not added to, when
+        not `accumulate`). target: R x 1 token ids; weight: R x 1, 1 / batch size at real
+        tokens, else 0."""
+        w, b = self.weight, self.bias
+        R, V = out.shape[0], w.shape[0]
+        logits = torch.addmm(b, out, w.t(), out=self._rows("output", (R, V)))
+        logp = torch.log_softmax(logits, 1, out=logits)  # row by row: safe in place
+        torch.gather(logp, 1, target, out=target_logp)
+        grad = logp.exp_()  # softmax; minus q, times the row weight:
+        s = self.smoothing
+        if s:  # q = s everywhere but PAD (0), + (1 - eps - s) at the target
+            grad.sub_(s)
+            grad[:, PAD : PAD + 1].add_(s)
+        grad.scatter_add_(1, target, self._constant("minus_target_q", (R, 1), -self.target_q))
+        grad.mul_(weight)
+        if accumulate:
+            grad_out.addmm_(grad, w)
+        else:
+            torch.mm(grad, w, out=grad_out)
+        w.grad.addmm_(grad.t(), out)
+        b.grad.addmv_(grad.t(), self._constant("ones", (R,), 1.0))
+
+    def step_positions(
+        self,
+        outs: list[Tensor],
+        targets: list[Tensor],
+        weights: list[Tensor],
+        target_logps: list[Tensor],
+    ) -> tuple[Tensor, ...]:
+        """`step` over several positions' rows at once (each list: one entry per position,
+        shaped as `step`'s), stacked into one product: writes each position's log p(target),
+        returns each position's d loss / d out (views of one buffer, good until the next
+        call)."""
+        rows = [o.shape[0] for o in outs]
+        n, H = sum(rows), outs[0].shape[1]
+        out = torch.cat(outs, out=self._rows("rows_out", (n, H)))
+        target = torch.cat(targets, out=self._rows("rows_target", (n, 1)))
+        weight = torch.cat(weights, out=self._rows("rows_weight", (n, 1)))
+        logp = self._rows("rows_logp", (n, 1))
+        grad = self._rows("rows_grad", (n, H))
+        self.step(out, target, weight, logp, grad, accumulate=False)
+        torch._foreach_copy_(target_logps, logp.split(rows))
+        return grad.split(rows)
+
+    def forward(self, input: Any) -> Any:
+        raise TypeError("OutputLoss runs forward and backward at once: use step()")
 
 
 class Generator:

@@ -18,14 +18,29 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from torch.nn import Module, Parameter
+from torch.nn import Module
 
-from nmt.engine import fused, nodes
-from nmt.engine.node import Node, flat
-from nmt.engine.nodes import GradSum, Input
-from nmt.wiring import Fusable
+from nmt.nodes.node import Node, flat, resized
 
 Fetch = Callable[[], Any]
+
+
+class Input(Node):
+    """A graph input: its `output` is set by the executor (another clone's tensor, a loop
+    buffer, a batch column); it owns nothing."""
+
+
+class GradSum(Node):
+    """nngraph's gradOutput accumulator of a value with several consumers."""
+
+    ROLES = {"grad_output_acc": "acc"}
+
+    def accumulate(self, grads: list[Tensor]) -> Tensor:
+        acc = resized(self.acc, grads[0].shape)
+        torch.add(grads[0], grads[1], out=acc)
+        for g in grads[2:]:
+            acc.add_(g)
+        return acc
 
 
 @dataclass(frozen=True)
@@ -79,8 +94,7 @@ class StateSpec:
 class GraphBuilder:
     """Wire nodes into a Graph: `input`, `add` (in topological order), `output`, and `carry`
     to declare the recurrent state. It is the `nmt.wiring.Wiring` the model's layers wire
-    their parts with: one method per node type, each adding that node. `owner`: the module
-    whose `training` flag the dropout nodes follow."""
+    their parts with; `owner`: the module whose `training` flag dropout nodes follow."""
 
     def __init__(self, device: torch.device, dtype: torch.dtype, owner: Module | None = None):
         self.device, self.dtype, self.owner = device, dtype, owner
@@ -91,80 +105,23 @@ class GraphBuilder:
         self.state: StateSpec | None = None
 
     def input(self, name: str, needs_grad: bool = True) -> Value:
-        node = Input(f"in.{name}", self.device, self.dtype)
+        node = Input(f"in.{name}", device=self.device, dtype=self.dtype)
         self.inputs[name] = node
         if not needs_grad:
             self.no_grad.add(name)
         return Value(node)
 
-    def add(self, node: Node, *srcs: Value) -> Value:
-        if len(srcs) != node.N_INPUTS:
-            raise ValueError(f"{node} takes {node.N_INPUTS} inputs, got {len(srcs)}")
-        self.nodes.append((node, srcs))
-        return Value(node)
-
-    # ---- nmt.wiring.Wiring: the node vocabulary -----------------------------------------
-
-    def _node(self, cls: type[Node], name: str, *srcs: Value, **params) -> Value:
-        return self.add(cls(name, **params, device=self.device, dtype=self.dtype), *srcs)
-
-    def lookup(self, name: str, weight: Parameter, idx: Value) -> Value:
-        return self._node(nodes.LookupTable, name, idx, weight=weight)
-
-    def linear(self, name: str, weight: Parameter, bias: Parameter | None, x: Value) -> Value:
-        return self._node(nodes.Linear, name, x, weight=weight, bias=bias)
-
-    def sigmoid(self, name: str, x: Value) -> Value:
-        return self._node(nodes.Sigmoid, name, x)
-
-    def tanh(self, name: str, x: Value) -> Value:
-        return self._node(nodes.Tanh, name, x)
-
-    def softmax(self, name: str, x: Value) -> Value:
-        return self._node(nodes.SoftMax, name, x)
-
-    def cadd(self, name: str, a: Value, b: Value) -> Value:
-        return self._node(nodes.CAdd, name, a, b)
-
-    def cmul(self, name: str, a: Value, b: Value) -> Value:
-        return self._node(nodes.CMul, name, a, b)
-
-    def one_minus(self, name: str, x: Value) -> Value:
-        return self._node(nodes.OneMinus, name, x)
-
-    def split(self, name: str, n: int, x: Value) -> tuple[Value, ...]:
-        node = self._node(nodes.Split, name, x, n=n).node
-        return tuple(Value(node, i) for i in range(n))
-
-    def join(self, name: str, a: Value, b: Value) -> Value:
-        return self._node(nodes.Join, name, a, b)
-
-    def mm_scores(self, name: str, context: Value, target: Value) -> Value:
-        return self._node(nodes.MMScores, name, context, target)
-
-    def mm_context(self, name: str, attn: Value, context: Value) -> Value:
-        return self._node(nodes.MMContext, name, attn, context)
-
-    def bottle_linear(self, name: str, weight: Parameter, x: Value) -> Value:
-        return self._node(nodes.BottleLinear, name, x, weight=weight)
-
-    def add_across(self, name: str, a: Value, b: Value) -> Value:
-        return self._node(nodes.AddAcross, name, a, b)
-
-    def v_scores(self, name: str, weight: Parameter, e: Value) -> Value:
-        return self._node(nodes.VScores, name, e, weight=weight)
-
-    def dropout(self, name: str, p: float, x: Value) -> Value:
-        return self._node(nodes.Dropout, name, x, p=p, module=self.owner)
-
-    def fused_layer(self, name: str, layer: Fusable, *inputs: Value) -> Value:
-        node = self._node(fused.FusedLayer, name, *inputs, layer=layer)
-        if node.node.n_outputs is None:
-            return node
-        return tuple(Value(node.node, i) for i in range(node.node.n_outputs))
-
-    def fused_dropout(self, name: str, p: float, x: Value) -> Value:
-        return self._node(fused.Dropout, name, x, p=p, module=self.owner)
+    def add(self, cls: type[Node], name: str, *inputs: Value, **params: Any) -> Any:
+        """A node of `cls` named `name` on `inputs` (its other constructor arguments in
+        `params`), its buffers on the graph's device and dtype; returns its output's
+        handle, or one handle per output for a node with several (`n_outputs`)."""
+        node = cls(name, **params, device=self.device, dtype=self.dtype)
+        if len(inputs) != node.N_INPUTS:
+            raise ValueError(f"{node} takes {node.N_INPUTS} inputs, got {len(inputs)}")
+        self.nodes.append((node, inputs))
+        if node.n_outputs is None:
+            return Value(node)
+        return tuple(Value(node, i) for i in range(node.n_outputs))
 
     # ---- the graph's boundary --------------------------------------------------------------
 

@@ -42,10 +42,11 @@ from nmt.config import ModelConfig, graph_structure
 from nmt.data.batching import Batch
 from nmt.engine.clones import CloneExecutor
 from nmt.engine.graph import Tracer
-from nmt.engine.node import flat
 from nmt.engine.sharing import SharingPlan, Slot
 from nmt.engine.spec import ExecutorSpec
-from nmt.model import Seq2SeqAttn, build_model, private_rng
+from nmt.model import Seq2SeqAttn, build_model
+from nmt.nodes.node import flat
+from nmt.randomness import private_rng
 
 StructureKey = tuple[tuple[str, Any], ...]  # (field, value) of every field, normalised
 
@@ -102,20 +103,75 @@ def planned_executor(
     return CloneExecutor(model, spec, plan(spec.model, spec.policy), device)
 
 
+class UnderdeclaredReadError(TypeError):
+    """A node's backward reads a buffer its class does not declare it reads: a node class
+    bug (sharing that buffer would silently change the gradients)."""
+
+
+def _probe_step(
+    model_cfg: ModelConfig,
+    recompute: bool,
+    tracer: Tracer | None = None,
+    poison: set[Slot] | None = None,
+) -> tuple[CloneExecutor, list[torch.Tensor], Batch]:
+    """One step of a fresh probe (its own generator: the global RNGs are untouched), traced
+    or with the buffers of `poison` set to NaN as each clone's backward begins; returns the
+    executor, the parameters' gradients and the batch."""
+    batch = Batch(
+        torch.tensor([[2, 5, 3], [2, 6, 3]]),
+        torch.tensor([[2, 4, 5], [2, 6, 3]]),
+        torch.tensor([[4, 5, 3], [6, 3, 0]]),
+    )
+    with private_rng(0):
+        executor = _probe(model_cfg, recompute)
+        if poison:
+            executor.before_backward = lambda clone, g: _poison(g, poison)
+        executor.step(batch, tracer)
+    return executor, [p.grad for p in executor.model.parameters()], batch
+
+
+def _poison(g, slots: set[Slot]) -> None:
+    for node in g.all_nodes():
+        constants = getattr(node, "CONSTANT_ROLES", ())
+        for role, t in node.buffers():
+            if (node.name, role) in slots and role not in constants and t.is_floating_point():
+                t.fill_(float("nan"))
+
+
+def check_backward_reads(model_cfg: ModelConfig, recompute: bool, safe: frozenset[Slot]) -> None:
+    """The nodes' declarations hold where the plan relies on them: a buffer found to live
+    inside one forward() or one backward() call of its clone is dead before that clone's
+    backward begins, or written there before it is read - so setting every such buffer to NaN
+    right then changes no gradient, bit for bit. A node whose backward reads a buffer it does
+    not declare (an output, an input, a buffer of its own) fails here, at planning time, with
+    the node named: UnderdeclaredReadError."""
+    ref = _probe_step(model_cfg, recompute)[1]
+    got = _probe_step(model_cfg, recompute, poison=set(safe))[1]
+    if all(torch.equal(a, b) for a, b in zip(ref, got, strict=True)):
+        return
+    culprits = [
+        slot
+        for slot in sorted(safe)
+        if not all(
+            torch.equal(a, b)
+            for a, b in zip(ref, _probe_step(model_cfg, recompute, poison={slot})[1], strict=True)
+        )
+    ]
+    raise UnderdeclaredReadError(
+        f"the backward of {', '.join(f'{n} ({r})' for n, r in culprits) or 'some node'} reads "
+        "a buffer its node class does not declare (BWD_READS_*): declare it, or the planner "
+        "would share a buffer that is read"
+    )
+
+
 def analyse(model_cfg: ModelConfig, recompute: bool = False) -> Analysis:
     """Run the traced tiny step on a probe of `model_cfg`'s structure (recomputing or not);
     return (safe slots, {unsafe slot: reason}, probe bytes per clone, the attention matrix
-    products' slots). The probe draws from its own generator: the global CPU and CUDA RNGs
-    are untouched."""
-    with private_rng(0):
-        executor = _probe(model_cfg, recompute)
-        batch = Batch(
-            torch.tensor([[2, 5, 3], [2, 6, 3]]),
-            torch.tensor([[2, 4, 5], [2, 6, 3]]),
-            torch.tensor([[4, 5, 3], [6, 3, 0]]),
-        )
-        tracer = Tracer()
-        executor.step(batch, tracer)
+    products' slots), having checked the nodes' declarations against a poisoned step
+    (`check_backward_reads`). The probes draw from their own generator: the global CPU and
+    CUDA RNGs are untouched."""
+    tracer = Tracer()
+    executor, _, batch = _probe_step(model_cfg, recompute, tracer)
     check_declared(executor, [batch.src, batch.tgt_in, batch.tgt_out])
 
     reasons: dict[Slot, str] = {}
@@ -134,7 +190,9 @@ def analyse(model_cfg: ModelConfig, recompute: bool = False) -> Analysis:
                 why = _verdict(clone, t.untyped_storage().data_ptr(), tracer, leaving)
                 if why and slot not in reasons:
                     reasons[slot] = why
-    return frozenset(seen - set(reasons)), reasons, sizes, frozenset(mm)
+    safe = frozenset(seen - set(reasons))
+    check_backward_reads(model_cfg, recompute, safe)
+    return safe, reasons, sizes, frozenset(mm)
 
 
 def check_declared(executor: CloneExecutor, extra: Iterable[torch.Tensor] = ()) -> None:

@@ -21,6 +21,7 @@ import torch
 
 from nmt.engine.graph import Graph, GraphBuilder, StateSpec, Value
 from nmt.model import RNNStack, Seq2SeqAttn
+from nmt.nodes.modules import Join, LookupTable
 
 
 def state_spec(state: tuple[str, ...], layers: int) -> StateSpec:
@@ -62,7 +63,7 @@ def encoder_graph(
     """One source position of `stack` (model.encoder or model.encoder_bwd)."""
     g = GraphBuilder(device, dtype, owner=model)
     x = g.input("x", needs_grad=False)
-    emb = g.lookup("lookup", model.src_embedding.weight, x)
+    emb = g.add(LookupTable, "lookup", x, weight=model.src_embedding.weight)
     _outputs(g, _stack(g, model, stack, emb))
     return g.build()
 
@@ -74,9 +75,9 @@ def decoder_graph(model: Seq2SeqAttn, device: torch.device, dtype: torch.dtype) 
     y = g.input("x", needs_grad=False)
     feed = g.input("feed") if cfg.input_feed else None
     context = g.input("context")
-    x = g.lookup("lookup", model.tgt_embedding.weight, y)
+    x = g.add(LookupTable, "lookup", y, weight=model.tgt_embedding.weight)
     if feed is not None:
-        x = g.join("feed_join", x, feed)
+        x = g.add(Join, "feed_join", x, feed)
     states = _stack(g, model, model.decoder, x)
     assert g.state is not None
     out = granularity.wire_attention(g, model.attention, states[g.state.top], context)

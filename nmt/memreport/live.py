@@ -23,7 +23,6 @@ from nmt.config import TrainConfig
 from nmt.engine import planner
 from nmt.engine.accounting import summarize
 from nmt.engine.clones import CloneExecutor
-from nmt.engine.node import flat
 from nmt.memreport.measure import (
     AUTOGRAD_ROWS,
     PolicyMemory,
@@ -31,8 +30,10 @@ from nmt.memreport.measure import (
     autograd_step,
     row_loss_chunk,
 )
-from nmt.model import Seq2SeqAttn, private_rng
+from nmt.model import Seq2SeqAttn
+from nmt.nodes.node import flat
 from nmt.out_of_memory import batch_shape, is_out_of_memory, memreport_advice, ran_out
+from nmt.randomness import private_rng
 from nmt.train.schedule import make_optimizer
 
 CLIP_NORM = 5.0  # seq2seq-attn's default; clipping's temporaries are part of a real step

@@ -153,9 +153,10 @@ class Trainer:
     def _describe(self) -> None:
         """The run's first lines: the model and the data."""
         src_vocab, tgt_vocab = len(self.corpus.src_tokenizer), len(self.corpus.tgt_tokenizer)
-        n_params = sum(p.numel() for p in self.model.parameters())
+        n_params, m = sum(p.numel() for p in self.model.parameters()), self.cfg.model
         self.log(
-            f"model: {n_params:,} parameters, vocabularies {src_vocab} / {tgt_vocab}, "
+            f"model: {n_params:,} parameters ({m.num_layers} x {m.rnn_size} {m.rnn_type.upper()}), "
+            f"vocabularies {src_vocab} / {tgt_vocab}, "
             f"executor {self._executor_name()}, device {self.device}"
         )
         valid_text = self.corpus.valid_text

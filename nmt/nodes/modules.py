@@ -1,4 +1,5 @@
-"""The node types of the seq2seq-attn graphs, each with its forward, backward and facts.
+"""Torch7's nn modules as clone-graph nodes, each with its forward, backward and facts: what
+the model's layers wire their nngraph form from (`RecurrentLayer.wire`, `Attention.wire`).
 
 Shapes: B batch, S source length, H rnn_size. Parameter gradients accumulate into the
 `.grad` of the module's own parameters (the executor creates them before a step).
@@ -14,11 +15,21 @@ import torch
 from torch import Tensor
 from torch.nn import Module, Parameter
 
-from nmt.attention import row_dots
-from nmt.data.vocab import PAD
-from nmt.engine.node import Node, resized
-from nmt.loss import smoothing_value
-from nmt.model import dropout_mask
+from nmt.nodes.node import Node, resized
+from nmt.randomness import dropout_mask
+
+
+def row_dots(context: Tensor, vector: Tensor, out: Tensor | None = None) -> Tensor:
+    """out[b, s] = context[b, s] . vector[b] (B x S x H, B x H -> B x S): each vector as a
+    row times its context transposed. That form of the batched product runs 5-11x faster
+    than context times a column vector on MKL (B 64-80, S 15-50, H 256-500); the same
+    dot products."""
+    B, S, _ = context.shape
+    if out is None:
+        return torch.bmm(vector.unsqueeze(1), context.transpose(1, 2)).view(B, S)
+    torch.bmm(vector.unsqueeze(1), context.transpose(1, 2), out=out.view(B, 1, S))
+    return out
+
 
 _sigmoid_backward = torch.ops.aten.sigmoid_backward.grad_input
 _tanh_backward = torch.ops.aten.tanh_backward.grad_input
@@ -27,11 +38,6 @@ _softmax_backward = torch.ops.aten._softmax_backward_data.out
 _OUT = {"output": "output"}
 _OUT_GI = {"output": "output", "grad_input": "grad_input"}
 _OUT_GI2 = {"output": "output", "grad_input[0]": "gi0", "grad_input[1]": "gi1"}
-
-
-class Input(Node):
-    """A graph input: its `output` is set by the executor (another clone's tensor, a loop
-    buffer, a batch column); it owns nothing."""
 
 
 class _Binary(Node):
@@ -359,54 +365,3 @@ class Dropout(Node):
         if not self._active:
             return gi.copy_(g)
         return torch.mul(g, self.mask, out=gi)
-
-
-class GradSum(Node):
-    """nngraph's gradOutput accumulator of a value with several consumers."""
-
-    ROLES = {"grad_output_acc": "acc"}
-
-    def accumulate(self, grads: list[Tensor]) -> Tensor:
-        acc = resized(self.acc, grads[0].shape)
-        torch.add(grads[0], grads[1], out=acc)
-        for g in grads[2:]:
-            acc.add_(g)
-        return acc
-
-
-class LogSoftMaxNLL(Node):
-    """Generator criterion: log-softmax, then NLL with row weights (1/B, or 0 at PAD).
-
-    The forward keeps log-probabilities in `output`; backward overwrites them in place with
-    d loss / d logits (= w * (softmax - onehot)), which is also its grad_input: one V-sized
-    buffer for the whole criterion. With label smoothing eps the target distribution is
-    `nmt.loss`'s q (1 - eps on the reference, 0 on PAD, s = eps / (V - 2) elsewhere)
-    and the gradient w * (softmax - q) = w * (softmax - s) + w s onehot(PAD)
-    - w (1 - eps - s) onehot(target), still computed in the same buffer.
-    """
-
-    ROLES = _OUT
-    BWD_READS_OUTPUT = True
-
-    def __init__(
-        self, name: str, device: torch.device, dtype: torch.dtype, label_smoothing: float = 0.0
-    ):
-        self.label_smoothing = label_smoothing
-        super().__init__(name, device, dtype)
-
-    def forward(self, logits: Tensor) -> Tensor:
-        return torch.log_softmax(logits, 1, out=resized(self.output, logits.shape))
-
-    def backward(self, target_weight: tuple[Tensor, Tensor], g: None = None) -> Tensor:
-        target, weight = target_weight  # B x 1 int64, B x 1 (1/B for real tokens, 0 for PAD)
-        eps = self.label_smoothing
-        if eps == 0:
-            grad = self.output.exp_().mul_(weight)
-            grad.scatter_add_(1, target, weight.neg())
-        else:
-            s = smoothing_value(self.output.shape[1], eps)
-            grad = self.output.exp_().sub_(s).mul_(weight)
-            grad[:, PAD : PAD + 1].add_(weight, alpha=s)
-            grad.scatter_add_(1, target, weight.mul(-(1.0 - eps - s)))
-        self.grad_input = grad
-        return grad
