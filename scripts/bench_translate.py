@@ -7,7 +7,7 @@ sentences the way a real model does (an untrained one runs every sentence to the
 limit); `--train-steps 0` measures an untrained model instead. Translation is the code path
 of `nmt translate`: checkpoint -> load_model -> translate_ids (batched beam search).
 One timed run per search and `model.granularity` (nngraph: the module form of the LSTM cell;
-fused: the fused cell of `nmt.cells`, same outputs) after a two-sentence warm-up.
+fused: the cell's fused form, `nmt.cells`, same outputs) after a two-sentence warm-up.
 
     python scripts/bench_translate.py                        # both granularities side by side
     python scripts/bench_translate.py --granularities nngraph # ~3.5 min on one CPU core
