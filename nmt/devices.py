@@ -79,10 +79,31 @@ def setup_device(name: str, *, deterministic: bool = True, tf32: bool = False) -
     return device
 
 
+def cublas_workspace_bytes(device: torch.device) -> int:
+    """The workspace cuBLAS takes from torch's allocator on `device` (one per stream; a run
+    uses one): `CUBLAS_WORKSPACE_CONFIG` (":SIZE_KIB:COUNT" pairs) where set - deterministic
+    mode sets ":4096:8", 32 MiB - else torch's default, 32 MiB on Hopper and later and
+    8 MiB + 128 KiB before. It counts in `max_memory_allocated`."""
+    config = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
+    if config:
+        numbers = [int(n) for n in config.strip(":").split(":") if n.isdigit()]
+        pairs = zip(numbers[::2], numbers[1::2], strict=False)  # a stray odd number: ignored
+        return sum(size * 1024 * count for size, count in pairs)
+    major, _ = torch.cuda.get_device_capability(device)
+    return 4096 * 1024 * 8 if major >= 9 else 4096 * 1024 * 2 + 16 * 1024 * 8
+
+
 def set_tf32(enabled: bool) -> None:
-    """TF32 for float32 matmuls on CUDA (the newer per-backend setting where torch has it)."""
-    matmul = torch.backends.cuda.matmul
+    """TF32 tensor cores for float32 on CUDA, or IEEE float32: for cuBLAS's matmuls and for
+    cuDNN, whose convolutions and RNNs (the kernel encoder's nn.LSTM / nn.GRU) torch lets use
+    TF32 by default - so `train.tf32: false` means float32 everywhere (the newer
+    per-backend settings where torch has them)."""
+    precision = "tf32" if enabled else "ieee"
+    matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
     if hasattr(matmul, "fp32_precision"):
-        matmul.fp32_precision = "tf32" if enabled else "ieee"
+        matmul.fp32_precision = precision
+        cudnn.conv.fp32_precision = precision
+        cudnn.rnn.fp32_precision = precision
     else:  # torch before 2.9
         matmul.allow_tf32 = enabled
+        cudnn.allow_tf32 = enabled

@@ -25,12 +25,11 @@ collected chunk by chunk, then run through the encoder-decoder graph once.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from nmt.data.batching import Batch
 from nmt.data.vocab import PAD
-from nmt.model import Seq2SeqAttn
+from nmt.model import Seq2SeqAttn, summed_nll
 
 
 def spans(length: int, chunk: int) -> list[slice]:
@@ -50,8 +49,7 @@ def gold_log_probs(model: Seq2SeqAttn, out: Tensor, gold: Tensor) -> Tensor:
 
 def chunk_nll(model: Seq2SeqAttn, out: Tensor, gold: Tensor) -> Tensor:
     """The summed NLL of the non-PAD gold tokens at some positions."""
-    logp = model.log_probs(out)
-    return F.nll_loss(logp.flatten(0, 1), gold.flatten(), ignore_index=PAD, reduction="sum")
+    return summed_nll(model.log_probs(out), gold)
 
 
 def smoothing_value(vocab_size: int, eps: float) -> float:

@@ -200,8 +200,15 @@ class Seq2SeqAttn(nn.Module):
         self, src: Tensor, tgt_in: Tensor, tgt_out: Tensor, encode: Encode | None = None
     ) -> Tensor:
         """Summed negative log-likelihood of the non-PAD target tokens."""
-        logp = self.log_probs(self.forward(src, tgt_in, encode))
-        return F.nll_loss(logp.flatten(0, 1), tgt_out.flatten(), ignore_index=PAD, reduction="sum")
+        return summed_nll(self.log_probs(self.forward(src, tgt_in, encode)), tgt_out)
+
+
+def summed_nll(logp: Tensor, gold: Tensor) -> Tensor:
+    """-sum of log p(gold) over the non-PAD positions: logp (..., V), gold (...). A gather and
+    a sum, not aten's nll_loss, which has no deterministic CUDA kernel (it refuses to run
+    under `torch.use_deterministic_algorithms`, the default of `train.deterministic`)."""
+    picked = logp.gather(-1, gold.unsqueeze(-1)).squeeze(-1)
+    return -picked.masked_fill(gold == PAD, 0.0).sum()
 
 
 def build_model(

@@ -3,7 +3,8 @@
 On a GPU a step made of small kernels is bounded by launches and Python dispatch, not by
 arithmetic, and every read of a device value on the host (`.item()`, `float(t)`, `bool(t)`,
 `.tolist()`, a copy to the CPU, an op whose output size depends on the data) makes the host
-wait until the device has drained its queue. Both counts are device-independent - the same
+wait until the device has drained its queue - and so does a copy to the device from
+pageable memory, or any blocking one. Both counts are device-independent - the same
 aten ops dispatch on the CPU - so they can be measured and tested on any machine.
 
 On the CPU the counter cannot tell host data from device data, so it counts every such read
@@ -62,6 +63,23 @@ def _device_to_host(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> b
     return False
 
 
+def _host_to_device_waits(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> bool:
+    """A copy from the CPU to another device that makes the host wait: a blocking one, or
+    one from pageable memory (CUDA copies those with a synchronous `cudaMemcpy`); only a
+    `non_blocking` copy from pinned memory is queued like a kernel."""
+    if func is aten._to_copy.default:
+        src, device = args[0], kwargs.get("device")
+        non_blocking = kwargs.get("non_blocking", False)
+        to_device = device is not None and torch.device(device).type != "cpu"
+        return _on_cpu(src) and to_device and not (non_blocking and src.is_pinned())
+    if func is aten.copy_.default:
+        dst, src = args[0], args[1]
+        non_blocking = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
+        from_host = isinstance(src, torch.Tensor) and _on_cpu(src) and not _on_cpu(dst)
+        return from_host and not (non_blocking and src.is_pinned())
+    return False
+
+
 def _mask_indexing(func: torch._ops.OpOverload, args: tuple) -> bool:
     if func not in MASK_INDEXING or len(args) < 2:
         return False
@@ -82,6 +100,7 @@ class _Ops(TorchDispatchMode):
             if (
                 func in SYNC_OPS
                 or _device_to_host(func, args, kwargs)
+                or _host_to_device_waits(func, args, kwargs)
                 or _mask_indexing(func, args)
             ):
                 self.counts.syncs += 1

@@ -2,8 +2,9 @@
 # What the CPU test suite can only fake, checked on a real GPU in one run (planned to take
 # under 8 minutes on one modern GPU; needs no network and nothing outside the repository):
 #   engine     the engine's gradient-equivalence and bitwise-sharing tests on the device,
-#              with deterministic algorithms
+#              and the kernel encoder's (cuDNN's LSTM and GRU), with deterministic algorithms
 #   train      nmt train on configs/toy.yaml (data/toy)
+#   repeat     the same training run twice, deterministic: bitwise equal parameters
 #   translate  nmt translate of the toy test set with that model: BLEU >= 90
 #   memreport  nmt memreport --device cuda on configs/seed-4x600.yaml: max_memory_allocated
 #              within 10% of the accounted total, per policy
@@ -50,6 +51,7 @@ if [ "$device" = cuda ]; then
     mem_args=(--config configs/seed-4x600.yaml --device cuda)
     bench_args=(--device cuda --steps 30 --set train.loss_chunk=8)  # as docs/speed.md's table
     ranks_sets=(--set train.device=cuda --set train.max_steps=100 --set train.valid_every=50)
+    repeat_sets=(--set train.device=cuda --set train.max_steps=60 --set train.valid_bleu_sample=0)
 else
     small=(--set data.tokenizer=word --set model.rnn_size=32 --set model.word_vec_size=16)
     train_sets=("${small[@]}" --set train.device=cpu --set train.max_steps=30
@@ -61,6 +63,8 @@ else
     bench_args=(--device cpu --steps 3 --layers 1 --rnn 32 --batch 16)
     ranks_sets=("${small[@]}" --set train.device=cpu --set train.max_steps=4
         --set train.valid_every=2)
+    repeat_sets=("${small[@]}" --set train.device=cpu --set train.max_steps=4
+        --set train.valid_bleu_sample=0)
 fi
 
 names=() results=() times=() details=()
@@ -95,7 +99,21 @@ speed() { grep -oE '^(ratios vs|step time recompute / all).*' "$1" | paste -sd '
 
 run_engine() {
     NMT_TEST_DEVICE=$device "$py" -m pytest -q -p no:cacheprovider \
-        tests/test_engine_equivalence.py tests/test_engine_sharing.py "${engine_sel[@]}"
+        tests/test_engine_equivalence.py tests/test_engine_sharing.py tests/test_nn_rnn.py \
+        "${engine_sel[@]}"
+}
+run_repeat() {  # train twice from the same seed, deterministic (the default): equal bits
+    for run in a b; do
+        "$py" -m nmt train --config configs/toy.yaml --out "$out/repeat-$run" --force \
+            --no-progress "${repeat_sets[@]}" > "$out/repeat-$run.log" 2>&1 || return 1
+    done
+    "$py" - "$out/repeat-a/last.pt" "$out/repeat-b/last.pt" <<'PY'
+import sys, torch
+a, b = (torch.load(p, weights_only=True)["model"] for p in sys.argv[1:])
+same = [k for k in a if torch.equal(a[k], b[k])]
+print(f"parameters bitwise equal: {len(same)} of {len(a)} tensors")
+sys.exit(0 if len(same) == len(a) else 1)
+PY
 }
 run_train() {
     "$py" -m nmt train --config configs/toy.yaml --out "$out/toy" --force --no-progress \
@@ -134,6 +152,7 @@ bleu_ok() {
 
 check engine last_line run_engine
 check train trained run_train
+check repeat last_line run_repeat
 check translate bleu run_translate
 if [ "${results[-1]}" = pass ] && ! bleu_ok; then results[-1]=FAIL; failed=1; fi
 check memreport allocated run_memreport

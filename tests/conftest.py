@@ -28,9 +28,11 @@ def one_thread():
 TEST_DEVICE = torch.device(os.environ.get("NMT_TEST_DEVICE", "cpu"))
 
 
-@pytest.fixture
+@pytest.fixture(autouse=True)
 def deterministic():
-    """Bitwise comparisons on CUDA need deterministic kernels (index_add_, cuBLAS)."""
+    """Bitwise comparisons on CUDA need deterministic kernels (index_add_, scatter_add_,
+    cuBLAS): every test runs under deterministic mode there, as training does by default
+    (`train.deterministic`); on the CPU, which is deterministic as it is, nothing changes."""
     if TEST_DEVICE.type != "cuda":
         yield
         return

@@ -23,7 +23,7 @@ from nmt import policies
 from nmt.checkpoint import load_checkpoint, save_checkpoint
 from nmt.cli import app
 from nmt.config import ModelConfig, TrainConfig, load_config
-from nmt.devices import resolve_device, set_tf32, setup_device
+from nmt.devices import resolve_device, setup_device
 from nmt.engine import clones, planner
 from nmt.engine.sharing import SharingPlan
 from nmt.engine.spec import ExecutorSpec
@@ -59,6 +59,8 @@ class FakeCuda:
         self.states = {i: torch.full((16,), 100 + i, dtype=torch.uint8) for i in range(count)}
         self.restored: list[tuple[int, torch.Tensor]] = []
         self.cublas_at_first_call: str | None = "unset"
+        self.calls: list[str] = []
+        self.peaks = (0, 0)
 
     def is_available(self) -> bool:
         if self.cublas_at_first_call == "unset":  # what cuBLAS would see once CUDA starts
@@ -111,6 +113,28 @@ class FakeCuda:
         self._check(_index(device))
         return SimpleNamespace(total_memory=80 * GIB, name="Fake GPU")
 
+    def get_device_capability(self, device: object = None) -> tuple[int, int]:
+        self._check(_index(device) if device is not None else None)
+        return (9, 0)
+
+    # the allocator's statistics: every call recorded in order, peaks as `peaks` says
+    def empty_cache(self) -> None:
+        self.calls.append("empty_cache")
+
+    def reset_peak_memory_stats(self, device: object = None) -> None:
+        self.calls.append(f"reset_peak_memory_stats:{self._check(_index(device))}")
+
+    def synchronize(self, device: object = None) -> None:
+        self.calls.append(f"synchronize:{self._check(_index(device))}")
+
+    def max_memory_allocated(self, device: object = None) -> int:
+        self.calls.append("max_memory_allocated")
+        return self.peaks[0]
+
+    def max_memory_reserved(self, device: object = None) -> int:
+        self.calls.append("max_memory_reserved")
+        return self.peaks[1]
+
 
 @pytest.fixture
 def fake_cuda(monkeypatch):
@@ -121,7 +145,7 @@ def fake_cuda(monkeypatch):
         monkeypatch.delenv(name)
     deterministic: list[bool] = []
     monkeypatch.setattr(torch, "use_deterministic_algorithms", lambda on: deterministic.append(on))
-    saved = tf32()
+    saved = _precisions()
 
     def make(count: int, current: int = 0) -> FakeCuda:
         fake = FakeCuda(count, current)
@@ -139,21 +163,43 @@ def fake_cuda(monkeypatch):
             "set_rng_state_all",
             "is_initialized",
             "get_device_properties",
+            "get_device_capability",
+            "empty_cache",
+            "reset_peak_memory_stats",
+            "synchronize",
+            "max_memory_allocated",
+            "max_memory_reserved",
         ):
             monkeypatch.setattr(torch.cuda, name, getattr(fake, name))
         return fake
 
     yield make
-    set_tf32(saved == "tf32")
+    _restore_precisions(saved)
+
+
+def _precisions() -> list[str]:
+    """float32's precision for cuBLAS matmuls, cuDNN convolutions and cuDNN RNNs."""
+    backends = torch.backends
+    matmul, cudnn = backends.cuda.matmul, backends.cudnn
+    if not hasattr(matmul, "fp32_precision"):  # torch before 2.9: the flags
+        return ["tf32" if on else "ieee" for on in (matmul.allow_tf32, cudnn.allow_tf32)]
+    return [matmul.fp32_precision, cudnn.conv.fp32_precision, cudnn.rnn.fp32_precision]
 
 
 def tf32() -> str:
-    """Whether float32 matmuls on CUDA may use TF32: "tf32", or "ieee" when they may not."""
-    matmul = torch.backends.cuda.matmul
-    precision = getattr(matmul, "fp32_precision", "none")  # torch >= 2.9; "none": the flag
-    if precision != "none":
-        return precision
-    return "tf32" if matmul.allow_tf32 else "ieee"
+    """Whether float32 on CUDA may use TF32 in cuBLAS and cuDNN: "tf32", "ieee" when it may
+    not anywhere, or "mixed"."""
+    found = set(_precisions())
+    return found.pop() if len(found) == 1 else "mixed"
+
+
+def _restore_precisions(saved: list[str]) -> None:
+    backends = torch.backends
+    matmul, cudnn = backends.cuda.matmul, backends.cudnn
+    if not hasattr(matmul, "fp32_precision"):
+        matmul.allow_tf32, cudnn.allow_tf32 = (p == "tf32" for p in saved)
+        return
+    matmul.fp32_precision, cudnn.conv.fp32_precision, cudnn.rnn.fp32_precision = saved
 
 
 def torchrun_env(monkeypatch, world: int, local_rank: int) -> None:
@@ -276,7 +322,13 @@ def test_rng_state_resumes_on_whichever_gpu_is_there(fake_cuda, tmp_path):
 
 
 def test_deterministic_and_tf32_are_set_on_cuda_only(fake_cuda):
+    """`train.tf32` governs cuBLAS and cuDNN alike: torch's default lets cuDNN's RNNs (the
+    kernel encoder) use TF32 even where matmuls may not."""
     fake = fake_cuda(1)
+    if hasattr(torch.backends.cuda.matmul, "fp32_precision"):  # torch's default for cuDNN
+        torch.backends.cudnn.rnn.fp32_precision = "tf32"
+    else:
+        torch.backends.cudnn.allow_tf32 = True
     assert setup_device("cuda", deterministic=False, tf32=True) == torch.device("cuda", 0)
     assert fake.deterministic == [False] and tf32() == "tf32"
     assert "CUBLAS_WORKSPACE_CONFIG" not in os.environ
@@ -473,7 +525,7 @@ def test_memreport_out_of_memory_says_what_does_not_fit(tmp_path, monkeypatch):
 def test_memreport_compares_allocated_with_accounted_on_cuda(
     fake_cuda, tmp_path, monkeypatch, allocated, exit_code
 ):
-    fake_cuda(1)
+    fake = fake_cuda(1)
     config = tmp_path / "tiny.yaml"
     config.write_text(TINY, encoding="utf-8")
 
@@ -497,6 +549,38 @@ def test_memreport_compares_allocated_with_accounted_on_cuda(
     rows = [*policies.names(), "autograd", "autograd-full"]
     assert [s.split(":")[0] for s in lines] == rows
     verdict = "within 10%" if exit_code == 0 else "FAILED: more than 10%"
-    assert all(verdict in s and s.count(" MiB") == 2 for s in lines)
+    assert all(verdict in s and s.count(" MiB") == 3 for s in lines)  # + cuBLAS's workspace
+    assert fake.deterministic == [True] and tf32() == "ieee"  # set up as training would be
     if exit_code:
         assert f"real step check failed for {', '.join(rows)}" in result.stderr
+
+
+def test_the_cuda_peak_is_read_after_the_step_has_finished(fake_cuda) -> None:
+    """memreport's measuring code itself, on the fake: the allocator's cache emptied and its
+    peak reset before the step, the device drained before the peaks are read."""
+    from nmt.memreport.live import cuda_peak
+
+    fake = fake_cuda(2)
+    fake.peaks = (123, 456)
+    assert cuda_peak(torch.device("cuda", 1), lambda: fake.calls.append("step")) == (123, 456)
+    assert fake.calls == [
+        "empty_cache",
+        "reset_peak_memory_stats:1",
+        "step",
+        "synchronize:1",
+        "max_memory_allocated",
+        "max_memory_reserved",
+        "empty_cache",
+    ]
+
+
+def test_cublas_workspace_is_what_the_config_or_the_default_says(fake_cuda, monkeypatch):
+    from nmt.devices import cublas_workspace_bytes
+
+    fake_cuda(1)
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic mode's
+    assert cublas_workspace_bytes(torch.device("cuda", 0)) == 32 * 2**20
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8:4096:2")
+    assert cublas_workspace_bytes(torch.device("cuda", 0)) == 8 * 2**20 + 128 * 2**10
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG")
+    assert cublas_workspace_bytes(torch.device("cuda", 0)) == 32 * 2**20  # Hopper: 4 MiB x 8

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import pytest
 import torch
 from torch import Tensor
 
-from nmt import policies
+from nmt import attention as attention_types
+from nmt import cells, granularities, policies
 from nmt.config import ModelConfig
 from nmt.data.batching import Batch
 from nmt.engine import planner
@@ -61,10 +63,18 @@ def held_storage_bytes(model: Seq2SeqAttn, executor: CloneExecutor) -> tuple[int
     return sum(storages.values()), len(storages)
 
 
-@pytest.mark.parametrize("attention", ["general", "dot", "mlp"])
+# every attention type with the seed's cell and graph, every cell in every granularity
+PARTS = [{"attention": kind} for kind in attention_types.names()] + [
+    {"rnn_type": cell, "granularity": granularity}
+    for cell, granularity in itertools.product(cells.names(), granularities.names())
+    if (cell, granularity) != ("lstm", "nngraph")
+]
+
+
+@pytest.mark.parametrize("part", PARTS, ids=lambda p: "-".join(p.values()))
 @pytest.mark.parametrize("policy", policies.names())
-def test_accounting_matches_the_storages_actually_held(policy: str, attention: str) -> None:
-    model, executor = live_executor(policy, dataclasses.replace(CFG, attention=attention))
+def test_accounting_matches_the_storages_actually_held(policy: str, part: dict) -> None:
+    model, executor = live_executor(policy, dataclasses.replace(CFG, **part))
     records = executor.buffers()
     summary = summarize(records)
     held, count = held_storage_bytes(model, executor)
@@ -77,10 +87,10 @@ def test_accounting_matches_the_storages_actually_held(policy: str, attention: s
             assert (r.node, r.role) in executor.plan.shared
 
 
-@pytest.mark.parametrize("attention", ["general", "dot", "mlp"])
+@pytest.mark.parametrize("part", PARTS, ids=lambda p: "-".join(p.values()))
 @pytest.mark.parametrize("policy", policies.names())
-def test_meta_accounting_equals_the_live_executor(policy: str, attention: str) -> None:
-    cfg = dataclasses.replace(CFG, attention=attention)
+def test_meta_accounting_equals_the_live_executor(policy: str, part: dict) -> None:
+    cfg = dataclasses.replace(CFG, **part)
     model, executor = live_executor(policy, cfg)
     live = summarize(executor.buffers() + model_records(model))
     meta_records = account(ExecutorSpec(cfg, MAX_SRC, MAX_TGT, policy, BATCH), SRC_V, TGT_V)

@@ -11,7 +11,7 @@ from pathlib import Path
 from nmt import attention, cells, granularities
 
 REPO = Path(__file__).resolve().parents[1]
-CHECKS = ["engine", "train", "translate", "memreport", "bench", "2-ranks"]
+CHECKS = ["engine", "train", "repeat", "translate", "memreport", "bench", "2-ranks"]
 
 
 def gpu_check(tmp_path: Path, device: str, **extra: str) -> subprocess.CompletedProcess:
@@ -28,9 +28,12 @@ def test_every_check_runs_on_the_cpu(tmp_path):
     rows = {line.split()[0]: line.split()[1:] for line in table}
     assert list(rows) == CHECKS
     assert all(row[0] == "pass" for row in rows.values()), table
-    # one structure per cell x granularity x attention, in the equivalence and sharing files
+    # one structure per cell x granularity x attention, in the equivalence, sharing and kernel
+    # encoder files
     structures = len(cells.names()) * len(granularities.names()) * len(attention.names())
-    assert " ".join(rows["engine"][2:4]) == f"{2 * structures} passed,"
+    assert " ".join(rows["engine"][2:4]) == f"{3 * structures} passed,"
+    equal = rows["repeat"][2:]  # parameters bitwise equal: N of N tensors
+    assert equal[:3] == ["parameters", "bitwise", "equal:"] and equal[3] == equal[5] != "0"
     assert rows["translate"][2:4] == ["BLEU", "="]
     assert " ".join(rows["memreport"][2:]) == "5/5 policies match byte for byte"
     assert "step time recompute / all" in " ".join(rows["bench"][2:])

@@ -41,6 +41,24 @@ def test_every_read_back_is_a_sync():
     assert count_syncs(lambda: x[torch.tensor([0, 2])]) == 0  # an index, not a mask
 
 
+def test_a_copy_to_the_device_waits_unless_pinned_and_non_blocking(monkeypatch) -> None:
+    """A copy to a device from pageable memory, or a blocking one, syncs the host (CUDA's
+    cudaMemcpy); `meta` stands in for the device, and a patched `is_pinned` for pinning,
+    which a CPU-only torch cannot do."""
+    pinned = torch.ones(3)
+    pageable = torch.ones(3)
+    real = torch.Tensor.is_pinned
+    monkeypatch.setattr(torch.Tensor, "is_pinned", lambda t: t is pinned or real(t))
+    on_device = torch.empty(3, device="meta")
+    assert count_syncs(lambda: pageable.to("meta")) == 1
+    assert count_syncs(lambda: pageable.to("meta", non_blocking=True)) == 1
+    assert count_syncs(lambda: pinned.to("meta")) == 1  # blocking
+    assert count_syncs(lambda: pinned.to("meta", non_blocking=True)) == 0
+    assert count_syncs(lambda: on_device.copy_(pageable, non_blocking=True)) == 1
+    assert count_syncs(lambda: on_device.copy_(pinned, non_blocking=True)) == 0
+    assert count_syncs(lambda: pageable.to("cpu")) == 0  # nothing moves
+
+
 def test_the_fused_granularity_takes_fewer_ops_a_step() -> None:
     """The op-count model shape (2 layers, input feed, dropout), small: a fused clone step
     takes at most 0.8x the ops of an nngraph one, encoder and decoder positions alike."""

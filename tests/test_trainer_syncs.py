@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from nmt.config import load_config
+from nmt.data.batching import on_device
 from nmt.opcount import count_syncs
 from nmt.train.runlog import read_metrics
 from nmt.train.trainer import Trainer
@@ -37,13 +38,42 @@ def trainer(tmp_path: Path, *overrides: str, logs: list[str] | None = None) -> T
 
 @pytest.mark.parametrize("executor", list(EXECUTORS))
 def test_a_training_step_reads_nothing_back(tmp_path, executor):
+    """Counted from the batch's copy to the device (`on_device`, as the epoch loop feeds it)
+    to the optimizer step's end."""
     t = trainer(tmp_path, *EXECUTORS[executor])
-    batch, tokens = t.train_batches[0].to(t.device), t.train_tokens[0]
-    t.train_step(batch, tokens)  # the clones' buffers grow to size
-    assert count_syncs(lambda: t.train_step(batch, tokens)) == 0
+    feed = on_device(iter(t.train_batches[:3]), t.device)
+    t.train_step(next(feed), t.train_tokens[0])
+    assert count_syncs(lambda: t.train_step(next(feed), t.train_tokens[1])) == 0
     assert count_syncs(t.settle) == 1  # loss, tokens, skips: one read
     assert count_syncs(t.settle) == 0  # nothing pending
-    assert t.state.step == 2 and t._window.tokens == 2 * tokens
+    assert t.state.step == 2 and t._window.tokens == sum(t.train_tokens[:2])
+
+
+def test_batches_reach_a_gpu_pinned_and_without_waiting(monkeypatch, tmp_path):
+    """On CUDA every batch tensor is pinned and copied `non_blocking` (the only copy to a
+    device that does not sync the host: test_opcount), each batch sent before the one
+    before it is used. CPU torch cannot pin: the two calls are recorded, not run."""
+    t = trainer(tmp_path)
+    calls: list[tuple[str, int, object]] = []
+    monkeypatch.setattr(
+        torch.Tensor, "pin_memory", lambda x: calls.append(("pin", id(x), None)) or x
+    )
+
+    def to(x, device, non_blocking=False):
+        calls.append(("to", id(x), (torch.device(device), non_blocking)))
+        return x
+
+    monkeypatch.setattr(torch.Tensor, "to", to)
+    batches = t.train_batches[:3]
+    feed = on_device(iter(batches), torch.device("cuda", 0))
+    first = next(feed)
+    sent = [c for c in calls if c[0] == "to"]
+    assert len(sent) == 6  # the first batch and the next one, three tensors each
+    assert first.src is batches[0].src
+    list(feed)
+    tensors = [id(x) for b in batches for x in (b.src, b.tgt_in, b.tgt_out)]
+    assert [c[1] for c in calls if c[0] == "pin"] == tensors
+    assert [c[2] for c in calls if c[0] == "to"] == [(torch.device("cuda", 0), True)] * 9
 
 
 def reference_schedule(bad: set[int], log_every: int, valid_every: int, max_steps: int) -> tuple:

@@ -14,7 +14,7 @@ import torch
 
 from nmt import attention, cells, policies
 from nmt.config import Config
-from nmt.devices import resolve_device
+from nmt.devices import resolve_device, setup_device
 from nmt.engine import planner
 from nmt.errors import NmtError
 from nmt.memreport.budget import (
@@ -189,6 +189,8 @@ def build_report(
     }
     largest_total = max(m.peak_bytes for m in memory.values())
     dev, why = choose_device(device, setting, largest_total)
+    if torch.device(dev).type == "cuda":  # the real steps run as training would run there
+        setup_device(dev, deterministic=cfg.train.deterministic, tf32=cfg.train.tf32)
     report = Report(setting, config_path, dev, why, memory, detail_policy=detail, top=top)
     if dev != "meta":
         threads = torch.get_num_threads()

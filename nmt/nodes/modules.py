@@ -16,7 +16,7 @@ from torch import Tensor
 from torch.nn import Module, Parameter
 
 from nmt.nodes.node import Node, resized
-from nmt.randomness import dropout_mask
+from nmt.randomness import keep_mask_
 
 
 def row_dots(context: Tensor, vector: Tensor, out: Tensor | None = None) -> Tensor:
@@ -338,7 +338,8 @@ class VScores(Node):
 
 
 class Dropout(Node):
-    """x * mask with masks from `nmt.model.dropout_mask`, drawn in forward; identity (a copy)
+    """x * mask with the masks of `nmt.randomness.dropout_mask` (the same draws, into the
+    node's own buffer), drawn in forward; identity (a copy)
     when the module is not training. The mask is kept for backward (role "mask")."""
 
     ROLES = {"output": "output", "grad_input": "grad_input", "mask": "mask"}
@@ -356,8 +357,7 @@ class Dropout(Node):
         self._active = self.module.training
         if not self._active:
             return out.copy_(x)
-        mask = resized(self.mask, x.shape)
-        mask.copy_(dropout_mask(x.shape, self.p, x))
+        mask = keep_mask_(resized(self.mask, x.shape), self.p).div_(1.0 - self.p)
         return torch.mul(x, mask, out=out)
 
     def backward(self, x: Tensor, g: Tensor) -> Tensor:

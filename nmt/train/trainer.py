@@ -31,7 +31,7 @@ from tqdm import tqdm
 
 from nmt.checkpoint import prune_step_checkpoints, save_checkpoint
 from nmt.config import Config
-from nmt.data.batching import Batch, epoch_order
+from nmt.data.batching import Batch, epoch_order, on_device
 from nmt.errors import NmtError
 from nmt.out_of_memory import batch_shape, training_message
 from nmt.train import distributed as dd
@@ -536,8 +536,10 @@ class Trainer:
         order = epoch_order(len(self.train_batches), cfg.seed, s.epoch)
         self._bar.set_description(f"epoch {s.epoch}", refresh=False)
         self._epoch, self._window = Meter(self._train_clock), Meter(self._train_clock)
-        for index in order[s.position :]:
-            self.train_step(self.train_batches[index].to(self.device), self.train_tokens[index])
+        todo = order[s.position :]
+        batches = on_device((self.train_batches[i] for i in todo), self.device)
+        for index, batch in zip(todo, batches, strict=True):
+            self.train_step(batch, self.train_tokens[index])
             s.position += 1
             end = s.position == len(self.train_batches)
             log, valid = self._due(cfg.log_every) or end, self._due(cfg.valid_every)
