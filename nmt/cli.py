@@ -275,13 +275,23 @@ def memreport(
             "sources at data.max_src_len, outputs up to 250 tokens) as a phase of the run.",
         ),
     ] = None,
+    precision: Annotated[
+        str | None,
+        typer.Option(
+            metavar="P[,P...]",
+            help="Account in this train.precision (float32, bfloat16, float16, float64); "
+            "several, comma-separated: the first as the report, the others side by side.",
+        ),
+    ] = None,
 ) -> None:
     from nmt.config import load_config
     from nmt.memreport import run as run_memreport
     from nmt.memreport.live import out_of_memory_line
 
     try:
-        cfg = load_config(config, list(set_ or []), require_data=False)
+        names = [p.strip() for p in precision.split(",")] if precision else []
+        sets = list(set_ or []) + ([f"train.precision={names[0]}"] if names else [])
+        cfg = load_config(config, sets, require_data=False)
         report = run_memreport(
             cfg,
             str(config),
@@ -292,6 +302,7 @@ def memreport(
             detail=detail,
             top=top,
             translate=translate,
+            compare=tuple(names[1:]),
         )
     except NmtError as exc:
         raise _fail(exc) from None

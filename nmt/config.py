@@ -54,6 +54,18 @@ def _attention_doc() -> str:
     return attention.describe()
 
 
+def _precisions() -> tuple[str, ...]:
+    from nmt import precisions
+
+    return precisions.names()
+
+
+def _precision_doc() -> str:
+    from nmt import precisions
+
+    return precisions.describe()
+
+
 def _granularities() -> tuple[str, ...]:
     from nmt import granularities
 
@@ -243,7 +255,12 @@ class TrainConfig:
         "-prealloc): " + policies.describe(),
     )
     device: str = _opt("auto", doc="auto (CUDA if available), cpu, cuda or cuda:N")
-    dtype: str = _opt("float32", choices=("float32", "float64"), doc="parameter and buffer dtype")
+    precision: str = _opt(
+        "float32",
+        choices=_precisions,
+        doc="the dtypes training runs in",
+        doc_more=_precision_doc,
+    )
     deterministic: bool = _opt(
         True,
         doc="CUDA: deterministic algorithms, so runs repeat bitwise (slower); no effect on CPU",
@@ -273,6 +290,7 @@ DATA_FILE_KEYS = ("train_src", "train_tgt", "valid_src", "valid_tgt")
 REPLACED_KEYS = {
     "train.preallocate": "train.prealloc",
     "train.prealloc_scope": "train.prealloc",
+    "train.dtype": "train.precision",
 }
 # (key, old value) -> the value that replaced it: refused in configs and --set, upgraded in
 # checkpoints (`upgrade_saved`)
@@ -430,6 +448,9 @@ def upgrade_saved(raw: Any) -> Any:
         if isinstance(part, dict) and part.get(key) == old:
             raw = {**raw, section: {**part, key: new}}
     train = raw.get("train")
+    if isinstance(train, dict) and "dtype" in train:  # float32 / float64: the same names
+        train = {k: v for k, v in train.items() if k != "dtype"} | {"precision": train["dtype"]}
+        raw = {**raw, "train": train}
     if not isinstance(train, dict) or not {"preallocate", "prealloc_scope"} & set(train):
         return raw
     train = dict(train)

@@ -13,7 +13,6 @@ import torch
 
 from nmt.errors import NmtError
 
-DTYPES = {"float32": torch.float32, "float64": torch.float64}
 # cuBLAS is deterministic only with a fixed workspace; it reads this before it starts
 CUBLAS_WORKSPACE_CONFIG = ":4096:8"
 

@@ -101,20 +101,23 @@ def nll_backward(
     chunk: int,
     divisor: float,
     label_smoothing: float = 0.0,
+    scale: Tensor | None = None,
 ) -> Tensor:
     """Backpropagate d(summed loss / divisor) through the generator and `out`'s graph,
-    holding one chunk's logits at a time; returns the summed NLL (detached)."""
+    holding one chunk's logits at a time; returns the summed NLL (detached, float64).
+    `scale`: float16's loss scale, multiplying the loss (the caller unscales)."""
     ranges = spans(gold.size(1), chunk)
+    factor = 1.0 / divisor if scale is None else scale / divisor
     if len(ranges) == 1:  # all at once: plain autograd, no detour through leaves
         loss, nll = chunk_loss(model, out, gold, label_smoothing)
-        (loss / divisor).backward()
-        return nll.detach()
+        (loss * factor).backward()
+        return nll.detach().to(torch.float64)
     grad = torch.empty_like(out)  # d loss / d out, collected chunk by chunk
-    total = out.new_zeros(())
+    total = torch.zeros((), dtype=torch.float64, device=out.device)
     for s in ranges:
         leaf = out[:, s].detach().requires_grad_()
         loss, nll = chunk_loss(model, leaf, gold[:, s], label_smoothing)
-        (loss / divisor).backward()
+        (loss * factor).backward()
         grad[:, s] = leaf.grad
         total += nll.detach()
     out.backward(grad)

@@ -38,12 +38,11 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from nmt import policies
+from nmt import policies, precisions
 from nmt.config import all_keys, apply_overrides, from_dict
 from nmt.data.batching import Batch, epoch_order, make_batches
 from nmt.data.corpus import load_corpus
 from nmt.data.vocab import PAD
-from nmt.devices import DTYPES
 from nmt.model import build_model
 from nmt.opcount import count
 from nmt.train.executors import Executor, make_executor
@@ -124,7 +123,7 @@ def build(variant: Variant, raw: dict, vocab: tuple[int, int]) -> Runner:
             raw.setdefault(section, {})[key] = value
     cfg = from_dict(raw, "bench_train")
     torch.manual_seed(cfg.train.seed)
-    dtype = DTYPES[cfg.train.dtype]
+    dtype = precisions.get(cfg.train.precision).master
     model = build_model(cfg.model, *vocab, device=cfg.train.device, dtype=dtype).train()
     params = list(model.parameters())
     optimizer = make_optimizer(cfg.train, params)

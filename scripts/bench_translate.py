@@ -25,11 +25,11 @@ from pathlib import Path
 
 import torch
 
+from nmt import precisions
 from nmt.config import Config, from_dict
 from nmt.data.corpus import load_corpus
 from nmt.data.reading import read_lines
 from nmt.data.tokenizers import Tokenizer
-from nmt.devices import DTYPES
 from nmt.model import Seq2SeqAttn, build_model
 from nmt.train.trainer import train
 from nmt.translate.run import load_model
@@ -87,7 +87,7 @@ def get_model(args: argparse.Namespace, run_dir: Path) -> tuple[Seq2SeqAttn, Tok
         torch.manual_seed(cfg.train.seed)
         corpus = load_corpus(cfg.data, run_dir, log=lambda s: None)
         src_tok, tgt_tok = corpus.src_tokenizer, corpus.tgt_tokenizer
-        dtype = DTYPES[cfg.train.dtype]
+        dtype = precisions.get(cfg.train.precision).master
         model = build_model(cfg.model, len(src_tok), len(tgt_tok), device=device, dtype=dtype)
         print("untrained model (uniform initialisation +-0.1)")
         return model.eval(), src_tok, tgt_tok

@@ -349,7 +349,7 @@ class ReachedGraphs(Exception):
 def test_the_executor_takes_the_models_exact_device(monkeypatch):
     seen: list[torch.device] = []
 
-    def first_graph(model, stack, device, dtype):
+    def first_graph(model, stack, device, dtype, owner=None):
         seen.append(device)
         raise ReachedGraphs  # the buffers would be allocated here
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from nmt import attention, cells, granularities, policies
+from nmt import attention, cells, granularities, policies, precisions
 from nmt.config import load_config
 from nmt.opcount import count
 from nmt.train.trainer import Trainer
@@ -40,6 +40,7 @@ DETERMINISTIC_ON_CUDA = {
             "addcmul",
             "addcmul_",
             "bernoulli_",
+            "bitwise_and",
             "bitwise_not",
             "clamp",
             "clone",
@@ -76,6 +77,7 @@ DETERMINISTIC_ON_CUDA = {
     **dict.fromkeys(
         [
             "empty",
+            "zeros",
             "empty_like",
             "new_zeros",
             "ones_like",
@@ -118,6 +120,7 @@ DETERMINISTIC_ON_CUDA = {
     "index_add_": "acts deterministically under the mode",
     "embedding": "an index_select",
     "embedding_dense_backward": "sorts the indices, then reduces each segment",
+    "_amp_update_scale_": "float16's loss scale: one element, GradScaler's kernel",
     # fused optimizer and foreach kernels: per-tensor elementwise
     **dict.fromkeys(
         [
@@ -185,6 +188,9 @@ def sweep() -> list:
         )
     for kind, granularity in itertools.product(attention.names(), granularities.names()):
         runs.append([f"model.attention={kind}", f"model.granularity={granularity}"])
+    mixed = [p for p in precisions.names() if precisions.get(p).mixed]
+    for precision, executor in itertools.product(mixed, ("clones", "autograd")):
+        runs.append([f"train.precision={precision}", f"train.executor={executor}"])
     for cell, encoder, smoothing in itertools.product(cells.names(), ("cells", "kernel"), (0, 0.1)):
         runs.append(
             [f"model.rnn_type={cell}", "train.executor=autograd", "train.loss_chunk=3"]

@@ -24,7 +24,7 @@ def config(tmp_path: Path, executor: str, max_steps: int = 10) -> Path:
     return write_toy_config(
         tmp_path / f"{executor}.yaml",
         "num_layers: 2, rnn_size: 12, word_vec_size: 8, dropout: 0.0, bidirectional: true",
-        f"batch_size: 33, max_steps: {max_steps}, device: cpu, dtype: float64, log_every: 1, "
+        f"batch_size: 33, max_steps: {max_steps}, device: cpu, precision: float64, log_every: 1, "
         f"executor: {executor}",
     )
 

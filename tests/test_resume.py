@@ -103,6 +103,30 @@ def test_resume_is_exact_with_the_fused_granularity(tmp_path):
         assert torch.equal(state["exp_avg_sq"], b["optimizer"]["state"][k]["exp_avg_sq"])
 
 
+@pytest.mark.parametrize("precision", ["bfloat16", "float16"])
+def test_resume_is_exact_in_mixed_precision(tmp_path, precision):
+    """The float32 masters, the optimizer state and (float16) the loss scale are all a run
+    keeps: 20 steps, stop, resume to 40 is bitwise 40 straight steps; the checkpoint holds
+    float32 weights and loads with weights_only."""
+    quiet = {"log": lambda _: None, "progress": False}
+    keys = [f"train.precision={precision}", "train.valid_every=10", "train.log_every=100"]
+    keys += ["train.valid_bleu_sample=0"]
+    straight = load_config(config(tmp_path), [*keys, "train.max_steps=40"])
+    train(straight, tmp_path / "straight", **quiet)
+    first = load_config(config(tmp_path), [*keys, "train.max_steps=20"])
+    train(first, tmp_path / "run", **quiet)
+    train(straight, tmp_path / "run", resume=tmp_path / "run" / "last.pt", **quiet)
+    a = torch.load(tmp_path / "straight" / "last.pt", weights_only=True)
+    b = torch.load(tmp_path / "run" / "last.pt", weights_only=True)
+    assert a["step"] == b["step"] == 40
+    assert all(v.dtype == torch.float32 for v in a["model"].values())
+    for key, value in a["model"].items():
+        assert torch.equal(value, b["model"][key]), key
+    if precision == "float16":
+        assert torch.equal(a["loss_scale"]["scale"], b["loss_scale"]["scale"])
+        assert float(a["loss_scale"]["scale"]) < 2.0**16  # it backed off: it did scale
+
+
 def test_sigkill_while_writing_keeps_the_previous_checkpoint(tmp_path):
     cfg = config(tmp_path)
     run = tmp_path / "run"

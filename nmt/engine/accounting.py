@@ -53,15 +53,14 @@ def summarize(records: Iterable[BufferRecord]) -> dict[str, int]:
     return out
 
 
-def account(
-    spec: ExecutorSpec, src_vocab: int, tgt_vocab: int, dtype: torch.dtype = torch.float32
-) -> list[BufferRecord]:
+def account(spec: ExecutorSpec, src_vocab: int, tgt_vocab: int) -> list[BufferRecord]:
     """The executor's buffers (and the model's parameters and gradients, clone "model") as the
     executor `spec` describes holds them - built for `spec.batch_size` sentences, sized up
     front by one training step at maximum lengths - computed on the meta device, so nothing
     is allocated."""
     if spec.batch_size is None:
         raise ValueError("the accounting needs the batch size the buffers are reserved for")
-    model = build_model(spec.model, src_vocab, tgt_vocab, device="meta", dtype=dtype).train()
+    master = spec.dtypes.master  # the model's; the clones' buffers are in the compute dtype
+    model = build_model(spec.model, src_vocab, tgt_vocab, device="meta", dtype=master).train()
     executor = planner.planned_executor(model, spec, device="meta")
     return executor.buffers() + model_records(model)

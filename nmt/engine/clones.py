@@ -28,6 +28,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from nmt import precisions
 from nmt.data.batching import Batch
 from nmt.data.vocab import PAD
 from nmt.devices import same_device
@@ -38,6 +39,7 @@ from nmt.engine.records import BufferRecord, records_for
 from nmt.engine.seq2seq import decoder_graph, encoder_graph
 from nmt.engine.sharing import SharingPlan
 from nmt.engine.spec import ExecutorSpec
+from nmt.engine.weights import ComputeWeights
 from nmt.errors import NmtError
 from nmt.model import Seq2SeqAttn, build_model
 from nmt.nodes.node import resized
@@ -67,17 +69,24 @@ class CloneExecutor:
             )
         if spec.model != model.cfg:
             raise ValueError(f"the spec is for {spec.model}, the model is {model.cfg}")
-        self.model, self.cfg, self.dtype, self.spec = model, model.cfg, param.dtype, spec
+        dtypes = spec.dtypes if spec.precision else precisions.of_dtype(param.dtype)
+        if param.dtype != dtypes.master:
+            raise ValueError(f"{dtypes.name} trains {dtypes.master} masters, not {param.dtype}")
+        self.model, self.cfg, self.spec = model, model.cfg, spec
+        self.dtype = dtypes.compute  # the clones' buffers and products
+        self.weights = ComputeWeights(model, self.dtype)  # what the clones compute with
         self.n_enc, self.n_dec = spec.encoder_clones, spec.decoder_clones
-        dev, dt = self.device, self.dtype
+        dev, dt, m = self.device, self.dtype, self.weights.model
+
+        def encoders(stack) -> list[Graph]:
+            return [encoder_graph(m, stack, dev, dt, owner=model) for _ in range(self.n_enc)]
+
         self.clones: dict[str, list[Graph]] = {
-            "enc": [encoder_graph(model, model.encoder, dev, dt) for _ in range(self.n_enc)],
-            "enc_bwd": [encoder_graph(model, model.encoder_bwd, dev, dt) for _ in range(self.n_enc)]
-            if model.encoder_bwd is not None
-            else [],
-            "dec": [decoder_graph(model, dev, dt) for _ in range(self.n_dec)],
+            "enc": encoders(m.encoder),
+            "enc_bwd": encoders(m.encoder_bwd) if m.encoder_bwd is not None else [],
+            "dec": [decoder_graph(m, dev, dt, owner=model) for _ in range(self.n_dec)],
         }
-        self.generator = Generator(model, dev, dt, spec.label_smoothing)
+        self.generator = Generator(m, dev, dt, spec.label_smoothing)
         self.loss_chunk = spec.output_positions  # target positions the output layer runs at once
         self.plan = plan
         self.policy = self.plan.policy
@@ -86,6 +95,9 @@ class CloneExecutor:
         self._rng: dict[str, list[Tensor | None]] = {
             kind: [None] * len(graphs) for kind, graphs in self.clones.items()
         }
+        # float16's dynamic loss scale (a device tensor, `nmt.train.scaling`): the gradients
+        # come out scaled, as under GradScaler, and the update unscales them
+        self.loss_scale: Tensor | None = None
         # called with (clone name, graph) as each clone's backward begins (the planner's check)
         self.before_backward: Callable[[str, Graph], None] | None = None
         state = self.clones["dec"][0].state  # what the cell's graphs declare they carry
@@ -127,7 +139,7 @@ class CloneExecutor:
                 model.src_embedding.weight.shape[0],
                 model.generator.weight.shape[0],
                 device="meta",
-                dtype=self.dtype,
+                dtype=model.generator.weight.dtype,
             ).train()
             twin = CloneExecutor(meta_model, self.spec.replace(batch_size=None), self.plan, "meta")
         with torch.device("meta"):
@@ -151,11 +163,11 @@ class CloneExecutor:
         for graphs in self.clones.values():
             for g in graphs:
                 for node in g.all_nodes():
-                    for role, _ in list(node.buffers()):
+                    for role, own in list(node.buffers()):
                         key = (node.name, role)
                         if key in plan.shared:
-                            if key not in shared:
-                                shared[key] = torch.empty(0, device=self.device, dtype=self.dtype)
+                            if key not in shared:  # in the dtype the node keeps it in
+                                shared[key] = torch.empty(0, device=self.device, dtype=own.dtype)
                             node.set_buffer(role, shared[key])
         return shared
 
@@ -192,6 +204,7 @@ class CloneExecutor:
         for p in self.model.parameters():
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
+        self.weights.begin()
         H, lp = self.cfg.rnn_size, self.loop
         n_state = len(self._states)
 
@@ -200,6 +213,8 @@ class CloneExecutor:
         tout = resized(lp["tgt_out"], (T, B, 1)).copy_(tgt_out.t().unsqueeze(2))
         valid = resized(lp["valid"], (T, B, 1)).copy_(tout != PAD)
         weight = torch.div(valid, B, out=resized(lp["weight"], (T, B, 1)))
+        if self.loss_scale is not None:  # float16: the loss scaled up, the gradients with it
+            weight.mul_(self.loss_scale)
         zeros = resized(lp["zeros"], (B, H)).zero_()
         context = resized(lp["context"], (B, S, H))
 
@@ -254,9 +269,9 @@ class CloneExecutor:
                 torch._foreach_copy_(grads, self._state_grads(ig))
                 out_grad.zero_()
 
-        # the NLL of the real tokens, in one product
+        # the NLL of the real tokens, summed in float64 (whatever the buffers' dtype)
         loss = lp["loss"].zero_()
-        loss.sub_(torch.mm(valid.view(1, T * B), picked.view(T * B, 1)).squeeze())
+        loss.sub_(picked.mul_(valid).sum(dtype=torch.float64))
 
         # ---- encoder(s) backward, last position first; the backward encoder ran S-1..0
         if self.clones["enc_bwd"]:
@@ -266,6 +281,7 @@ class CloneExecutor:
         self._encode_backward(self.clones["enc"], range(S - 1, -1, -1), grads, enc_acc, tr)
         if self.clones["enc_bwd"]:
             self._encode_backward(self.clones["enc_bwd"], range(S), grads_b, enc_acc, tr)
+        self.weights.end()
         return loss
 
     def _output_layer(
@@ -386,6 +402,7 @@ class CloneExecutor:
             for role, t in node.buffers()
         ]
         owned += [("loop", "loop", role, t) for role, t in self.loop.items()]
+        owned += self.weights.owned()
         return owned
 
     def _owned(self) -> list[Tensor]:

@@ -49,6 +49,7 @@ from nmt.nodes.node import flat
 from nmt.randomness import private_rng
 
 StructureKey = tuple[tuple[str, Any], ...]  # (field, value) of every field, normalised
+PROBE_PRECISION = "bfloat16"
 
 
 class UndeclaredBufferError(TypeError):
@@ -92,7 +93,10 @@ def _probe(model_cfg: ModelConfig, recompute: bool = False) -> CloneExecutor:
     structure = graph_structure(model_cfg)
     model = build_model(structure, 7, 7, device="cpu", dtype=torch.float32)
     empty = SharingPlan("none", frozenset(), recompute=recompute)
+    # in a mixed precision, so that the buffers only a mixed precision writes (an embedding's
+    # rows in its masters' dtype) are analysed too; in one dtype they stay empty
     spec = ExecutorSpec(structure, max_src_len=1, max_tgt_len=2, policy=policies.OFF)
+    spec = spec.replace(precision=PROBE_PRECISION)
     return CloneExecutor(model.train(), spec, empty, device="cpu")
 
 

@@ -58,19 +58,29 @@ def _outputs(g: GraphBuilder, states: dict[str, Value]) -> None:
 
 
 def encoder_graph(
-    model: Seq2SeqAttn, stack: RNNStack, device: torch.device, dtype: torch.dtype
+    model: Seq2SeqAttn,
+    stack: RNNStack,
+    device: torch.device,
+    dtype: torch.dtype,
+    owner: Seq2SeqAttn | None = None,
 ) -> Graph:
-    """One source position of `stack` (model.encoder or model.encoder_bwd)."""
-    g = GraphBuilder(device, dtype, owner=model)
+    """One source position of `stack` (model.encoder or model.encoder_bwd). `owner`: the
+    model whose training flag dropout follows (default `model`; a compute copy's master)."""
+    g = GraphBuilder(device, dtype, owner=owner or model)
     x = g.input("x", needs_grad=False)
     emb = g.add(LookupTable, "lookup", x, weight=model.src_embedding.weight)
     _outputs(g, _stack(g, model, stack, emb))
     return g.build()
 
 
-def decoder_graph(model: Seq2SeqAttn, device: torch.device, dtype: torch.dtype) -> Graph:
+def decoder_graph(
+    model: Seq2SeqAttn,
+    device: torch.device,
+    dtype: torch.dtype,
+    owner: Seq2SeqAttn | None = None,
+) -> Graph:
     """One target position: embedding [+ input feed], the stack, attention, output dropout."""
-    g = GraphBuilder(device, dtype, owner=model)
+    g = GraphBuilder(device, dtype, owner=owner or model)
     cfg, granularity = model.cfg, model.granularity
     y = g.input("x", needs_grad=False)
     feed = g.input("feed") if cfg.input_feed else None

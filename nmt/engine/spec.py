@@ -2,7 +2,8 @@
 
 Everything a `CloneExecutor`'s clones and buffers depend on besides the model's parameters:
 the model's structure, the maximum lengths (the number of clones), the preallocation policy,
-the batch its buffers are reserved for, label smoothing and `train.loss_chunk`. Training,
+the batch its buffers are reserved for, label smoothing, `train.loss_chunk` and the
+precision. Training,
 the planner's probe, the accounting and `nmt memreport` (whose `Setting` holds one) all
 build executors from a spec, so a new key that changes the executor or its memory is one
 field here and one line in `from_config`.
@@ -14,7 +15,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from nmt import granularities, policies
+from nmt import granularities, policies, precisions
 from nmt.config import Config, ModelConfig
 
 
@@ -30,6 +31,9 @@ class ExecutorSpec:
     batch_size: int | None = None
     label_smoothing: float = 0.0
     loss_chunk: int = 1  # train.loss_chunk as configured (0: all positions)
+    # train.precision: the clones compute in its compute dtype (None: the model's dtype
+    # throughout, float32 or float64 - what tests of hand-made models take)
+    precision: str | None = None
 
     @classmethod
     def from_config(cls, cfg: Config, world_size: int = 1) -> ExecutorSpec:
@@ -44,6 +48,7 @@ class ExecutorSpec:
             batch_size=math.ceil(t.batch_size / world_size),
             label_smoothing=t.label_smoothing,
             loss_chunk=t.loss_chunk,
+            precision=t.precision,
         )
 
     def replace(self, **changes: object) -> ExecutorSpec:
@@ -58,6 +63,11 @@ class ExecutorSpec:
     def decoder_clones(self) -> int:
         """One per target position: <s> w1 .. wm -> w1 .. wm </s>."""
         return self.max_tgt_len + 1
+
+    @property
+    def dtypes(self) -> precisions.Precision:
+        """The precision's dtypes (float32 throughout where none is named)."""
+        return precisions.get(self.precision or "float32")
 
     @property
     def output_positions(self) -> int:

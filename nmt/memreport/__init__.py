@@ -44,6 +44,7 @@ def run(
     detail: str = policies.DEFAULT,
     top: int = 15,
     translate: str | None = None,
+    compare: tuple[str, ...] = (),
     quiet: bool = False,
 ) -> Report:
     """Build the report, print it, and write the JSON / PNG asked for. Progress goes to
@@ -63,6 +64,7 @@ def run(
         top=top,
         lengths=plot_path is not None,
         translation=translation,
+        compare=compare,
         log=(lambda _: None) if quiet else _log,
     )
     print(render(report), flush=True)

@@ -29,6 +29,7 @@ from nmt.memreport.measure import (
     AUTOGRAD_ROWS,
     PolicyMemory,
     Setting,
+    autocast_model,
     autograd_step,
     row_loss_chunk,
 )
@@ -187,8 +188,9 @@ def _run(
     optimizer.zero_grad(set_to_none=False)
     if policy in AUTOGRAD_ROWS:
         batch = setting.full_batch(device)
-        step = autograd_step(setting, model, batch, row_loss_chunk(setting, policy))
-        result.accounted_bytes, result.live_bytes = accounted.buffer_bytes, step.peak
+        compute, casts = autocast_model(setting, model)
+        step = autograd_step(setting, compute, batch, row_loss_chunk(setting, policy))
+        result.accounted_bytes, result.live_bytes = accounted.buffer_bytes, step.peak + casts
     else:
         executor = planner.planned_executor(model, setting.row_spec(policy), device)
         built = held_storage_bytes(executor, model)

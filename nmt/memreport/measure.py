@@ -20,6 +20,7 @@ holds it after a step.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from dataclasses import dataclass
 
@@ -29,7 +30,6 @@ from torch import Tensor
 from nmt import granularities, policies
 from nmt.config import Config, ModelConfig, TrainConfig
 from nmt.data.batching import Batch
-from nmt.devices import DTYPES
 from nmt.engine import planner
 from nmt.engine.accounting import MODEL_ROLES, account, summarize
 from nmt.engine.records import BufferRecord
@@ -45,8 +45,11 @@ AUTOGRAD = "autograd"  # the reference row: the autograd executor, loss in chunk
 AUTOGRAD_FULL = "autograd-full"  # the autograd executor with the loss over all positions
 AUTOGRAD_ROWS = (AUTOGRAD, AUTOGRAD_FULL)
 # buffer categories: the clone engine's (by role) and autograd's (saved / temporaries)
-CATEGORIES = ("output", "grad_input", "accumulator", "other", "saved", "transient")
-ACTIVATIONS = ("saved", "transient")  # live during the step only; the rest stays allocated
+CATEGORIES = (
+    "output", "grad_input", "accumulator", "other", "weights", "saved", "transient", "casts",
+)  # fmt: skip
+# live during the step only (autocast's weight casts too); the rest stays allocated
+ACTIVATIONS = ("saved", "transient", "casts")
 PHASES = ("step", "validation", "translation")
 ACCUMULATOR_ROLES = ("grad_output_acc", "encoder_acc", "state_grad", "state_grad_bwd", "out_grad")
 
@@ -54,13 +57,12 @@ ACCUMULATOR_ROLES = ("grad_output_acc", "encoder_acc", "state_grad", "state_grad
 @dataclass(frozen=True)
 class Setting:
     """Everything training memory depends on: the executor's spec (model, lengths, batch,
-    label smoothing, loss chunk; its policy is each row's own), vocabularies, dtype, the
+    label smoothing, loss chunk, precision; its policy is each row's own), vocabularies, the
     optimizer and, when asked, a beam search."""
 
     spec: ExecutorSpec
     src_vocab: int
     tgt_vocab: int
-    dtype: str = "float32"
     optimizer: str = "sgd"
     translation: Translation | None = None  # a beam search's phase, when asked
 
@@ -69,7 +71,7 @@ class Setting:
         d = cfg.data
         spec = ExecutorSpec.from_config(cfg)
         t = cfg.train
-        return cls(spec, d.src_vocab_size, d.tgt_vocab_size, t.dtype, t.optimizer, translation)
+        return cls(spec, d.src_vocab_size, d.tgt_vocab_size, t.optimizer, translation)
 
     def replace(self, **changes: object) -> Setting:
         """Another setting; the spec's fields (batch_size, max_tgt_len, ...) by name too."""
@@ -113,12 +115,18 @@ class Setting:
         return self.spec.decoder_clones
 
     @property
+    def precision(self) -> str:
+        return self.spec.precision
+
+    @property
     def torch_dtype(self) -> torch.dtype:
-        return DTYPES[self.dtype]
+        """The masters' dtype: the model's parameters, gradients, optimizer state."""
+        return self.spec.dtypes.master
 
     @property
     def element_bytes(self) -> int:
-        return torch.empty(0, dtype=self.torch_dtype).element_size()
+        """Bytes of an element of the clone buffers (the compute dtype)."""
+        return self.spec.dtypes.element_bytes
 
     def full_batch(self, device: torch.device | str, seed: int = 0) -> Batch:
         """A batch at maximum lengths with no padding (the largest step); random real tokens
@@ -206,6 +214,8 @@ def category(role: str) -> str:
         return "grad_input"
     if role in ACCUMULATOR_ROLES:
         return "accumulator"
+    if role in ("compute_weight", "compute_grad"):
+        return "weights"  # a mixed precision's compute copy of the weights
     return "other"  # dropout masks, the loop's context, token ids, loss weights
 
 
@@ -249,11 +259,11 @@ def measure_clones(setting: Setting, policy: str, opt_bytes: int) -> PolicyMemor
     planner.plan(setting.model, policy)  # cached: its probe's storages are not this step's
     tracker = StorageTracker()
     with tracker:
-        records = account(
-            setting.row_spec(policy), setting.src_vocab, setting.tgt_vocab, setting.torch_dtype
-        )
+        records = account(setting.row_spec(policy), setting.src_vocab, setting.tgt_vocab)
     summary = summarize(records)
     parts = dict.fromkeys(("output", "grad_input", "accumulator", "other"), 0)
+    if setting.spec.dtypes.mixed:
+        parts["weights"] = 0
     seen: set[str] = set()
     for r in records:
         if r.role in MODEL_ROLES or r.storage_key in seen:
@@ -310,12 +320,28 @@ def autograd_step(
     return AutogradStep(tracker.peak, records)
 
 
+def autocast_model(setting: Setting, model: Seq2SeqAttn) -> tuple[Seq2SeqAttn, int]:
+    """What the autograd executor's step computes with: `model` itself, or in a mixed
+    precision its copy in the compute dtype - what `torch.autocast` makes of every product,
+    which cannot run on meta: its float32 promotions of some elementwise results are not
+    modelled - with gradients; and the bytes of that copy and its gradients (autocast's
+    cached weight casts and their gradients)."""
+    if not setting.spec.dtypes.mixed:
+        return model, 0
+    compute = copy.deepcopy(model).to(setting.spec.dtypes.compute)
+    for p in compute.parameters():
+        p.grad = torch.zeros_like(p)
+    return compute, 2 * sum(p.untyped_storage().nbytes() for p in compute.parameters())
+
+
 def measure_autograd(setting: Setting, row: str, opt_bytes: int) -> PolicyMemory:
     """The autograd executor on meta: parameters, gradients, and the peak of activations."""
     model = setting.build_model("meta")
-    step = autograd_step(setting, model, setting.full_batch("meta"), row_loss_chunk(setting, row))
+    compute, weights = autocast_model(setting, model)
+    step = autograd_step(setting, compute, setting.full_batch("meta"), row_loss_chunk(setting, row))
     param = sum(p.untyped_storage().nbytes() for p in model.parameters())
-    return PolicyMemory(row, param, param, opt_bytes, step.parts(), step.records)
+    parts = step.parts() | ({"casts": weights} if weights else {})
+    return PolicyMemory(row, param, param, opt_bytes, parts, step.records)
 
 
 def validation_peak(setting: Setting, loss_chunk: int, model: Seq2SeqAttn | None = None) -> int:

@@ -22,8 +22,10 @@ _SEGMENTS = [
     ("grad_input_bytes", "grad inputs", "#c44e52"),
     ("accumulator_bytes", "accumulators", "#937860"),
     ("other_bytes", "masks + loop", "#da8bc3"),
+    ("weights_bytes", "compute weights", "#64b5cd"),
     ("saved_bytes", "saved for backward", "#55a868"),
     ("transient_bytes", "temporaries", "#a1d99b"),
+    ("casts_bytes", "weight casts", "#ccb974"),
 ]
 # line colours: the registry's policies in order (cycling), autograd its own
 _POLICY_COLORS = ("#c44e52", "#dd8452", "#4c72b0", "#8172b3", "#937860", "#da8bc3")
@@ -107,7 +109,7 @@ def write_plot(report: Report, data: dict, path: str | Path) -> None:
     m = s.model
     fig.suptitle(
         f"{m.num_layers} x {m.rnn_size} LSTM, vocab {s.src_vocab}/{s.tgt_vocab}, batch "
-        f"{s.batch_size}, lengths {s.max_src_len}/{s.max_tgt_len}, {s.dtype}, {s.optimizer}"
+        f"{s.batch_size}, lengths {s.max_src_len}/{s.max_tgt_len}, {s.precision}, {s.optimizer}"
     )
     fig.tight_layout()
     try:

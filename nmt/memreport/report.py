@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from nmt import attention, cells, policies
+from nmt import attention, cells, policies, precisions
 from nmt.config import Config
 from nmt.devices import resolve_device, setup_device
 from nmt.engine import planner
@@ -37,9 +37,8 @@ from nmt.memreport.measure import (
 )
 from nmt.memreport.translation import Translation
 
-# 2: autograd-full row; validation / translation phases and peak_bytes; the budget and the
-#    length curves on peak_bytes; seed_arithmetic term by term
-SCHEMA_VERSION = 2
+# the JSON's version: raised whenever a key changes meaning or goes (docs/memory.md)
+SCHEMA_VERSION = 3
 SEED_POLICY = "attention"  # seq2seq-attn PR #45: the two attention products shared
 RAM_FRACTION = 0.25  # auto device: meta when the largest total exceeds this share of RAM
 CPU_GFLOP_LIMIT = 20.0  # ... or when one real CPU step would cost more than this
@@ -60,6 +59,8 @@ class Report:
     detail_policy: str = policies.DEFAULT
     top: int = 15
     lengths: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
+    # other precisions side by side (`--precision`): precision -> row -> accounted memory
+    compare: dict[str, dict[str, PolicyMemory]] = field(default_factory=dict)
 
     @property
     def baseline(self) -> PolicyMemory:
@@ -172,10 +173,12 @@ def build_report(
     top: int = 15,
     lengths: bool = False,
     translation: Translation | None = None,
+    compare: tuple[str, ...] = (),
     log: Log = lambda _: None,
 ) -> Report:
     """Account every row and phase on meta; then, as asked, real steps, the budget, length
-    curves. `translation`: also account a beam search (a phase of its own)."""
+    curves. `translation`: also account a beam search (a phase of its own); `compare`: other
+    precisions, every row accounted in each (on meta) beside the configured one's."""
     rows = report_policies()
     if detail not in rows:
         raise NmtError(f"--detail {detail!r}: expected one of {', '.join(rows)}")
@@ -192,6 +195,12 @@ def build_report(
     if torch.device(dev).type == "cuda":  # the real steps run as training would run there
         setup_device(dev, deterministic=cfg.train.deterministic, tf32=cfg.train.tf32)
     report = Report(setting, config_path, dev, why, memory, detail_policy=detail, top=top)
+    for name in dict.fromkeys(p for p in compare if p != setting.precision):
+        other = setting.replace(precision=precisions.get(name).name)
+        report.compare[name] = {
+            p: _timed(log, f"accounted {p} in {name}", lambda p=p, o=other: measure(o, p))
+            for p in rows
+        }
     if dev != "meta":
         threads = torch.get_num_threads()
         if dev == "cpu" and step_gflop(setting) <= CPU_GFLOP_LIMIT:
@@ -369,6 +378,7 @@ def policy_numbers(report: Report, policy: str) -> dict:
     m = report.memory[policy]
     base = report.baseline
     out = {
+        "precision": report.setting.precision,
         "param_bytes": m.param_bytes,
         "grad_bytes": m.grad_bytes,
         "optimizer_bytes": m.optimizer_bytes,
@@ -400,6 +410,32 @@ def policy_numbers(report: Report, policy: str) -> dict:
     return out
 
 
+def precision_numbers(report: Report) -> dict | None:
+    """The rows in each precision compared (the configured one first): null when none was."""
+    if not report.compare:
+        return None
+    base = report.baseline.peak_bytes  # the configured precision's `none`
+    out = {}
+    for name, memory in {report.setting.precision: report.memory, **report.compare}.items():
+        out[name] = {
+            p: {
+                "peak_bytes": m.peak_bytes,
+                "clone_buffer_bytes": clone_buffer_bytes(m),
+                "peak_ratio": m.peak_bytes / base,
+            }
+            for p, m in memory.items()
+        }
+    return out
+
+
+def clone_buffer_bytes(m: PolicyMemory) -> int | None:
+    """The clones' own buffers (outputs, grad inputs, accumulators, masks and loop), without
+    temporaries or a compute copy of the weights; None for the autograd rows."""
+    if "output" not in m.parts:
+        return None
+    return sum(m.parts[c] for c in ("output", "grad_input", "accumulator", "other"))
+
+
 def to_json(report: Report) -> dict:
     """Every number of the report; keys are stable (null where a number does not apply)."""
     s = report.setting
@@ -413,7 +449,7 @@ def to_json(report: Report) -> dict:
         "max_tgt_len": s.max_tgt_len,
         "encoder_clones": s.encoder_clones,
         "decoder_clones": s.decoder_clones,
-        "dtype": s.dtype,
+        "precision": s.precision,
         "element_bytes": s.element_bytes,
         "optimizer": s.optimizer,
         "loss_chunk": s.loss_chunk,
@@ -432,6 +468,7 @@ def to_json(report: Report) -> dict:
         "schema_version": SCHEMA_VERSION,
         "config": config,
         "policies": {p: policy_numbers(report, p) for p in report.memory},
+        "precisions": precision_numbers(report),
         "seed_arithmetic": seed_arithmetic(report),
         "detail": {
             "policy": report.detail_policy,

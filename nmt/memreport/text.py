@@ -52,8 +52,26 @@ def _model_line(s: Setting) -> str:
         f"vocabularies "
         f"{s.src_vocab} / {s.tgt_vocab}, batch {s.batch_size}, max lengths {s.max_src_len} / "
         f"{s.max_tgt_len} -> {s.encoder_clones} encoder / {s.decoder_clones} decoder clones, "
-        f"{s.dtype}, optimizer {s.optimizer}"
+        f"{s.precision}, optimizer {s.optimizer}"
     )
+
+
+def _precision_section(by_precision: dict) -> str:
+    """The rows in each precision compared: the run's peak, the clones' own buffers, and the
+    peak against `none` in the configured (first) precision."""
+    names = list(by_precision)
+    first = by_precision[names[0]]
+    heads = ["policy"] + [f"peak {n}" for n in names] + [f"vs {policies.OFF} {names[0]}"]
+    heads += [f"clone buffers {n} / {names[0]}" for n in names[1:]]
+    rows = []
+    for p in first:
+        row = [p, *(mib(by_precision[n][p]["peak_bytes"]) for n in names)]
+        row += [" / ".join(f"{by_precision[n][p]['peak_ratio']:.3f}x" for n in names)]
+        for n in names[1:]:
+            mine, theirs = by_precision[n][p]["clone_buffer_bytes"], first[p]["clone_buffer_bytes"]
+            row.append("-" if mine is None else f"{mine / theirs:.3f}x")
+        rows.append(row)
+    return "precisions side by side, MiB (a run's peak)\n" + table(heads, rows)
 
 
 def render(report: Report) -> str:
@@ -101,16 +119,20 @@ def render(report: Report) -> str:
         "grad_input": "grad inputs",
         "accumulator": "accumulators",
         "other": "masks+loop",
+        "weights": "weights (compute)",
         "saved": "saved",
         "transient": "temporaries",
+        "casts": "weight casts",
     }
+    kinds = [c for c in CATEGORIES if any(pol[p][f"{c}_bytes"] is not None for p in pol)]
     rows = [
-        [p, *(mib(pol[p][f"{c}_bytes"]) for c in CATEGORIES), mib(pol[p]["buffer_bytes"])]
-        for p in pol
+        [p, *(mib(pol[p][f"{c}_bytes"]) for c in kinds), mib(pol[p]["buffer_bytes"])] for p in pol
     ]
-    out.append(table(["policy", *labels.values(), "buffers"], rows))
+    out.append(table(["policy", *(labels[c] for c in kinds), "buffers"], rows))
     out += ["", *(report.plan_summary(p) for p in policies.names() if p != base)]
     out += ["", _phase_section(report, data)]
+    if data["precisions"] is not None:
+        out += ["", _precision_section(data["precisions"])]
     if data["seed_arithmetic"] is not None:
         out += ["", _seed_section(data["seed_arithmetic"])]
 

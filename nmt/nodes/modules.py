@@ -89,20 +89,34 @@ class Linear(Node):
 
 
 class LookupTable(Node):
-    """Rows of an embedding matrix; backward scatters into its gradient (no grad_input)."""
+    """Rows of an embedding matrix; backward scatters into its gradient (no grad_input).
 
-    ROLES = _OUT
+    The matrix may be in another dtype than the graph (a mixed precision keeps embeddings
+    in their float32 masters: a compute copy of them would cost more memory than it saves
+    work): the rows then pass through a scratch buffer of the matrix's dtype each way, and
+    the gradient is summed in the matrix's dtype."""
+
+    ROLES = {"output": "output", "rows": "rows", "grad_rows": "grad_rows"}
     BWD_READS_INPUTS = (0,)
+    FWD_SCRATCH_ROLES = ("rows",)
+    BWD_SCRATCH_ROLES = ("grad_rows",)
 
     def __init__(self, name: str, weight: Parameter, device: torch.device, dtype: torch.dtype):
         self.weight = weight
         super().__init__(name, device, dtype)
+        self.rows = torch.empty(0, device=device, dtype=weight.dtype)
+        self.grad_rows = torch.empty(0, device=device, dtype=weight.dtype)
 
     def forward(self, idx: Tensor) -> Tensor:
-        out = resized(self.output, (idx.shape[0], self.weight.shape[1]))
-        return torch.index_select(self.weight, 0, idx, out=out)
+        shape = (idx.shape[0], self.weight.shape[1])
+        out = resized(self.output, shape)
+        if self.weight.dtype == out.dtype:
+            return torch.index_select(self.weight, 0, idx, out=out)
+        return out.copy_(torch.index_select(self.weight, 0, idx, out=resized(self.rows, shape)))
 
     def backward(self, idx: Tensor, g: Tensor) -> None:
+        if self.weight.dtype != g.dtype:
+            g = resized(self.grad_rows, tuple(g.shape)).copy_(g)
         self.weight.grad.index_add_(0, idx, g)
         return None
 

@@ -17,18 +17,20 @@ from typing import Any
 
 import torch
 
+from nmt import precisions
 from nmt.checkpoint import load_checkpoint
 from nmt.config import Config, shape_keys
 from nmt.cpu_memory import map_large_allocations
 from nmt.data.batching import Batch, make_batches
 from nmt.data.corpus import Corpus, load_corpus
 from nmt.data.tokenizers import Tokenizer, tokenizer_from_state
-from nmt.devices import DTYPES, setup_device
+from nmt.devices import setup_device
 from nmt.errors import NmtError
 from nmt.model import Seq2SeqAttn, build_model
 from nmt.train import distributed as dd
 from nmt.train.executors import Executor, make_executor
 from nmt.train.runlog import RunLog
+from nmt.train.scaling import LossScale
 from nmt.train.schedule import LearningRateSchedule, make_optimizer
 from nmt.train.stopping import EarlyStopping
 from nmt.train.update import DeviceUpdate
@@ -174,12 +176,16 @@ def build_run(
         len(corpus.src_tokenizer),
         len(corpus.tgt_tokenizer),
         device=device,
-        dtype=DTYPES[t.dtype],
+        dtype=precisions.get(t.precision).master,
     )
     if dist.rank > 0:  # same initial weights everywhere, own dropout masks per rank
         torch.manual_seed(t.seed + dist.rank)
     params = list(model.parameters())
     optimizer = make_optimizer(t, params)
+    executor = make_executor(cfg, model, dist.world_size)
+    loss_scale = LossScale(device) if precisions.get(t.precision).loss_scaling else None
+    if loss_scale is not None:  # the executor scales the loss, the update unscales
+        executor.loss_scale = loss_scale.scale
     return Run(
         cfg=cfg,
         out_dir=out_dir,
@@ -191,8 +197,8 @@ def build_run(
         model=model,
         optimizer=optimizer,
         schedule=LearningRateSchedule.from_config(t),
-        executor=make_executor(cfg, model, dist.world_size),
-        update=DeviceUpdate(params, optimizer, t.max_grad_norm),
+        executor=executor,
+        update=DeviceUpdate(params, optimizer, t.max_grad_norm, loss_scale),
         train_batches=make_batches(corpus.train, t.batch_size),
         validation=build_validation(cfg, corpus),
         stopping=EarlyStopping(t.early_stopping_metric, t.early_stopping),

@@ -9,12 +9,13 @@ cross-entropy of `nmt.loss`. The trainer never cares which one ran.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Protocol
 
 import torch
 from torch import Tensor
 
-from nmt import loss
+from nmt import loss, precisions
 from nmt.config import Config
 from nmt.data.batching import Batch
 from nmt.engine import planner
@@ -39,19 +40,31 @@ class AutogradExecutor:
         loss_chunk: int = 1,
         label_smoothing: float = 0.0,
         encoder: str = "cells",
+        precision: str = "float32",
     ):
         self.model, self.loss_chunk, self.label_smoothing = model, loss_chunk, label_smoothing
         self.encode = KernelEncoder(model) if encoder == "kernel" else None
+        self.precision = precisions.get(precision)
+        # float16's dynamic loss scale (a device tensor, `nmt.train.scaling`)
+        self.loss_scale: Tensor | None = None
 
     def forward_backward(self, batch: Batch) -> Tensor:
         return self.step(batch).to(torch.float64)
 
     def step(self, batch: Batch) -> Tensor:
-        """The summed NLL as a 0-dim tensor (detached), gradients accumulated."""
-        out = self.model(batch.src, batch.tgt_in, self.encode)
-        return loss.nll_backward(
-            self.model, out, batch.tgt_out, self.loss_chunk, batch.size, self.label_smoothing
-        )
+        """The summed NLL as a 0-dim tensor (detached), gradients accumulated. A mixed
+        precision runs the forward under `torch.autocast` in its compute dtype (the
+        reference a PyTorch user would write); with float16's loss scale the gradients come
+        out scaled, as under GradScaler (`DeviceUpdate` unscales them)."""
+        p, device = self.precision, self.model.generator.weight.device
+        scale = self.loss_scale
+        autocast = torch.autocast(device.type, dtype=p.compute) if p.mixed else nullcontext()
+        with autocast:
+            out = self.model(batch.src, batch.tgt_in, self.encode)
+            return loss.nll_backward(
+                self.model, out, batch.tgt_out, self.loss_chunk, batch.size,
+                self.label_smoothing, scale,
+            )  # fmt: skip
 
 
 def make_executor(cfg: Config, model: Seq2SeqAttn, world_size: int = 1) -> Executor:
@@ -60,5 +73,7 @@ def make_executor(cfg: Config, model: Seq2SeqAttn, world_size: int = 1) -> Execu
     buffers up front for this rank's share of a batch (`nmt.train.distributed.shard`)."""
     if cfg.train.executor == "autograd":
         t = cfg.train
-        return AutogradExecutor(model, t.loss_chunk, t.label_smoothing, t.autograd_encoder)
+        return AutogradExecutor(
+            model, t.loss_chunk, t.label_smoothing, t.autograd_encoder, t.precision
+        )
     return planner.planned_executor(model, ExecutorSpec.from_config(cfg, world_size))

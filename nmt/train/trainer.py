@@ -78,6 +78,7 @@ class TrainState:
     best_valid_ppl: float = math.inf
     last_valid_ppl: float = math.inf
     bad_steps: int = 0  # consecutive steps skipped for a non-finite loss or gradient norm
+    last_skipped: bool = False  # the latest update was skipped (divergence or overflow)
     last_valid_bleu: float = math.nan  # nan: BLEU is off or not measured yet
     valid_step: int = -1  # the step of the last validation (-1: none yet)
 
@@ -180,7 +181,7 @@ class Trainer:
 
     def checkpoint_state(self) -> dict:
         s = self.state
-        return {
+        state = {
             "model": self.model.state_dict(),
             "config": self.cfg.to_dict(),
             "src_tokenizer": self.corpus.src_tokenizer.state_dict(),
@@ -199,6 +200,9 @@ class Trainer:
             "world_size": self.dist.world_size,
             "rng_per_rank": dd.gather_objects(rng_state(self.device), self.dist),
         }
+        if self.update.loss_scale is not None:  # float16's: a resumed run goes on from it
+            state["loss_scale"] = self.update.loss_scale.state_dict()
+        return state
 
     def save(self, best: bool, step_checkpoint: bool = False) -> None:
         """last.pt, model.pt when `best`, ckpt_step{STEP}.pt with train.keep_checkpoints."""
@@ -223,6 +227,8 @@ class Trainer:
                 f"{path}: checkpoint does not match the configured model: {first}"
             ) from None
         load_optimizer_state(self.optimizer, ckpt["optimizer"])
+        if self.update.loss_scale is not None and "loss_scale" in ckpt:
+            self.update.loss_scale.load_state_dict(ckpt["loss_scale"])
         self.schedule.load_state_dict(ckpt["schedule"])
         set_learning_rate(self.optimizer, self.schedule.learning_rate)
         self.state = TrainState(
@@ -352,15 +358,21 @@ class Trainer:
         done = self.update.drain()
         self._pending = 0
         s.step -= done.skipped
-        s.bad_steps = done.bad_run
+        s.bad_steps, s.last_skipped = done.bad_run, done.last_skipped
         self._bar.update(-done.skipped)
         for meter in (self._window, self._epoch):
             meter.add(done.loss, done.tokens)
-        if done.skipped:
+        if done.skipped > done.overflows:
             self.log(
-                f"warning: skipped the update of {done.skipped} of the last {steps} batches "
-                f"for a non-finite loss or gradient norm, now at step {s.step} "
+                f"warning: skipped the update of {done.skipped - done.overflows} of the last "
+                f"{steps} batches for a non-finite loss or gradient norm, now at step {s.step} "
                 f"({done.bad_run} in a row)"
+            )
+        if done.overflows:
+            scale = float(self.update.loss_scale.scale)
+            self.log(
+                f"float16: skipped the update of {done.overflows} of the last {steps} batches "
+                f"whose gradients overflowed; loss scale now {scale:g}"
             )
         if done.worst_run >= self.cfg.train.max_bad_steps:
             raise NmtError(
@@ -545,7 +557,7 @@ class Trainer:
             log, valid = self._due(cfg.log_every) or end, self._due(cfg.valid_every)
             if log or valid or self._reached_max_steps():
                 self.settle()
-                if s.bad_steps:  # this update was skipped: nothing is due
+                if s.last_skipped:  # this update was skipped: nothing is due
                     self._stop_if_signalled()
                     continue
                 log, valid = self._due(cfg.log_every) or end, self._due(cfg.valid_every)

@@ -20,7 +20,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-LOSS, TOKENS, SKIPPED, RUN, WORST = range(5)
+from nmt.train.scaling import LossScale
+
+LOSS, TOKENS, SKIPPED, RUN, WORST, OVERFLOWS, LAST = range(7)
 
 
 @dataclass(frozen=True)
@@ -32,17 +34,25 @@ class Drained:
     skipped: int  # updates skipped for a non-finite loss or gradient norm
     bad_run: int  # consecutive skipped updates up to now (0: the last update was applied)
     worst_run: int  # the longest run of consecutive skips since the previous drain
+    overflows: int = 0  # of the skipped: float16 gradients overflowed (loss finite), no
+    # divergence - the loss scale backs off - and not counted in bad_run / worst_run
+    last_skipped: bool = False  # the latest update was skipped
 
 
 class DeviceUpdate:
     """Clip, step (or skip) and count, all on the parameters' device."""
 
     def __init__(
-        self, params: list[nn.Parameter], optimizer: torch.optim.Optimizer, max_norm: float
+        self,
+        params: list[nn.Parameter],
+        optimizer: torch.optim.Optimizer,
+        max_norm: float,
+        loss_scale: LossScale | None = None,
     ):
         self.params, self.optimizer, self.max_norm = params, optimizer, max_norm
+        self.loss_scale = loss_scale
         device = params[0].device
-        self.stats = torch.zeros(5, dtype=torch.float64, device=device)
+        self.stats = torch.zeros(7, dtype=torch.float64, device=device)
         self.found_inf = torch.zeros((), dtype=torch.float32, device=device)
         self.fused = bool(optimizer.defaults.get("fused"))
         if self.fused:  # its step() reads the attribute, as under GradScaler
@@ -50,7 +60,11 @@ class DeviceUpdate:
 
     def clip(self) -> Tensor:
         """The global gradient norm before clipping; gradients scaled down to `max_norm`
-        (0: no clipping) in place, without reading the norm."""
+        (0: no clipping) in place, without reading the norm. Under a loss scale the
+        gradients are unscaled first (GradScaler's `unscale_`)."""
+        if self.loss_scale is not None:
+            grads = [p.grad for p in self.params if p.grad is not None]
+            torch._foreach_mul_(grads, self.loss_scale.inverse)
         if self.max_norm > 0:
             return nn.utils.clip_grad_norm_(self.params, self.max_norm, foreach=True)
         grads = [p.grad for p in self.params if p.grad is not None]
@@ -59,21 +73,30 @@ class DeviceUpdate:
     def apply(self, loss: Tensor, norm: Tensor, n_tokens: int) -> None:
         """The optimizer step, skipped unless `loss` and `norm` are finite; `n_tokens` is the
         batch's target token count (a host integer: counting them on the device would sync)."""
-        ok = torch.isfinite(loss + norm)
+        loss_ok = torch.isfinite(loss)
+        ok = loss_ok & torch.isfinite(norm)
         torch.logical_not(ok, out=self.found_inf)
         if self.fused or not self.found_inf.item():  # others have no kernel that can skip
             self.optimizer.step()
         s = self.stats
+        # a bad step: a non-finite loss; or, without a loss scale, a non-finite gradient norm
+        bad = self.found_inf if self.loss_scale is None else torch.logical_not(loss_ok)
         s[LOSS].add_(torch.where(ok, loss, 0.0))
         s[TOKENS].add_(ok, alpha=n_tokens)
         s[SKIPPED].add_(self.found_inf)
-        s[RUN].add_(self.found_inf).mul_(self.found_inf)  # +1 when skipped, else back to 0
+        s[RUN].add_(bad).mul_(bad)  # +1 when bad, else back to 0
         torch.maximum(s[WORST], s[RUN], out=s[WORST])
+        s[LAST].copy_(self.found_inf)
+        if self.loss_scale is not None:
+            s[OVERFLOWS].add_(loss_ok & ~ok)
+            self.loss_scale.update(self.found_inf)
 
     def drain(self) -> Drained:
         """Read the counts back (one synchronisation) and start counting afresh; a run of
         skips carries over."""
-        loss, tokens, skipped, run, worst = self.stats.tolist()
+        loss, tokens, skipped, run, worst, overflows, last = self.stats.tolist()
         self.stats[:RUN].zero_()
+        self.stats[OVERFLOWS].zero_()
         self.stats[WORST].copy_(self.stats[RUN])
-        return Drained(loss, round(tokens), round(skipped), round(run), round(worst))
+        counts = (round(tokens), round(skipped), round(run), round(worst), round(overflows))
+        return Drained(loss, *counts, last_skipped=bool(last))

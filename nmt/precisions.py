@@ -1,0 +1,86 @@
+"""The precisions a model trains and translates in, chosen by `train.precision`.
+
+A precision names two dtypes: the master one - parameters, their gradients and the
+optimizer state - and the compute one, in which the matrix products, the clone buffers and
+the activations run. float32 and float64 are one dtype throughout; bfloat16 and float16 are
+mixed precision in the torch.amp sense: float32 masters, low-precision compute. float16's
+narrow range needs dynamic loss scaling (`nmt.train.scaling`); bfloat16 has float32's range
+and needs none. Everything that depends on the precision - the model's dtype, the clone
+executor's compute copy of the weights, the autograd executor's autocast, memreport's bytes,
+translation - reads it here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from nmt.errors import NmtError
+
+
+@dataclass(frozen=True)
+class Precision:
+    name: str
+    master: torch.dtype  # parameters, gradients, optimizer state, checkpoints
+    compute: torch.dtype  # products, clone buffers, activations
+    loss_scaling: bool  # dynamic loss scaling (float16's range)
+    description: str  # one line: the config reference
+
+    @property
+    def mixed(self) -> bool:
+        """Whether the compute dtype differs from the master one (torch.amp's sense)."""
+        return self.compute != self.master
+
+    @property
+    def element_bytes(self) -> int:
+        """Bytes of one element of the compute dtype (the clone buffers')."""
+        return torch.empty(0, dtype=self.compute).element_size()
+
+
+REGISTRY: dict[str, Precision] = {
+    p.name: p
+    for p in (
+        Precision("float32", torch.float32, torch.float32, False, "float32 throughout"),
+        Precision(
+            "bfloat16",
+            torch.float32,
+            torch.bfloat16,
+            False,
+            "mixed: float32 master weights, gradients and optimizer state; products, clone "
+            "buffers and activations in bfloat16 (tensor cores, AMX)",
+        ),
+        Precision(
+            "float16",
+            torch.float32,
+            torch.float16,
+            True,
+            "mixed as bfloat16, in float16 with dynamic loss scaling (GPUs without bfloat16)",
+        ),
+        Precision("float64", torch.float64, torch.float64, False, "float64 throughout (tests)"),
+    )
+}
+
+
+def names() -> tuple[str, ...]:
+    """The `train.precision` choices, in registry order."""
+    return tuple(REGISTRY)
+
+
+def get(name: str) -> Precision:
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise NmtError(f"precision must be one of {', '.join(names())}, got {name!r}") from None
+
+
+def of_dtype(dtype: torch.dtype) -> Precision:
+    """The precision that runs everything in `dtype` (a model's parameters' dtype)."""
+    for p in REGISTRY.values():
+        if p.master == dtype and not p.mixed:
+            return p
+    raise NmtError(f"no precision runs everything in {dtype}")
+
+
+def describe(sep: str = "; ") -> str:
+    return sep.join(f"{p.name}: {p.description}" for p in REGISTRY.values())
