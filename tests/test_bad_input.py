@@ -188,6 +188,42 @@ def set_unparsable_value(tmp: Path):
     return ["train", "--config", str(cfg), "--set", "train.epochs=[3"], ["train.epochs", "parse"]
 
 
+def empty_config(tmp: Path):
+    return ["train", "--config", write(tmp / "empty.yaml", "")], ["empty.yaml", "empty"]
+
+
+def list_config(tmp: Path):
+    cfg = write(tmp / "list.yaml", "- data\n- train\n")
+    return ["train", "--config", cfg], ["list.yaml", "top level", "not a list"]
+
+
+def section_not_a_mapping(tmp: Path):
+    cfg = write(tmp / "s.yaml", "train: [batch_size, 32]\n")
+    return ["train", "--config", cfg], ["s.yaml", "section 'train'", "not a list"]
+
+
+def config_not_utf8(tmp: Path):
+    cfg = write(tmp / "latin1.yaml", "# r\xe9sum\xe9\ntrain: {}\n".encode("latin-1"))
+    return ["train", "--config", cfg], ["latin1.yaml", "line 1", "UTF-8", "0xe9"]
+
+
+def duplicate_key(tmp: Path):
+    cfg = write_config(tmp, extra="train: {max_steps: 9}")
+    return ["train", "--config", str(cfg)], [
+        "c.yaml",
+        "line 10",
+        "'train'",
+        "twice",
+        "first at line 9",
+    ]
+
+
+def bad_value_from_set(tmp: Path):
+    cfg = write_config(tmp)
+    args = ["train", "--config", str(cfg), "--set", "train.batch_size=0"]
+    return args, ["--set: key 'train.batch_size'", ">= 1"]
+
+
 CASES = [
     yaml_syntax,
     misspelled_key,
@@ -206,6 +242,12 @@ CASES = [
     translate_undecodable_input,
     set_unknown_key,
     set_unparsable_value,
+    empty_config,
+    list_config,
+    section_not_a_mapping,
+    config_not_utf8,
+    duplicate_key,
+    bad_value_from_set,
 ]
 
 
