@@ -66,6 +66,12 @@ def _granularity_doc() -> str:
     return granularities.describe()
 
 
+def _device_problem(name: str) -> str | None:
+    from nmt.devices import device_name_problem
+
+    return device_name_problem(name)
+
+
 def _opt(
     default: Any,
     *,
@@ -78,6 +84,7 @@ def _opt(
     probe: Any = None,
     shape: bool = False,
     doc_more: Callable[[], str] | None = None,
+    check: Callable[[Any], str | None] | None = None,
 ) -> Any:
     """A dataclass field whose metadata carries its validation rule and its documentation,
     and, for the model, what it does to the clone graph (`graph_structure`) and whether it
@@ -86,7 +93,8 @@ def _opt(
     graph: "structure" (the value decides which nodes exist: the default, so that a new
     field counts until marked otherwise), "size" (a pure size; the planner's probe uses
     `probe`), "rate" (only on/off decides the nodes; the probe uses `probe` when on) or
-    "none" (no bearing on the graph)."""
+    "none" (no bearing on the graph). check: a rule choices and ranges cannot say; it returns
+    why a value is refused (None: accepted)."""
     if graph not in GRAPH_KINDS or (graph in ("size", "rate")) != (probe is not None):
         raise TypeError(f"graph={graph!r} with probe={probe!r}")
     meta = {
@@ -99,6 +107,7 @@ def _opt(
         "probe": probe,
         "shape": shape,
         "doc_more": doc_more,
+        "check": check,
     }
     return field(default=default, metadata=meta)
 
@@ -242,7 +251,9 @@ class TrainConfig:
         doc="which intermediate buffers the clone executor's clones share (seq2seq-attn "
         "-prealloc): " + policies.describe(),
     )
-    device: str = _opt("auto", doc="auto (CUDA if available), cpu, cuda or cuda:N")
+    device: str = _opt(
+        "auto", check=_device_problem, doc="auto (CUDA if available), cpu, cuda or cuda:N"
+    )
     dtype: str = _opt("float32", choices=("float32", "float64"), doc="parameter and buffer dtype")
     deterministic: bool = _opt(
         True,
@@ -369,6 +380,8 @@ def _check_rules(value: Any, meta: typing.Mapping[str, Any], where: str) -> None
         raise NmtError(f"{where}: must be {bound}, got {value!r}")
     if hi is not None and value > hi:
         raise NmtError(f"{where}: must be <= {hi}, got {value!r}")
+    if (check := meta.get("check")) and (problem := check(value)):
+        raise NmtError(f"{where}: {problem}")
 
 
 def _kind(value: Any) -> str:

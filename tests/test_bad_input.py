@@ -224,6 +224,24 @@ def bad_value_from_set(tmp: Path):
     return args, ["--set: key 'train.batch_size'", ">= 1"]
 
 
+def device_gpu(tmp: Path):
+    cfg = write_config(tmp)
+    args = ["train", "--config", str(cfg), "--set", "train.device=gpu"]
+    return args, ["train.device", "'gpu'", "auto, cpu, cuda or cuda:N"]
+
+
+def translate_device_gpu(tmp: Path):
+    _, out = trained_run(tmp)
+    src = write(tmp / "in.src", "one .\n")
+    args = ["translate", "-m", str(out / "model.pt"), "--src", src, "--device", "gpu"]
+    return args, ["--device", "'gpu'", "auto, cpu, cuda or cuda:N"]
+
+
+def memreport_device_gpu(tmp: Path):
+    cfg = write_config(tmp)
+    return ["memreport", "--config", str(cfg), "--device", "gpu"], ["--device", "'gpu'"]
+
+
 CASES = [
     yaml_syntax,
     misspelled_key,
@@ -248,6 +266,9 @@ CASES = [
     config_not_utf8,
     duplicate_key,
     bad_value_from_set,
+    device_gpu,
+    translate_device_gpu,
+    memreport_device_gpu,
 ]
 
 
@@ -296,3 +317,22 @@ def test_resume_defaults_to_the_checkpoint_directory(tmp_path):
     assert result.exit_code == 0, result.output
     assert torch.load(out / "last.pt", weights_only=True)["step"] == 3
     assert not (Path("runs") / cfg.stem).exists()
+
+
+@pytest.mark.parametrize("command", ["train", "translate", "memreport"])
+def test_cuda_on_a_machine_without_it_is_one_line(tmp_path, monkeypatch, command):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    cfg = write_config(tmp_path)
+    if command == "train":
+        args = ["train", "--config", str(cfg), "--out", str(tmp_path / "r"), "--no-progress"]
+        args += ["--set", "train.device=cuda"]
+    elif command == "translate":
+        _, out = trained_run(tmp_path)
+        src = write(tmp_path / "in.src", "one .\n")
+        args = ["translate", "-m", str(out / "model.pt"), "--src", src, "--device", "cuda"]
+    else:
+        args = ["memreport", "--config", str(cfg), "--device", "cuda"]
+    result = run(*args)
+    assert_one_line_error(result, "cuda", "CUDA is not available")
+    if command == "train":
+        assert "train.device" in result.stderr

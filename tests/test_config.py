@@ -204,3 +204,17 @@ def test_a_relative_data_path_says_what_it_is_relative_to(tmp_path, data_files, 
     with pytest.raises(NmtError) as err:
         load_config(write(tmp_path, yaml_for(data_files)))
     assert str(err.value).endswith(f"file not found: {tmp_path / 'absent.txt'}")
+
+
+@pytest.mark.parametrize("name", ["gpu", "cuda:x", "meta", "mps", "CPU", ""])
+def test_train_device_names_what_it_accepts(tmp_path, name):
+    path = write(tmp_path, f"train:\n  device: '{name}'\n")
+    with pytest.raises(NmtError) as err:
+        load_config(path, require_data=False)
+    expected = f"key 'train.device': expected auto, cpu, cuda or cuda:N, got {name!r}"
+    assert str(err.value) == f"{path}: {expected}"
+    with pytest.raises(NmtError) as err:
+        load_config(write(tmp_path, "train: {}\n"), [f"train.device={name}"], require_data=False)
+    assert str(err.value) == f"--set: {expected}"
+    for good in ("auto", "cpu", "cuda", "cuda:1"):
+        assert load_config(path, [f"train.device={good}"], require_data=False).train.device == good
