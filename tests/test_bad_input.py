@@ -11,6 +11,7 @@ import torch
 from typer.testing import CliRunner
 
 from nmt.cli import app
+from nmt.data.tokenizers import tokenizer_from_state
 
 REPO = Path(__file__).resolve().parents[1]
 TOY = REPO / "data" / "toy"
@@ -336,3 +337,19 @@ def test_cuda_on_a_machine_without_it_is_one_line(tmp_path, monkeypatch, command
     assert_one_line_error(result, "cuda", "CUDA is not available")
     if command == "train":
         assert "train.device" in result.stderr
+
+
+def test_force_after_a_vocabulary_change_trains_a_new_sentencepiece_model(tmp_path):
+    cfg = write_config(tmp_path, {"tokenizer": "sentencepiece"})
+    out = tmp_path / "r"
+    base = ["train", "--config", str(cfg), "--out", str(out), "--no-progress"]
+    base += ["--set", "data.src_vocab_size=70", "--set", "data.tgt_vocab_size=70"]
+    assert run(*base).exit_code == 0
+    first = (out / "spm.src.model").read_bytes()
+    result = run(*base, "--force", "--set", "data.src_vocab_size=80")
+    assert result.exit_code == 0, result.output
+    assert "spm.src.model was trained on vocabulary size 70, not 80" in result.stdout
+    assert "reusing" in result.stdout  # the target side did not change: its model stays
+    ckpt = torch.load(out / "last.pt", weights_only=True)
+    assert len(tokenizer_from_state(ckpt["src_tokenizer"])) == 80
+    assert (out / "spm.src.model").read_bytes() != first

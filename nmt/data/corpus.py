@@ -34,7 +34,8 @@ def build_tokenizers(
 
     word: like preprocess.py, only pairs within the length limits are counted (for words
     the token count is known before the vocabulary is). sentencepiece: all pairs, since
-    lengths are only known after; the models are cached in `run_dir` and reused from there.
+    lengths are only known after; the models are cached in `run_dir` and reused from there
+    while they match the text, vocabulary size and options (`cached_sentencepiece`).
     """
     if cfg.tokenizer == "word":
         if cfg.joint_vocab:
