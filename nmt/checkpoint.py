@@ -40,10 +40,27 @@ def _fsync_dir(directory: Path) -> None:
 
 
 def save_checkpoint(state: dict[str, Any], path: str | Path) -> None:
-    """Write `state` to `path` atomically (temporary file, fsync, rename)."""
+    """Write `state` to `path` atomically (temporary file, fsync, rename). A write that
+    fails (a full disk, a folder not writable) is one NmtError naming the file; the file
+    that was there is untouched."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_dir():
+        raise NmtError(f"{path}: is a directory; a checkpoint is written to a file")
     state = {"format": FORMAT, "version": VERSION, **state}
+    try:
+        _write_atomically(state, path)
+    except OSError as exc:
+        kept = f"; the previous {path.name} is kept" if path.is_file() else ""
+        raise NmtError(f"{path}: cannot write the checkpoint ({_reason(exc)}){kept}") from None
+    _fsync_dir(path.parent)
+
+
+def _reason(exc: OSError) -> str:
+    return exc.strerror or str(exc) or exc.__class__.__name__
+
+
+def _write_atomically(state: dict[str, Any], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as handle:
@@ -56,7 +73,6 @@ def save_checkpoint(state: dict[str, Any], path: str | Path) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    _fsync_dir(path.parent)
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:

@@ -67,23 +67,21 @@ def train(
     """Train a model; checkpoints go to OUT/last.pt (the latest) and OUT/model.pt (the best
     validation by train.early_stopping_metric)."""
     from nmt.config import load_config
+    from nmt.train.runlog import prepare_run_dir, remove_if_empty
     from nmt.train.trainer import TrainingInterrupted
     from nmt.train.trainer import train as run_training
 
+    made: list[Path] = []
     try:
         cfg = load_config(config, list(set_ or []))
         cfg.train.prealloc = policies.with_flag(cfg.train.prealloc, preallocate)
         # a resumed run continues in its own directory unless told otherwise
         out_dir = out or (resume.parent if resume else Path("runs") / config.stem)
-        if resume is None and not force and (out_dir / "last.pt").exists():
-            raise NmtError(
-                f"{out_dir}: already holds a run (last.pt); pass --resume "
-                f"{out_dir / 'last.pt'} to continue it or --force to start over"
-            )
-        out_dir.mkdir(parents=True, exist_ok=True)
+        made = prepare_run_dir(out_dir, resume=resume, force=force)
         if os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 speaks
             print(f"config {config}:\n{cfg.dump()}", flush=True)
         run_training(cfg, out_dir, resume=resume, progress=progress)
+        made = []
     except NmtError as exc:
         raise _fail(exc) from None
     except TrainingInterrupted as exc:
@@ -92,6 +90,8 @@ def train(
     except KeyboardInterrupt:
         _err("interrupted (second signal): the last checkpoint written is kept")
         raise typer.Exit(code=130) from None
+    finally:
+        remove_if_empty(made)  # a failed run leaves no empty directory behind
 
 
 @app.command()

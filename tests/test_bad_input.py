@@ -3,6 +3,8 @@ and nothing written over."""
 
 from __future__ import annotations
 
+import errno
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -12,6 +14,7 @@ from typer.testing import CliRunner
 
 from nmt.cli import app
 from nmt.data.tokenizers import tokenizer_from_state
+from nmt.errors import NmtError
 
 REPO = Path(__file__).resolve().parents[1]
 TOY = REPO / "data" / "toy"
@@ -353,3 +356,77 @@ def test_force_after_a_vocabulary_change_trains_a_new_sentencepiece_model(tmp_pa
     ckpt = torch.load(out / "last.pt", weights_only=True)
     assert len(tokenizer_from_state(ckpt["src_tokenizer"])) == 80
     assert (out / "spm.src.model").read_bytes() != first
+
+
+def test_out_naming_a_file_is_one_line_and_leaves_it(tmp_path):
+    cfg = write_config(tmp_path)
+    taken = write(tmp_path / "notes.txt", "my notes\n")
+    result = run("train", "--config", str(cfg), "--out", taken, "--no-progress")
+    assert_one_line_error(result, f"--out {taken}: is a file, not a directory")
+    assert Path(taken).read_text(encoding="utf-8") == "my notes\n"
+
+
+def test_out_that_cannot_be_created_or_written_is_one_line(tmp_path, monkeypatch):
+    cfg = write_config(tmp_path)
+    out = tmp_path / "r"
+    args = ["train", "--config", str(cfg), "--out", str(out), "--no-progress"]
+
+    def refuse(self, *args, **kwargs):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(self))
+
+    with monkeypatch.context() as patch:  # the tests run as root: permissions never bite
+        patch.setattr(Path, "mkdir", refuse)
+        result = run(*args)
+    assert_one_line_error(result, f"--out {out}: cannot create the run directory", "denied")
+    with monkeypatch.context() as patch:
+        access = os.access
+        patch.setattr(os, "access", lambda p, mode, **k: Path(p) != out and access(p, mode))
+        result = run(*args)
+    assert_one_line_error(result, f"--out {out}: the run directory is not writable")
+    assert not out.exists()  # made by the run, empty when it failed: removed
+
+
+def test_a_full_disk_is_one_line_and_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    cfg, out = trained_run(tmp_path)
+    before = (out / "last.pt").read_bytes()
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(torch, "save", full)
+    result = run(
+        "train", "--config", str(cfg), "--resume", str(out / "last.pt"), "--no-progress",
+        "--set", "train.max_steps=4",
+    )  # fmt: skip
+    assert_one_line_error(
+        result, f"{out / 'last.pt'}: cannot write the checkpoint (No space left on device)",
+        "the previous last.pt is kept",
+    )  # fmt: skip
+    assert (out / "last.pt").read_bytes() == before
+    assert not [p.name for p in out.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_a_full_disk_under_the_log_is_one_line(tmp_path, monkeypatch):
+    from nmt.train import runlog
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(runlog, "open", full, raising=False)
+    log = runlog.RunLog(tmp_path, lambda message: None)
+    with pytest.raises(NmtError) as err:
+        log("a line")
+    assert str(err.value) == f"{tmp_path / 'train.log'}: cannot write (No space left on device)"
+
+
+def test_a_failed_run_removes_the_directories_it_made_while_empty(tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    cfg = write_config(tmp_path)
+    cuda = ["--set", "train.device=cuda", "--no-progress"]
+    out = tmp_path / "runs" / "deep" / "r"
+    assert_one_line_error(run("train", "--config", str(cfg), "--out", str(out), *cuda), "cuda")
+    assert not (tmp_path / "runs").exists()
+    mine = tmp_path / "mine"
+    mine.mkdir()  # a directory the user made is theirs, empty or not
+    assert_one_line_error(run("train", "--config", str(cfg), "--out", str(mine), *cuda), "cuda")
+    assert mine.is_dir()

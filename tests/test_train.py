@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -141,11 +143,15 @@ def test_failed_write_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
     save_checkpoint(good, path)
 
     def explode(*args, **kwargs):
-        raise OSError("disk full")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(torch, "save", explode)
-    with pytest.raises(OSError):
+    with pytest.raises(NmtError) as err:
         save_checkpoint({**good, "model": {"w": torch.zeros(2)}}, path)
+    assert str(err.value) == (
+        f"{path}: cannot write the checkpoint (No space left on device); the previous "
+        "last.pt is kept"
+    )
     monkeypatch.undo()
     assert torch.equal(load_checkpoint(path)["model"]["w"], torch.ones(2))
     assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]
