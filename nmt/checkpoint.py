@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from nmt.config import upgrade_saved
+from nmt.config import Config, build_config, upgrade_saved
 from nmt.errors import NmtError
 
 FORMAT = "nmt-checkpoint"
@@ -99,6 +99,13 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         raise NmtError(f"{path}: checkpoint lacks {', '.join(missing)}")
     state["config"] = upgrade_saved(state["config"])
     return state
+
+
+def saved_config(path: str | Path, overrides: list[str] | None = None) -> Config:
+    """The config a checkpoint was trained with, with `--set` overrides, its data files
+    checked: what `nmt train --resume CKPT` trains with when no --config is given."""
+    state = load_checkpoint(path)
+    return build_config(state["config"], f"{path} (config)", overrides)
 
 
 STEP_CHECKPOINT = re.compile(r"ckpt_step(\d+)\.pt")

@@ -39,9 +39,27 @@ SetOpt = Annotated[
 ]
 
 
+def _train_command(config: Path | None, sets: list[str], preallocate: bool | None) -> list[str]:
+    """The `nmt train` options that gave this run its config: what a resume hint repeats."""
+    command = ["nmt", "train"] + (["--config", str(config)] if config is not None else [])
+    for text in sets:
+        command += ["--set", text]
+    if preallocate is not None:
+        command.append("--preallocate" if preallocate else "--no-preallocate")
+    return command
+
+
 @app.command()
 def train(
-    config: ConfigOpt,
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            "--config",
+            "-c",
+            help="YAML config file; with --resume it may be left out: the checkpoint's own "
+            "config is used.",
+        ),
+    ] = None,
     out: Annotated[
         Path | None,
         typer.Option(help="Run directory (default: the --resume file's, else runs/<config name>)."),
@@ -66,21 +84,29 @@ def train(
 ) -> None:
     """Train a model; checkpoints go to OUT/last.pt (the latest) and OUT/model.pt (the best
     validation by train.early_stopping_metric)."""
+    from nmt.checkpoint import saved_config
     from nmt.config import load_config
     from nmt.train.runlog import prepare_run_dir, remove_if_empty
     from nmt.train.trainer import TrainingInterrupted
     from nmt.train.trainer import train as run_training
 
     made: list[Path] = []
+    sets = list(set_ or [])
     try:
-        cfg = load_config(config, list(set_ or []))
+        if config is None and resume is None:
+            raise NmtError(
+                "--config is required (or --resume CKPT: continue a run with the config "
+                "saved in its checkpoint)"
+            )
+        cfg = load_config(config, sets) if config is not None else saved_config(resume, sets)
         cfg.train.prealloc = policies.with_flag(cfg.train.prealloc, preallocate)
         # a resumed run continues in its own directory unless told otherwise
         out_dir = out or (resume.parent if resume else Path("runs") / config.stem)
         made = prepare_run_dir(out_dir, resume=resume, force=force)
         if os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 speaks
-            print(f"config {config}:\n{cfg.dump()}", flush=True)
-        run_training(cfg, out_dir, resume=resume, progress=progress)
+            print(f"config {config or f'saved in {resume}'}:\n{cfg.dump()}", flush=True)
+        command = _train_command(config, sets, preallocate)
+        run_training(cfg, out_dir, resume=resume, progress=progress, command=command)
         made = []
     except NmtError as exc:
         raise _fail(exc) from None

@@ -430,3 +430,48 @@ def test_a_failed_run_removes_the_directories_it_made_while_empty(tmp_path, monk
     mine.mkdir()  # a directory the user made is theirs, empty or not
     assert_one_line_error(run("train", "--config", str(cfg), "--out", str(mine), *cuda), "cuda")
     assert mine.is_dir()
+
+
+def test_resume_without_config_takes_the_checkpoints_own(tmp_path):
+    cfg, out = trained_run(tmp_path)
+    cfg.unlink()  # the config file is gone: the checkpoint's copy is what counts
+    resume = ["train", "--resume", str(out / "last.pt"), "--no-progress"]
+    result = run(*resume, "--set", "train.max_steps=4")
+    assert result.exit_code == 0, result.output
+    assert f"config saved in {out / 'last.pt'}:" in result.stdout
+    ckpt = torch.load(out / "last.pt", weights_only=True)
+    assert ckpt["step"] == 4 and ckpt["config"]["model"]["rnn_size"] == 8
+    changed = run(*resume, "--set", "model.rnn_size=16")
+    assert_one_line_error(changed, "last.pt", "model.rnn_size=8", "16")
+    assert_one_line_error(run("train"), "--config is required", "--resume")
+
+
+def test_an_interrupted_run_prints_the_command_that_resumes_it(tmp_path, monkeypatch):
+    """The hint repeats the config and --set options of the command that was run, and is
+    in train.log too; running it continues the run."""
+    import shlex
+    import signal
+
+    from nmt.train.trainer import Trainer
+
+    cfg = write_config(tmp_path)
+    out = tmp_path / "my run"
+    step = Trainer.train_step
+
+    def interrupted_step(self, batch, n_tokens):
+        if self.state.step == 0:
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C: the trainer stops after this step
+        step(self, batch, n_tokens)
+
+    monkeypatch.setattr(Trainer, "train_step", interrupted_step)
+    args = ["--config", str(cfg), "--set", "train.max_steps=3", "--no-preallocate"]
+    result = run("train", *args, "--out", str(out), "--no-progress")
+    assert result.exit_code == 130, result.output
+    again = shlex.join(["nmt", "train", *args, "--out", str(out), "--resume", str(out / "last.pt")])
+    line = f"SIGINT: stopped at step 1 and saved {out / 'last.pt'}; continue with: {again}"
+    assert result.stderr.strip() == line
+    assert (out / "train.log").read_text(encoding="utf-8").splitlines()[-1] == line
+    monkeypatch.undo()
+    resumed = run(*shlex.split(again)[1:], "--no-progress")
+    assert resumed.exit_code == 0, resumed.output
+    assert torch.load(out / "last.pt", weights_only=True)["step"] == 3
