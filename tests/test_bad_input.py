@@ -246,6 +246,34 @@ def memreport_device_gpu(tmp: Path):
     return ["memreport", "--config", str(cfg), "--device", "gpu"], ["--device", "'gpu'"]
 
 
+def translate_into_a_directory(tmp: Path):
+    _, out = trained_run(tmp)
+    src = write(tmp / "in.src", "one .\n")
+    args = ["translate", "-m", str(out / "model.pt"), "--src", src, "--output", str(out)]
+    return args, [f"--output {out}: is a directory", "give a file name"]
+
+
+def translate_over_its_source(tmp: Path):
+    _, out = trained_run(tmp)
+    src = write(tmp / "in.src", "one .\n")
+    args = ["translate", "-m", str(out / "model.pt"), "--src", src, "-o", str(tmp / "." / "in.src")]
+    return args, ["--output", "in.src: is the --src file", "written over"]
+
+
+def translate_with_the_run_directory(tmp: Path):
+    _, out = trained_run(tmp)
+    src = write(tmp / "in.src", "one .\n")
+    args = ["translate", "-m", str(out), "--src", src]
+    return args, [f"{out}: is a directory, not a checkpoint", "model.pt, last.pt", "pass one"]
+
+
+def translate_with_the_config(tmp: Path):
+    cfg = write_config(tmp)
+    src = write(tmp / "in.src", "one .\n")
+    args = ["translate", "-m", str(cfg), "--src", src]
+    return args, ["c.yaml: is a YAML config, not a checkpoint"]
+
+
 CASES = [
     yaml_syntax,
     misspelled_key,
@@ -273,6 +301,10 @@ CASES = [
     device_gpu,
     translate_device_gpu,
     memreport_device_gpu,
+    translate_into_a_directory,
+    translate_over_its_source,
+    translate_with_the_run_directory,
+    translate_with_the_config,
 ]
 
 
@@ -475,3 +507,84 @@ def test_an_interrupted_run_prints_the_command_that_resumes_it(tmp_path, monkeyp
     resumed = run(*shlex.split(again)[1:], "--no-progress")
     assert resumed.exit_code == 0, resumed.output
     assert torch.load(out / "last.pt", weights_only=True)["step"] == 3
+
+
+def tampered(tmp: Path, out: Path, change: Callable[[dict], None]) -> str:
+    """A copy of the run's last.pt whose weights `change` made unlike its own config's."""
+    state = torch.load(out / "last.pt", weights_only=True)
+    change(state["model"])
+    torch.save(state, tmp / "bad.pt")
+    return str(tmp / "bad.pt")
+
+
+def wider_output_layer(weights: dict) -> None:
+    weights["generator.weight"] = torch.zeros(41, 8)
+
+
+WEIGHT_CHANGES = {
+    "a misshapen parameter": (wider_output_layer, "generator.weight has shape (41, 8)"),
+    "a missing parameter": (lambda w: w.pop("generator.bias"), "generator.bias is missing"),
+    "no weights": (lambda w: w.clear(), "holds no model weights"),
+    "a stray entry": (lambda w: w.update(extra=torch.zeros(1)), "parameter extra that"),
+    "an integer tensor": (
+        lambda w: w.update({"generator.bias": torch.zeros(40, dtype=torch.long)}),
+        "generator.bias is not a floating-point tensor",
+    ),
+}
+
+
+@pytest.mark.parametrize("change", WEIGHT_CHANGES, ids=list(WEIGHT_CHANGES))
+def test_a_checkpoint_unlike_its_own_config_is_one_line_everywhere(tmp_path, change):
+    cfg, out = trained_run(tmp_path)
+    edit, needle = WEIGHT_CHANGES[change]
+    bad = tampered(tmp_path, out, edit)
+    src = write(tmp_path / "in.src", "one .\n")
+    before = {p: p.read_bytes() for p in out.iterdir()}
+    for args in (
+        ["translate", "-m", bad, "--src", src, "--no-progress"],
+        ["train", "--config", str(cfg), "--out", str(out), "--resume", bad, "--no-progress"],
+        ["train", "--resume", bad, "--out", str(out), "--no-progress"],
+        ["average", str(out / "last.pt"), bad, "-o", str(tmp_path / "avg.pt")],
+    ):
+        result = run(*args)
+        assert_one_line_error(result, "bad.pt: the model weights do not match", needle)
+    assert not (tmp_path / "avg.pt").exists()
+    assert {p: p.read_bytes() for p in out.iterdir()} == before
+
+
+def test_the_source_is_not_written_over(tmp_path):
+    _, out = trained_run(tmp_path)
+    src = write(tmp_path / "in.src", "one .\n")
+    result = run("translate", "-m", str(out / "model.pt"), "--src", src, "-o", src)
+    assert_one_line_error(result, "is the --src file")
+    assert Path(src).read_text(encoding="utf-8") == "one .\n"
+
+
+def test_a_full_disk_while_translating_is_one_line(tmp_path, monkeypatch):
+    from nmt.translate import run as translate_run
+
+    _, out = trained_run(tmp_path)
+    src = write(tmp_path / "in.src", "one .\n")
+
+    def full(self, batch):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(translate_run.HypothesisWriter, "write", full)
+    hyp = tmp_path / "hyp.txt"
+    args = ["-m", str(out / "model.pt"), "--src", src, "-o", str(hyp), "--no-progress"]
+    result = run("translate", *args)
+    assert_one_line_error(result, f"{hyp}: cannot write (No space left on device)")
+
+
+def test_a_directory_without_checkpoints_says_so(tmp_path):
+    src = write(tmp_path / "in.src", "one .\n")
+    result = run("translate", "-m", str(tmp_path), "--src", src)
+    assert_one_line_error(result, "is a directory, not a checkpoint, and holds no model.pt")
+
+
+def test_average_into_one_of_its_inputs_is_refused(tmp_path):
+    _, out = trained_run(tmp_path)
+    before = (out / "last.pt").read_bytes()
+    result = run("average", str(out / "model.pt"), str(out / "last.pt"), "-o", str(out / "last.pt"))
+    assert_one_line_error(result, f"--output {out / 'last.pt'}: is one of the checkpoints")
+    assert (out / "last.pt").read_bytes() == before

@@ -245,9 +245,12 @@ def tokenizer_from_state(d: dict[str, Any]) -> Tokenizer:
     """Rebuild a tokenizer from its `state_dict()` (e.g. out of a checkpoint)."""
     kind = d.get("kind") if isinstance(d, dict) else None
     if kind == WordTokenizer.kind:
-        return WordTokenizer(list(d["pieces"]))
+        pieces = d.get("pieces")
+        if not isinstance(pieces, list) or not all(isinstance(p, str) for p in pieces):
+            raise NmtError("tokenizer state: word 'pieces' must be a list of strings")
+        return WordTokenizer(pieces)
     if kind == SentencePieceTokenizer.kind:
-        model = d["model"]
+        model = d.get("model")
         if not (isinstance(model, torch.Tensor) and model.dtype == torch.uint8):
             raise NmtError("tokenizer state: sentencepiece 'model' must be a uint8 tensor")
         return SentencePieceTokenizer(model.cpu().numpy().tobytes())

@@ -17,15 +17,15 @@ from typing import Any
 
 import torch
 
-from nmt.checkpoint import load_checkpoint
+from nmt.checkpoint import checkpoint_parts, load_checkpoint
 from nmt.config import Config, shape_keys
 from nmt.cpu_memory import map_large_allocations
 from nmt.data.batching import Batch, make_batches
 from nmt.data.corpus import Corpus, load_corpus
-from nmt.data.tokenizers import Tokenizer, tokenizer_from_state
+from nmt.data.tokenizers import Tokenizer
 from nmt.devices import DTYPES, setup_device
 from nmt.errors import NmtError
-from nmt.model import Seq2SeqAttn, build_model
+from nmt.model import Seq2SeqAttn, build_model, check_weights
 from nmt.train import distributed as dd
 from nmt.train.executors import Executor, make_executor
 from nmt.train.runlog import RunLog
@@ -103,11 +103,9 @@ def resume_state(
             f"{path}: holds no training state (an averaged checkpoint?); resume from "
             "a last.pt or ckpt_step*.pt"
         )
-    tokenizers = (
-        tokenizer_from_state(checkpoint["src_tokenizer"]),
-        tokenizer_from_state(checkpoint["tgt_tokenizer"]),
-    )
-    return checkpoint, tokenizers
+    saved, src_tok, tgt_tok = checkpoint_parts(checkpoint, path)
+    check_weights(checkpoint["model"], saved.model, len(src_tok), len(tgt_tok), path)
+    return checkpoint, (src_tok, tgt_tok)
 
 
 def build_corpus(

@@ -230,7 +230,11 @@ class Trainer:
             raise NmtError(
                 f"{path}: checkpoint does not match the configured model: {first}"
             ) from None
-        load_optimizer_state(self.optimizer, ckpt["optimizer"])
+        try:
+            load_optimizer_state(self.optimizer, ckpt["optimizer"])
+        except (ValueError, KeyError, TypeError, RuntimeError) as exc:
+            first = str(exc).splitlines()[0] if str(exc) else exc.__class__.__name__
+            raise NmtError(f"{path}: the optimizer state does not fit the model: {first}") from None
         self.schedule.load_state_dict(ckpt["schedule"])
         set_learning_rate(self.optimizer, self.schedule.learning_rate)
         self.state = TrainState(

@@ -29,13 +29,12 @@ from typing import BinaryIO, Protocol, TextIO
 import torch
 from tqdm import tqdm
 
-from nmt.checkpoint import load_checkpoint
-from nmt.config import from_dict
+from nmt.checkpoint import checkpoint_parts, load_checkpoint
 from nmt.data.reading import read_lines, stream_lines
-from nmt.data.tokenizers import Tokenizer, tokenizer_from_state
+from nmt.data.tokenizers import Tokenizer
 from nmt.devices import resolve_device
 from nmt.errors import NmtError
-from nmt.model import Seq2SeqAttn, build_model
+from nmt.model import Seq2SeqAttn, build_model, check_weights
 from nmt.out_of_memory import ran_out, reported
 from nmt.translate import unk
 from nmt.translate.formats import attention_record, gold_lines, nbest_line
@@ -91,9 +90,8 @@ class TranslateOptions:
 def load_model(path: Path, device: torch.device) -> tuple[Seq2SeqAttn, Tokenizer, Tokenizer]:
     """Rebuild the model and its tokenizers from a checkpoint, in eval mode."""
     ckpt = load_checkpoint(path)
-    cfg = from_dict(ckpt["config"], f"{path} (config)")
-    src_tok = tokenizer_from_state(ckpt["src_tokenizer"])
-    tgt_tok = tokenizer_from_state(ckpt["tgt_tokenizer"])
+    cfg, src_tok, tgt_tok = checkpoint_parts(ckpt, path)
+    check_weights(ckpt["model"], cfg.model, len(src_tok), len(tgt_tok), path)
     dtype = next(iter(ckpt["model"].values())).dtype
     model = build_model(cfg.model, len(src_tok), len(tgt_tok), device=device, dtype=dtype)
     try:
@@ -342,9 +340,38 @@ def _gold_scorer(
     return score
 
 
-def _open(stack: ExitStack, path: Path) -> TextIO:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return stack.enter_context(open(path, "w", encoding="utf-8"))
+OUTPUT_FLAGS = {"output": "--output", "attention": "--attention"}
+
+
+def check_outputs(src: Path | str, options: TranslateOptions) -> None:
+    """Refuse, before anything is loaded, an output that is a directory or that would write
+    over an input (the source, the references, the phrase table) or over the other output."""
+    inputs = {"--src": src, "--ref": options.ref, "--phrase-table": options.phrase_table}
+    written: dict[str, Path] = {}
+    for field, flag in OUTPUT_FLAGS.items():
+        path = getattr(options, field)
+        if path is None:
+            continue
+        if path.is_dir():
+            raise NmtError(
+                f"{flag} {path}: is a directory; give a file name, e.g. {path / 'out.txt'}"
+            )
+        for other, given in [*inputs.items(), *written.items()]:
+            if given is not None and str(given) != STDIN and _same_file(path, Path(given)):
+                raise NmtError(f"{flag} {path}: is the {other} file; it would be written over")
+        written[flag] = path
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    return a.resolve() == b.resolve() or (a.exists() and b.exists() and a.samefile(b))
+
+
+def _open(stack: ExitStack, path: Path, flag: str) -> TextIO:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return stack.enter_context(open(path, "w", encoding="utf-8"))
+    except OSError as exc:
+        raise NmtError(f"{flag} {path}: cannot write ({exc.strerror or exc})") from None
 
 
 def translate_file(
@@ -353,6 +380,7 @@ def translate_file(
     """Translate `src` (a file, or `-` for stdin) as `options` say; the best translation of
     each line is returned, and written (or the n-best lists) to `options.output` or stdout."""
     options.check()
+    check_outputs(src, options)
     model, src_tok, tgt_tok = load_model(model_path, resolve_device(options.device, "--device"))
     translator = Translator(model, src_tok, tgt_tok, options)
     refs = read_lines(options.ref) if options.ref is not None else None
@@ -368,12 +396,12 @@ def translate_file(
 
     best: list[str] = []
     with ExitStack() as stack:
-        out = sys.stdout if options.output is None else _open(stack, options.output)
+        out = sys.stdout if options.output is None else _open(stack, options.output, "--output")
         writers: list[Writer] = [
             NbestWriter(out) if options.writes_nbest else HypothesisWriter(out)
         ]
         if options.attention is not None:
-            writers.append(AttentionWriter(_open(stack, options.attention)))
+            writers.append(AttentionWriter(_open(stack, options.attention, "--attention")))
         if report is not None:
             writers.append(report)
         bar = stack.enter_context(
@@ -389,11 +417,22 @@ def translate_file(
         for lines in source.batches:
             done = translator.translate(lines, len(best), source.name, on_batch=bar.update)
             for writer in writers:
-                writer.write(done)
+                _write(writer, done)
             best.extend(t.best for t in done)
     if report is not None:
         report.finish()
     return best
+
+
+def _write(writer: Writer, batch: list[Translation]) -> None:
+    """`writer.write`, a failed write (a full disk) as one line naming the file."""
+    try:
+        writer.write(batch)
+    except BrokenPipeError:
+        raise  # the reader of stdout went away: not a mistake to report
+    except OSError as exc:
+        name = getattr(getattr(writer, "out", None), "name", "output")
+        raise NmtError(f"{name}: cannot write ({exc.strerror or exc})") from None
 
 
 def _out_of_memory(
