@@ -117,7 +117,18 @@ def line_count_mismatch(tmp: Path):
 def empty_after_filter(tmp: Path):
     cfg = write_config(tmp)
     args = ["train", "--config", str(cfg), "--out", str(tmp / "r"), "--set", "data.max_src_len=1"]
-    return args, ["train.src", "length"]
+    return args, ["train.src / ", "train.tgt: all ", "training pairs", "data.max_src_len 1"]
+
+
+def validation_empty_after_filter(tmp: Path):
+    """Training pairs within the limits, every validation pair beyond them."""
+    long = " ".join(["seven hundred"] * 10)
+    src = write(tmp / "long.src", f"{long}\n{long} .\n")
+    tgt = write(tmp / "long.tgt", "sieben\nsieben .\n")
+    cfg = write_config(tmp, {"valid_src": src, "valid_tgt": tgt})
+    args = ["train", "--config", str(cfg), "--out", str(tmp / "r"), "--set", "data.max_src_len=15"]
+    limits = "(data.max_src_len 15, data.max_tgt_len 50 tokens)"
+    return args, [f"{src} / {tgt}: all 2 validation pairs are longer", limits]
 
 
 def undecodable_bytes(tmp: Path):
@@ -284,6 +295,7 @@ CASES = [
     unreadable_data_file,
     line_count_mismatch,
     empty_after_filter,
+    validation_empty_after_filter,
     undecodable_bytes,
     not_a_checkpoint,
     truncated_checkpoint,
