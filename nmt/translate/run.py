@@ -6,7 +6,8 @@ Three seams, each usable and testable alone:
   whole, then cut into chunks of many batches, each translated sorted by length (little
   padding); stdin (`-`) is cut into single batches as its lines arrive, so that a pipe gets
   each translation once its batch is complete.
-- translating: a `Translator` turns lines into `Translation`s (n-best hypotheses and texts).
+- translating: a `Translator` turns lines into `Translation`s (n-best hypotheses and texts);
+  a blank line becomes an empty translation without a search, so outputs stay aligned.
 - writing: writers take each chunk's translations and flush them (hypotheses or n-best
   lines, attention JSON lines); the `ReferenceReport` collects the best translations and at
   the end prints gold scores, BLEU and chrF.
@@ -163,9 +164,18 @@ class Translation:
     texts: list[str]  # the output text of each hypothesis
     pieces: list[str]  # the output pieces of the best one (replace-unk applied)
 
+    blank: bool = False  # a blank source line: not searched, translated as an empty line
+
     @property
     def best(self) -> str:
         return self.texts[0]
+
+
+def blank(index: int) -> Translation:
+    """The translation of a blank source line: one empty hypothesis of score 0, no
+    attention (nothing was searched)."""
+    empty = Hypothesis(tokens=[], score=0.0, attention=torch.zeros(0, 0), finished=False)
+    return Translation(index, [], [], [empty], [""], [], blank=True)
 
 
 def _stderr(message: str) -> None:
@@ -201,22 +211,43 @@ class Translator:
         name: str = "input",
         on_batch: Callable[[int], object] | None = None,
     ) -> list[Translation]:
-        """Translate `lines`, the lines `start`.. of the source `name` (for warnings)."""
+        """Translate `lines`, the lines `start`.. of the source `name` (for warnings). A blank
+        line is not searched: its translation is an empty line (`blank`), as in OpenNMT-py
+        and Moses, so that every output stays aligned with the source."""
+        filled = [k for k, line in enumerate(lines) if line]
+        found = self._translate([lines[k] for k in filled], start, filled, name, on_batch)
+        done = dict(zip(filled, found, strict=True))
+        if on_batch is not None and len(filled) < len(lines):
+            on_batch(len(lines) - len(filled))
+        return [done[k] if k in done else blank(start + k) for k in range(len(lines))]
+
+    def _translate(
+        self,
+        lines: list[str],
+        start: int,
+        positions: list[int],
+        name: str,
+        on_batch: Callable[[int], object] | None,
+    ) -> list[Translation]:
+        """Translate non-blank `lines`, at `positions` among the lines `start`.. of `name`."""
         limit = self.options.max_src_length
         ids = [self.src_tok.encode(line) for line in lines]
         words = [self.src_tok.tokens(line) if self.need_words else [] for line in lines]
         for k, seq in enumerate(ids):
             if limit and len(seq) > limit:
                 self.warn(
-                    f"warning: {name} line {start + k + 1}: {len(seq)} source tokens, "
-                    f"translating the first {limit} (--max-src-length)"
+                    f"warning: {name} line {start + positions[k] + 1}: {len(seq)} source "
+                    f"tokens, translating the first {limit} (--max-src-length)"
                 )
                 ids[k], words[k] = seq[:limit], words[k][:limit]
         search, batch_size = self.options.search, self.options.batch_size
         device = next(self.model.parameters()).device
         with reported(partial(_out_of_memory, device, ids, start, search, batch_size)):
             found = translate_ids(self.model, ids, search, batch_size, on_batch=on_batch)
-        return [self._render(start + k, ids[k], words[k], hyps) for k, hyps in enumerate(found)]
+        return [
+            self._render(start + positions[k], ids[k], words[k], hyps)
+            for k, hyps in enumerate(found)
+        ]
 
     def _pieces(self, hyp: Hypothesis, words: list[str]) -> list[str]:
         pieces = [self.tgt_tok.id_to_piece(t) for t in hyp.tokens]
@@ -281,7 +312,7 @@ class AttentionWriter:
         for t in batch:
             best = t.hypotheses[0]
             target = t.pieces + (["</s>"] if best.finished else [])
-            source = ["<s>", *t.words, "</s>"]
+            source = [] if t.blank else ["<s>", *t.words, "</s>"]
             record = attention_record(t.index, source, target, best.attention, t.best, best.score)
             self.out.write(record + "\n")
         self.out.flush()
