@@ -447,13 +447,16 @@ def test_help_lists_the_options():
 @pytest.mark.parametrize(
     ("extra", "needles"),
     [
-        (["--n-best", "6"], ["n_best", "beam size (5)"]),
-        (["--beam-size", "0"], ["beam size must be >= 1"]),
-        (["--max-length-ratio", "-1"], ["max length ratio"]),
+        (["--n-best", "6"], ["--n-best must be between 1 and --beam-size (5), got 6"]),
+        (["--beam-size", "0"], ["--beam-size must be >= 1, got 0"]),
+        (["--max-length", "0"], ["--max-length must be >= 1, got 0"]),
+        (["--min-length", "-1"], ["--min-length must be >= 0, got -1"]),
+        (["--length-penalty", "-0.5"], ["--length-penalty must be >= 0, got -0.5"]),
+        (["--max-length-ratio", "-1"], ["--max-length-ratio must be >= 0"]),
         (["--score-gold"], ["--score-gold needs --ref"]),
         (["--phrase-table", "t.txt"], ["--phrase-table", "--replace-unk"]),
-        (["--batch-size", "0"], ["batch size"]),
-        (["--max-src-length", "-3"], ["max source length"]),
+        (["--batch-size", "0"], ["--batch-size must be >= 1, got 0"]),
+        (["--max-src-length", "-3"], ["--max-src-length must be >= 0"]),
     ],
 )
 def test_bad_options_are_one_line_errors(toy_model, toy_test, extra, needles):

@@ -77,10 +77,10 @@ class TranslateOptions:
     def check(self) -> None:
         self.search.check()
         if self.batch_size < 1:
-            raise NmtError(f"batch size must be >= 1, got {self.batch_size}")
+            raise NmtError(f"--batch-size must be >= 1, got {self.batch_size}")
         if self.max_src_length < 0:
             raise NmtError(
-                f"max source length must be >= 0 (0: no limit), got {self.max_src_length}"
+                f"--max-src-length must be >= 0 (0: no limit), got {self.max_src_length}"
             )
         if self.score_gold and self.ref is None:
             raise NmtError("--score-gold needs --ref: the references to score")
