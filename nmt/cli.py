@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Annotated
 
@@ -15,12 +16,34 @@ import typer
 from nmt import policies
 from nmt.errors import NmtError
 
+
+def _no_flag_values(params: list) -> list:
+    """On/off flags show no value type in --help: typer gives every boolean option, --help
+    included, a `<bool>` column, which reads as if the flag took a value."""
+    for param in params:
+        if getattr(param, "is_flag", False) and param.metavar is None:
+            param.metavar = ""
+    return params
+
+
+class Command(typer.core.TyperCommand):
+    def get_params(self, ctx: typer.Context) -> list:
+        return _no_flag_values(super().get_params(ctx))
+
+
+class Group(typer.core.TyperGroup):
+    def get_params(self, ctx: typer.Context) -> list:
+        return _no_flag_values(super().get_params(ctx))
+
+
 app = typer.Typer(
+    cls=Group,
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     help="Train and run LSTM-attention translation models the seq2seq-attn way.",
 )
+command = partial(app.command, cls=Command)
 
 
 def _err(message: str) -> None:
@@ -35,7 +58,12 @@ def _fail(exc: NmtError) -> typer.Exit:
 ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="YAML config file.")]
 SetOpt = Annotated[
     list[str] | None,
-    typer.Option("--set", "-s", help="Override a config key: section.key=value (repeatable)."),
+    typer.Option(
+        "--set",
+        "-s",
+        metavar="KEY=VALUE",
+        help="Override a config key: section.key=value (repeatable).",
+    ),
 ]
 
 
@@ -49,7 +77,7 @@ def _train_command(config: Path | None, sets: list[str], preallocate: bool | Non
     return command
 
 
-@app.command()
+@command()
 def train(
     config: Annotated[
         Path | None,
@@ -120,7 +148,7 @@ def train(
         remove_if_empty(made)  # a failed run leaves no empty directory behind
 
 
-@app.command()
+@command()
 def translate(
     model: Annotated[
         Path,
@@ -235,7 +263,7 @@ def translate(
         raise _fail(exc) from None
 
 
-@app.command()
+@command()
 def average(
     checkpoints: Annotated[
         list[Path],
@@ -258,7 +286,7 @@ def average(
     print(f"averaged {len(checkpoints)} checkpoints (steps {steps}) into {output}")
 
 
-@app.command(
+@command(
     help=f"Training memory per preallocation policy ({', '.join(policies.names())}) and "
     "plain autograd: the training step, validation and their peak."
 )
