@@ -26,6 +26,7 @@ from nmt.data.tokenizers import Tokenizer
 from nmt.devices import DTYPES, setup_device
 from nmt.errors import NmtError
 from nmt.model import Seq2SeqAttn, build_model, check_weights
+from nmt.threads import limit_threads
 from nmt.train import distributed as dd
 from nmt.train.executors import Executor, make_executor
 from nmt.train.runlog import RunLog
@@ -72,6 +73,7 @@ class Run:
     stopping: EarlyStopping
     checkpoint: dict[str, Any] | None  # the state to resume from
     resume: Path | None
+    threads: str = "?"  # CPU threads and why (`nmt.threads.limit_threads`)
 
 
 def check_resume_config(cfg: Config, saved: dict, path: Path) -> None:
@@ -156,6 +158,7 @@ def build_run(
 ) -> Run:
     """Every part of a training run, in the order they depend on each other."""
     t = cfg.train
+    threads = limit_threads()  # before anything runs a parallel op
     dist, device = dd.init_distributed(
         setup_device(t.device, deterministic=t.deterministic, tf32=t.tf32)
     )
@@ -196,4 +199,5 @@ def build_run(
         stopping=EarlyStopping(t.early_stopping_metric, t.early_stopping),
         checkpoint=checkpoint,
         resume=resume,
+        threads=threads,
     )

@@ -118,7 +118,7 @@ class Trainer:
         self.corpus, self.model, self.executor = run.corpus, run.model, run.executor
         self.optimizer, self.schedule, self.update = run.optimizer, run.schedule, run.update
         self.train_batches, self.validation = run.train_batches, run.validation
-        self.stopping = run.stopping
+        self.stopping, self.threads = run.stopping, run.threads
         # counted once on the host: counting a batch on the device would read it back
         self.train_tokens = [batch.n_tokens for batch in self.train_batches]
         self.failures = RankFailures(self.dist, self.device, self._out_of_memory)
@@ -159,7 +159,7 @@ class Trainer:
         return self.validation.bleu_search
 
     def _describe(self) -> None:
-        """The run's first lines: the model and the data."""
+        """The run's first lines: the model, the CPU threads and the data."""
         src_vocab, tgt_vocab = len(self.corpus.src_tokenizer), len(self.corpus.tgt_tokenizer)
         n_params, m = sum(p.numel() for p in self.model.parameters()), self.cfg.model
         self.log(
@@ -167,6 +167,7 @@ class Trainer:
             f"vocabularies {src_vocab} / {tgt_vocab}, "
             f"executor {self._executor_name()}, device {self.device}"
         )
+        self.log(f"threads: {self.threads}")
         valid_text = self.corpus.valid_text
         bleu = (
             f"; BLEU (greedy) on {len(self.bleu_set.sources)} of the file's {len(valid_text)}"

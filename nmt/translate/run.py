@@ -37,6 +37,7 @@ from nmt.devices import resolve_device
 from nmt.errors import NmtError
 from nmt.model import Seq2SeqAttn, build_model, check_weights
 from nmt.out_of_memory import ran_out, reported
+from nmt.threads import limit_threads
 from nmt.translate import unk
 from nmt.translate.formats import attention_record, gold_lines, nbest_line
 from nmt.translate.metrics import bleu_line, chrf_line
@@ -412,6 +413,7 @@ def translate_file(
     each line is returned, and written (or the n-best lists) to `options.output` or stdout."""
     options.check()
     check_outputs(src, options)
+    threads = limit_threads()
     model, src_tok, tgt_tok = load_model(model_path, resolve_device(options.device, "--device"))
     translator = Translator(model, src_tok, tgt_tok, options)
     refs = read_lines(options.ref) if options.ref is not None else None
@@ -446,6 +448,8 @@ def translate_file(
             )
         )
         for lines in source.batches:
+            if not best and options.progress:  # with the bar; empty stdin says nothing
+                _stderr(f"threads: {threads}")
             done = translator.translate(lines, len(best), source.name, on_batch=bar.update)
             for writer in writers:
                 _write(writer, done)
