@@ -109,17 +109,12 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
 
 def _directory_message(path: Path) -> str:
     """What to say when a checkpoint path is a directory: which checkpoints it holds."""
-    found = [path / name for name in ("model.pt", "last.pt") if (path / name).is_file()]
+    names = [name for name in ("model.pt", "last.pt") if (path / name).is_file()]
     steps = step_checkpoints(path)
-    names = [p.name for p in found] + (["ckpt_step*.pt"] if len(steps) > 1 else [])
-    names += [steps[0].name] if len(steps) == 1 else []
+    names += ["ckpt_step*.pt"] if len(steps) > 1 else [p.name for p in steps]
     if not names:
         return f"{path}: is a directory, not a checkpoint, and holds no model.pt or last.pt"
-    example = (found or steps)[0]
-    return (
-        f"{path}: is a directory, not a checkpoint; it holds {', '.join(names)}: pass one, "
-        f"e.g. {example}"
-    )
+    return f"{path}: is a directory, not a checkpoint; it holds {', '.join(names)}: pass one"
 
 
 def _is_yaml_config(path: Path) -> bool:

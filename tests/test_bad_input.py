@@ -275,7 +275,7 @@ def translate_with_the_run_directory(tmp: Path):
     _, out = trained_run(tmp)
     src = write(tmp / "in.src", "one .\n")
     args = ["translate", "-m", str(out), "--src", src]
-    return args, [f"{out}: is a directory, not a checkpoint", "model.pt, last.pt", "pass one"]
+    return args, [f"{out}: is a directory, not a checkpoint; it holds model.pt, last.pt: pass one"]
 
 
 def translate_with_the_config(tmp: Path):
@@ -597,6 +597,8 @@ def test_a_directory_without_checkpoints_says_so(tmp_path):
 def test_average_into_one_of_its_inputs_is_refused(tmp_path):
     _, out = trained_run(tmp_path)
     before = (out / "last.pt").read_bytes()
+    into_dir = run("average", str(out / "model.pt"), str(out / "last.pt"), "-o", str(tmp_path))
+    assert_one_line_error(into_dir, f"{tmp_path}: is a directory")
     result = run("average", str(out / "model.pt"), str(out / "last.pt"), "-o", str(out / "last.pt"))
     assert_one_line_error(result, f"--output {out / 'last.pt'}: is one of the checkpoints")
     assert (out / "last.pt").read_bytes() == before
