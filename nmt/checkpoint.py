@@ -17,8 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 
-from nmt.config import upgrade_saved
+from nmt.config import Config, build_config, from_dict, upgrade_saved
+from nmt.data.tokenizers import Tokenizer, tokenizer_from_state
 from nmt.errors import NmtError
 
 FORMAT = "nmt-checkpoint"
@@ -40,10 +42,27 @@ def _fsync_dir(directory: Path) -> None:
 
 
 def save_checkpoint(state: dict[str, Any], path: str | Path) -> None:
-    """Write `state` to `path` atomically (temporary file, fsync, rename)."""
+    """Write `state` to `path` atomically (temporary file, fsync, rename). A write that
+    fails (a full disk, a folder not writable) is one NmtError naming the file; the file
+    that was there is untouched."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_dir():
+        raise NmtError(f"{path}: is a directory; a checkpoint is written to a file")
     state = {"format": FORMAT, "version": VERSION, **state}
+    try:
+        _write_atomically(state, path)
+    except OSError as exc:
+        kept = f"; the previous {path.name} is kept" if path.is_file() else ""
+        raise NmtError(f"{path}: cannot write the checkpoint ({_reason(exc)}){kept}") from None
+    _fsync_dir(path.parent)
+
+
+def _reason(exc: OSError) -> str:
+    return exc.strerror or str(exc) or exc.__class__.__name__
+
+
+def _write_atomically(state: dict[str, Any], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as handle:
@@ -56,15 +75,18 @@ def save_checkpoint(state: dict[str, Any], path: str | Path) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    _fsync_dir(path.parent)
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
     """Load a checkpoint or raise NmtError saying why it is not one. A config saved with
     keys since replaced comes back in today's keys (`nmt.config.upgrade_saved`)."""
     path = Path(path)
+    if path.is_dir():
+        raise NmtError(_directory_message(path))
     if not path.is_file():
         raise NmtError(f"{path}: checkpoint not found")
+    if _is_yaml_config(path):
+        raise NmtError(f"{path}: is a YAML config, not a checkpoint (a run's model.pt or last.pt)")
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
@@ -83,6 +105,51 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         raise NmtError(f"{path}: checkpoint lacks {', '.join(missing)}")
     state["config"] = upgrade_saved(state["config"])
     return state
+
+
+def _directory_message(path: Path) -> str:
+    """What to say when a checkpoint path is a directory: which checkpoints it holds."""
+    names = [name for name in ("model.pt", "last.pt") if (path / name).is_file()]
+    steps = step_checkpoints(path)
+    names += ["ckpt_step*.pt"] if len(steps) > 1 else [p.name for p in steps]
+    if not names:
+        return f"{path}: is a directory, not a checkpoint, and holds no model.pt or last.pt"
+    return f"{path}: is a directory, not a checkpoint; it holds {', '.join(names)}: pass one"
+
+
+def _is_yaml_config(path: Path) -> bool:
+    """Whether `path` is text holding a YAML mapping with a config section: a config given
+    where a checkpoint belongs (torch's own formats are a zip archive or a binary pickle)."""
+    with open(path, "rb") as handle:
+        head = handle.read(1 << 16)
+    if head.startswith(b"PK") or not head or head[0] >= 0x80:
+        return False
+    try:
+        raw = yaml.safe_load(head.decode("utf-8"))
+    except (UnicodeDecodeError, yaml.YAMLError):
+        return False
+    return isinstance(raw, dict) and bool({"data", "model", "train"} & set(map(str, raw)))
+
+
+def checkpoint_parts(
+    state: dict[str, Any], path: str | Path
+) -> tuple[Config, Tokenizer, Tokenizer]:
+    """The config and the two tokenizers a checkpoint holds, each mistake naming `path`."""
+    cfg = from_dict(state["config"], f"{path} (config)")
+    tokenizers = []
+    for side in ("src_tokenizer", "tgt_tokenizer"):
+        try:
+            tokenizers.append(tokenizer_from_state(state[side]))
+        except NmtError as exc:
+            raise NmtError(f"{path}: {side}: {exc}") from None
+    return cfg, tokenizers[0], tokenizers[1]
+
+
+def saved_config(path: str | Path, overrides: list[str] | None = None) -> Config:
+    """The config a checkpoint was trained with, with `--set` overrides, its data files
+    checked: what `nmt train --resume CKPT` trains with when no --config is given."""
+    state = load_checkpoint(path)
+    return build_config(state["config"], f"{path} (config)", overrides)
 
 
 STEP_CHECKPOINT = re.compile(r"ckpt_step(\d+)\.pt")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Annotated
 
@@ -15,12 +16,34 @@ import typer
 from nmt import policies
 from nmt.errors import NmtError
 
+
+def _no_flag_values(params: list) -> list:
+    """On/off flags show no value type in --help: typer gives every boolean option, --help
+    included, a `<bool>` column, which reads as if the flag took a value."""
+    for param in params:
+        if getattr(param, "is_flag", False) and param.metavar is None:
+            param.metavar = ""
+    return params
+
+
+class Command(typer.core.TyperCommand):
+    def get_params(self, ctx: typer.Context) -> list:
+        return _no_flag_values(super().get_params(ctx))
+
+
+class Group(typer.core.TyperGroup):
+    def get_params(self, ctx: typer.Context) -> list:
+        return _no_flag_values(super().get_params(ctx))
+
+
 app = typer.Typer(
+    cls=Group,
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     help="Train and run LSTM-attention translation models the seq2seq-attn way.",
 )
+command = partial(app.command, cls=Command)
 
 
 def _err(message: str) -> None:
@@ -35,13 +58,36 @@ def _fail(exc: NmtError) -> typer.Exit:
 ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="YAML config file.")]
 SetOpt = Annotated[
     list[str] | None,
-    typer.Option("--set", "-s", help="Override a config key: section.key=value (repeatable)."),
+    typer.Option(
+        "--set",
+        "-s",
+        metavar="KEY=VALUE",
+        help="Override a config key: section.key=value (repeatable).",
+    ),
 ]
 
 
-@app.command()
+def _train_command(config: Path | None, sets: list[str], preallocate: bool | None) -> list[str]:
+    """The `nmt train` options that gave this run its config: what a resume hint repeats."""
+    command = ["nmt", "train"] + (["--config", str(config)] if config is not None else [])
+    for text in sets:
+        command += ["--set", text]
+    if preallocate is not None:
+        command.append("--preallocate" if preallocate else "--no-preallocate")
+    return command
+
+
+@command()
 def train(
-    config: ConfigOpt,
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            "--config",
+            "-c",
+            help="YAML config file; with --resume it may be left out: the checkpoint's own "
+            "config is used.",
+        ),
+    ] = None,
     out: Annotated[
         Path | None,
         typer.Option(help="Run directory (default: the --resume file's, else runs/<config name>)."),
@@ -66,24 +112,30 @@ def train(
 ) -> None:
     """Train a model; checkpoints go to OUT/last.pt (the latest) and OUT/model.pt (the best
     validation by train.early_stopping_metric)."""
+    from nmt.checkpoint import saved_config
     from nmt.config import load_config
+    from nmt.train.runlog import prepare_run_dir, remove_if_empty
     from nmt.train.trainer import TrainingInterrupted
     from nmt.train.trainer import train as run_training
 
+    made: list[Path] = []
+    sets = list(set_ or [])
     try:
-        cfg = load_config(config, list(set_ or []))
+        if config is None and resume is None:
+            raise NmtError(
+                "--config is required (or --resume CKPT: continue a run with the config "
+                "saved in its checkpoint)"
+            )
+        cfg = load_config(config, sets) if config is not None else saved_config(resume, sets)
         cfg.train.prealloc = policies.with_flag(cfg.train.prealloc, preallocate)
         # a resumed run continues in its own directory unless told otherwise
         out_dir = out or (resume.parent if resume else Path("runs") / config.stem)
-        if resume is None and not force and (out_dir / "last.pt").exists():
-            raise NmtError(
-                f"{out_dir}: already holds a run (last.pt); pass --resume "
-                f"{out_dir / 'last.pt'} to continue it or --force to start over"
-            )
-        out_dir.mkdir(parents=True, exist_ok=True)
+        made = prepare_run_dir(out_dir, resume=resume, force=force)
         if os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 speaks
-            print(f"config {config}:\n{cfg.dump()}", flush=True)
-        run_training(cfg, out_dir, resume=resume, progress=progress)
+            print(f"config {config or f'saved in {resume}'}:\n{cfg.dump()}", flush=True)
+        command = _train_command(config, sets, preallocate)
+        run_training(cfg, out_dir, resume=resume, progress=progress, command=command)
+        made = []
     except NmtError as exc:
         raise _fail(exc) from None
     except TrainingInterrupted as exc:
@@ -92,9 +144,11 @@ def train(
     except KeyboardInterrupt:
         _err("interrupted (second signal): the last checkpoint written is kept")
         raise typer.Exit(code=130) from None
+    finally:
+        remove_if_empty(made)  # a failed run leaves no empty directory behind
 
 
-@app.command()
+@command()
 def translate(
     model: Annotated[
         Path,
@@ -209,7 +263,7 @@ def translate(
         raise _fail(exc) from None
 
 
-@app.command()
+@command()
 def average(
     checkpoints: Annotated[
         list[Path],
@@ -232,7 +286,7 @@ def average(
     print(f"averaged {len(checkpoints)} checkpoints (steps {steps}) into {output}")
 
 
-@app.command(
+@command(
     help=f"Training memory per preallocation policy ({', '.join(policies.names())}) and "
     "plain autograd: the training step, validation and their peak."
 )

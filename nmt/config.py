@@ -14,7 +14,7 @@ import difflib
 import os
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 
 from nmt import policies
-from nmt.errors import NmtError
+from nmt.errors import NmtError, not_utf8_in
 
 GRAPH_KINDS = ("structure", "size", "rate", "none")
 Choices = tuple | Callable[[], tuple]  # a callable is asked at validation time (a registry)
@@ -78,6 +78,12 @@ def _granularity_doc() -> str:
     return granularities.describe()
 
 
+def _device_problem(name: str) -> str | None:
+    from nmt.devices import device_name_problem
+
+    return device_name_problem(name)
+
+
 def _opt(
     default: Any,
     *,
@@ -90,6 +96,7 @@ def _opt(
     probe: Any = None,
     shape: bool = False,
     doc_more: Callable[[], str] | None = None,
+    check: Callable[[Any], str | None] | None = None,
 ) -> Any:
     """A dataclass field whose metadata carries its validation rule and its documentation,
     and, for the model, what it does to the clone graph (`graph_structure`) and whether it
@@ -98,7 +105,8 @@ def _opt(
     graph: "structure" (the value decides which nodes exist: the default, so that a new
     field counts until marked otherwise), "size" (a pure size; the planner's probe uses
     `probe`), "rate" (only on/off decides the nodes; the probe uses `probe` when on) or
-    "none" (no bearing on the graph)."""
+    "none" (no bearing on the graph). check: a rule choices and ranges cannot say; it returns
+    why a value is refused (None: accepted)."""
     if graph not in GRAPH_KINDS or (graph in ("size", "rate")) != (probe is not None):
         raise TypeError(f"graph={graph!r} with probe={probe!r}")
     meta = {
@@ -111,6 +119,7 @@ def _opt(
         "probe": probe,
         "shape": shape,
         "doc_more": doc_more,
+        "check": check,
     }
     return field(default=default, metadata=meta)
 
@@ -254,7 +263,9 @@ class TrainConfig:
         doc="which intermediate buffers the clone executor's clones share (seq2seq-attn "
         "-prealloc): " + policies.describe(),
     )
-    device: str = _opt("auto", doc="auto (CUDA if available), cpu, cuda or cuda:N")
+    device: str = _opt(
+        "auto", check=_device_problem, doc="auto (CUDA if available), cpu, cuda or cuda:N"
+    )
     precision: str = _opt(
         "float32",
         choices=_precisions,
@@ -387,13 +398,32 @@ def _check_rules(value: Any, meta: typing.Mapping[str, Any], where: str) -> None
         raise NmtError(f"{where}: must be {bound}, got {value!r}")
     if hi is not None and value > hi:
         raise NmtError(f"{where}: must be <= {hi}, got {value!r}")
+    if (check := meta.get("check")) and (problem := check(value)):
+        raise NmtError(f"{where}: {problem}")
 
 
-def _build_section(cls: type, values: Any, source: str, section: str) -> Any:
+def _kind(value: Any) -> str:
+    """How a YAML value reads to its author: a list, a string, a number."""
+    return {list: "list", str: "string", bool: "boolean", int: "number", float: "number"}.get(
+        type(value), type(value).__name__
+    )
+
+
+def _blame(source: str, from_set: Collection[str], dotted: str) -> str:
+    """`SOURCE: key 'section.key'`, where SOURCE is `--set` for a key given with --set."""
+    return f"{'--set' if dotted in from_set else source}: key '{dotted}'"
+
+
+def _build_section(
+    cls: type, values: Any, source: str, section: str, from_set: Collection[str] = ()
+) -> Any:
     if values is None:
         values = {}
     if not isinstance(values, dict):
-        raise NmtError(f"{source}: '{section}' must be a mapping of keys to values")
+        raise NmtError(
+            f"{source}: section '{section}' must be a mapping of keys to values, "
+            f"not a {_kind(values)}"
+        )
     fields = {f.name: f for f in dataclasses.fields(cls)}
     kwargs = {}
     for key, value in values.items():
@@ -402,7 +432,7 @@ def _build_section(cls: type, values: Any, source: str, section: str) -> Any:
             raise _replaced(source, dotted)
         if key not in fields:
             raise NmtError(f"{source}: unknown key '{dotted}'{_suggest(dotted, all_keys())}")
-        where = f"{source}: key '{dotted}'"
+        where = _blame(source, from_set, dotted)
         if isinstance(value, str) and (dotted, value) in REPLACED_VALUES:
             new = REPLACED_VALUES[dotted, value]
             raise NmtError(f"{where}: {value!r} was renamed {new!r}")
@@ -416,22 +446,33 @@ def _build_section(cls: type, values: Any, source: str, section: str) -> Any:
     return obj
 
 
-def from_dict(raw: Any, source: str = "config") -> Config:
-    """Build and validate a Config from a nested dict (YAML or a checkpoint's copy)."""
-    if raw is None:
-        raw = {}
+def check_layout(raw: Any, source: str) -> None:
+    """The top level is a mapping of known sections, each a mapping (or empty)."""
     if not isinstance(raw, dict):
         raise NmtError(
-            f"{source}: the top level must be a mapping with sections data, model, train"
+            f"{source}: the top level must be a mapping with sections data, model, train, "
+            f"not a {_kind(raw)}"
         )
-    for section in raw:
+    for section, values in raw.items():
         if section not in SECTIONS:
             hint = _suggest(str(section), list(SECTIONS))
             raise NmtError(f"{source}: unknown section '{section}'{hint}")
+        if values is not None and not isinstance(values, dict):
+            raise NmtError(
+                f"{source}: section '{section}' must be a mapping of keys to values, "
+                f"not a {_kind(values)}"
+            )
+
+
+def from_dict(raw: Any, source: str = "config", from_set: Collection[str] = ()) -> Config:
+    """Build and validate a Config from a nested dict (YAML or a checkpoint's copy). Errors
+    name `source`, or `--set` for the dotted keys in `from_set`."""
+    check_layout({} if raw is None else raw, source)
     parts = {
-        name: _build_section(cls, raw.get(name), source, name) for name, cls in SECTIONS.items()
+        name: _build_section(cls, (raw or {}).get(name), source, name, from_set)
+        for name, cls in SECTIONS.items()
     }
-    _check_train_keys(parts["train"], source)
+    _check_train_keys(parts["train"], source, from_set)
     return Config(**parts)
 
 
@@ -460,12 +501,14 @@ def upgrade_saved(raw: Any) -> Any:
     return {**raw, "train": train}
 
 
-def _check_train_keys(train: TrainConfig, source: str) -> None:
+def _check_train_keys(train: TrainConfig, source: str, from_set: Collection[str] = ()) -> None:
     """Rules that tie two keys together."""
     if train.early_stopping_metric == "bleu" and train.valid_bleu_sample == 0:
+        sample = "train.valid_bleu_sample"
+        given = " (given with --set)" if sample in from_set else ""
         raise NmtError(
-            f"{source}: key 'train.early_stopping_metric': bleu needs validation BLEU, "
-            "but train.valid_bleu_sample is 0"
+            f"{_blame(source, from_set, 'train.early_stopping_metric')}: bleu needs "
+            f"validation BLEU, but {sample} is 0{given}"
         )
 
 
@@ -502,36 +545,112 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
     return raw
 
 
-def read_yaml(path: str | Path) -> dict:
+class _DuplicateKey(yaml.YAMLError):
+    def __init__(self, dotted: str, line: int, first: int):
+        super().__init__(dotted)
+        self.dotted, self.line, self.first = dotted, line, first
+
+
+def _refuse_duplicates(node: yaml.Node, prefix: str, seen: set[int]) -> None:
+    """Raise `_DuplicateKey` for the first mapping key given twice under `node`."""
+    if id(node) in seen:  # an alias: checked where its anchor is
+        return
+    seen.add(id(node))
+    if isinstance(node, yaml.MappingNode):
+        first: dict[str, int] = {}
+        for key_node, value_node in node.value:
+            name = str(key_node.value) if isinstance(key_node, yaml.ScalarNode) else ""
+            line = key_node.start_mark.line + 1
+            if name and name in first:
+                raise _DuplicateKey(prefix + name, line, first[name])
+            first.setdefault(name, line)
+            _refuse_duplicates(value_node, f"{prefix}{name}.", seen)
+    elif isinstance(node, yaml.SequenceNode):
+        for item in node.value:
+            _refuse_duplicates(item, prefix, seen)
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's SafeLoader, refusing a mapping key given twice: SafeLoader keeps the last
+    one silently, so a second `batch_size:` further down would win unseen."""
+
+    def construct_document(self, node: yaml.Node) -> Any:
+        _refuse_duplicates(node, "", set())
+        return super().construct_document(node)
+
+
+def read_yaml(path: str | Path) -> Any:
+    """The YAML document of a config file: UTF-8, each key at most once per mapping."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
     except FileNotFoundError:
         raise NmtError(f"{path}: config file not found") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise NmtError(f"{path}: cannot read config file ({exc.__class__.__name__})") from None
+    except IsADirectoryError:
+        raise NmtError(f"{path}: is a directory, not a config file") from None
+    except OSError as exc:
+        reason = exc.strerror or exc.__class__.__name__
+        raise NmtError(f"{path}: cannot read config file ({reason})") from None
     try:
-        raw = yaml.safe_load(text)
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise not_utf8_in(path, data, exc) from None
+    try:
+        return yaml.load(text, Loader=UniqueKeyLoader)
+    except _DuplicateKey as exc:
+        raise NmtError(
+            f"{path}: line {exc.line}: key '{exc.dotted}' is given twice (first at line "
+            f"{exc.first}); keep one"
+        ) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or "invalid YAML"
         raise NmtError(f"{path}:{line}: YAML syntax error: {problem}") from None
-    return raw
 
 
-def check_data_files(cfg: Config, source: str) -> None:
+def shown_path(value: str | Path) -> str:
+    """A path as a message shows it: a relative one says what it is relative to."""
+    if Path(value).is_absolute():
+        return str(value)
+    return f"{value} (relative to the working directory {Path.cwd()})"
+
+
+def check_data_files(cfg: Config, source: str, from_set: Collection[str] = ()) -> None:
+    """The four data files exist and are readable files. Relative paths are taken from the
+    working directory, as every other path on the command line."""
     for key in DATA_FILE_KEYS:
         value = getattr(cfg.data, key)
+        where = _blame(source, from_set, f"data.{key}")
         if not value:
-            raise NmtError(f"{source}: key 'data.{key}' is required")
+            raise NmtError(f"{where} is required")
         p = Path(value)
         if p.is_dir():
-            raise NmtError(f"{source}: key 'data.{key}': {value} is a directory, not a file")
+            raise NmtError(f"{where}: {shown_path(value)} is a directory, not a file")
         if not p.is_file():
-            raise NmtError(f"{source}: key 'data.{key}': file not found: {value}")
+            raise NmtError(f"{where}: file not found: {shown_path(value)}")
         if not os.access(p, os.R_OK):
-            raise NmtError(f"{source}: key 'data.{key}': file not readable: {value}")
+            raise NmtError(f"{where}: file not readable: {shown_path(value)}")
+
+
+def overridden_keys(overrides: list[str]) -> set[str]:
+    """The dotted keys that `--set` overrides give."""
+    return {".".join(parse_override(text)[:2]) for text in overrides}
+
+
+def build_config(
+    raw: Any, source: str, overrides: list[str] | None = None, require_data: bool = True
+) -> Config:
+    """A Config from a parsed document named `source` (a config file, a checkpoint's
+    copy) and `--set` overrides; a mistake names `source`, or `--set` when an override
+    gave the value."""
+    overrides = list(overrides or [])
+    check_layout(raw, source)
+    from_set = overridden_keys(overrides)
+    cfg = from_dict(apply_overrides(raw, overrides), source, from_set)
+    if require_data:
+        check_data_files(cfg, source, from_set)
+    return cfg
 
 
 def load_config(
@@ -539,13 +658,9 @@ def load_config(
 ) -> Config:
     """Read a YAML config, apply overrides, validate types, ranges and data files."""
     raw = read_yaml(path)
-    if raw is not None and not isinstance(raw, dict):
-        raise NmtError(f"{path}: the top level must be a mapping with sections data, model, train")
-    raw = apply_overrides(raw or {}, overrides or [])
-    cfg = from_dict(raw, str(path))
-    if require_data:
-        check_data_files(cfg, str(path))
-    return cfg
+    if raw is None:
+        raise NmtError(f"{path}: the config file is empty; expected sections data, model, train")
+    return build_config(raw, str(path), overrides, require_data)
 
 
 def reference_markdown() -> str:

@@ -8,6 +8,7 @@ use. Under torchrun (WORLD_SIZE > 1) every rank takes `cuda:LOCAL_RANK`.
 from __future__ import annotations
 
 import os
+import re
 
 import torch
 
@@ -15,6 +16,17 @@ from nmt.errors import NmtError
 
 # cuBLAS is deterministic only with a fixed workspace; it reads this before it starts
 CUBLAS_WORKSPACE_CONFIG = ":4096:8"
+
+
+DEVICE_NAMES = "auto, cpu, cuda or cuda:N"
+
+
+def device_name_problem(name: str) -> str | None:
+    """Why `name` is not a device `nmt` trains or translates on (None: it is one). Checked
+    by name, before torch is asked: `torch.device` also takes meta, mps and the like."""
+    if name in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:\d+", name):
+        return None
+    return f"expected {DEVICE_NAMES}, got {name!r}"
 
 
 def torchrun_local_rank() -> int | None:
@@ -28,16 +40,18 @@ def resolve_device(name: str, what: str = "key 'train.device'") -> torch.device:
     """`auto` picks CUDA when available. CUDA comes back indexed: a bare `cuda` is the current
     device, or `cuda:LOCAL_RANK` under torchrun, where an explicit `cuda:N` is refused (it
     would put every rank on one GPU). `what` names the setting in error messages."""
+    if problem := device_name_problem(name):
+        raise NmtError(f"{what}: {problem}")
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise NmtError(f"{what}: unknown device {name!r}") from None
+    device = torch.device(name)
     if device.type != "cuda":
         return device
     if not torch.cuda.is_available():
-        raise NmtError(f"{what}: {name!r} requested but CUDA is not available")
+        raise NmtError(
+            f"{what}: {name!r} requested but CUDA is not available on this machine "
+            "(use auto or cpu)"
+        )
     count = torch.cuda.device_count()
     local_rank = torchrun_local_rank()
     if local_rank is not None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -25,6 +26,7 @@ from nmt.attention import LEGACY_NAMES, Attention, build_attention
 from nmt.cells import RecurrentLayer, State
 from nmt.config import ModelConfig
 from nmt.data.vocab import PAD
+from nmt.errors import NmtError
 from nmt.randomness import PRIVATE_RNG, dropout_mask
 
 # src B x S -> (context B x S x H, final state of every layer): `Seq2SeqAttn.encode` or another
@@ -235,7 +237,46 @@ def build_model(
     return model.to(device=device, dtype=dtype)
 
 
-def _rename_legacy_keys(module: nn.Module, state_dict: dict, prefix: str, *_: object) -> None:
+def weights_problem(weights: Any, cfg: ModelConfig, src_vocab: int, tgt_vocab: int) -> str | None:
+    """Why `weights` are not a state dict of the model `cfg` builds for these vocabulary
+    sizes (None: they are one): the first missing, unknown, non-float or misshapen entry, or
+    mixed dtypes. Compared with the model built on meta, so nothing is allocated."""
+    if not isinstance(weights, dict) or not weights:
+        return "it holds no model weights"
+    weights = dict(weights)
+    _rename_legacy_keys(None, weights, "")
+    expected = build_model(cfg, src_vocab, tgt_vocab, device="meta", dtype=torch.float32)
+    wanted = expected.state_dict()
+    if missing := [name for name in wanted if name not in weights]:
+        return f"parameter {missing[0]} is missing"
+    for name, value in weights.items():
+        if name not in wanted:
+            return f"it holds a parameter {name} that the model of its config does not have"
+        if not isinstance(value, Tensor) or not value.is_floating_point():
+            return f"parameter {name} is not a floating-point tensor"
+        if value.shape != wanted[name].shape:
+            return (
+                f"parameter {name} has shape {tuple(value.shape)}, but its config and "
+                f"vocabularies make {tuple(wanted[name].shape)}"
+            )
+    if len({value.dtype for value in weights.values()}) > 1:
+        return "its parameters mix dtypes"
+    return None
+
+
+def check_weights(
+    weights: Any, cfg: ModelConfig, src_vocab: int, tgt_vocab: int, where: object
+) -> None:
+    """`weights_problem` as one NmtError naming `where` (a checkpoint)."""
+    if problem := weights_problem(weights, cfg, src_vocab, tgt_vocab):
+        raise NmtError(
+            f"{where}: the model weights do not match the checkpoint's config: {problem}"
+        )
+
+
+def _rename_legacy_keys(
+    module: nn.Module | None, state_dict: dict, prefix: str, *_: object
+) -> None:
     """Checkpoints from before `nmt.attention` name W_a and W_c `attn_in` / `attn_out`."""
     for old, new in LEGACY_NAMES.items():
         if prefix + old in state_dict and prefix + new not in state_dict:

@@ -17,8 +17,12 @@ HEADER = (
     " edit the field docs there, not this file.*"
 )
 INTRO = (
-    "A config file has three sections; every key is optional except the four data files.\n"
-    "Any key can be overridden on the command line: `--set section.key=value`."
+    "A config file is UTF-8 YAML with three sections; every key is optional except the four\n"
+    "data files, and a key given twice is refused (naming both lines). Any key can be\n"
+    "overridden on the command line: `--set section.key=value`; a bad value given so is\n"
+    "reported as `--set: key '...'`, one from the file naming the file. Relative data paths\n"
+    "are taken from the working directory `nmt` runs in (not from the config file's folder),\n"
+    "and a data file that is not found is reported with that directory."
 )
 
 

@@ -3,6 +3,8 @@ and nothing written over."""
 
 from __future__ import annotations
 
+import errno
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -11,6 +13,8 @@ import torch
 from typer.testing import CliRunner
 
 from nmt.cli import app
+from nmt.data.tokenizers import tokenizer_from_state
+from nmt.errors import NmtError
 
 REPO = Path(__file__).resolve().parents[1]
 TOY = REPO / "data" / "toy"
@@ -113,7 +117,18 @@ def line_count_mismatch(tmp: Path):
 def empty_after_filter(tmp: Path):
     cfg = write_config(tmp)
     args = ["train", "--config", str(cfg), "--out", str(tmp / "r"), "--set", "data.max_src_len=1"]
-    return args, ["train.src", "length"]
+    return args, ["train.src / ", "train.tgt: all ", "training pairs", "data.max_src_len 1"]
+
+
+def validation_empty_after_filter(tmp: Path):
+    """Training pairs within the limits, every validation pair beyond them."""
+    long = " ".join(["seven hundred"] * 10)
+    src = write(tmp / "long.src", f"{long}\n{long} .\n")
+    tgt = write(tmp / "long.tgt", "sieben\nsieben .\n")
+    cfg = write_config(tmp, {"valid_src": src, "valid_tgt": tgt})
+    args = ["train", "--config", str(cfg), "--out", str(tmp / "r"), "--set", "data.max_src_len=15"]
+    limits = "(data.max_src_len 15, data.max_tgt_len 50 tokens)"
+    return args, [f"{src} / {tgt}: all 2 validation pairs are longer", limits]
 
 
 def undecodable_bytes(tmp: Path):
@@ -188,6 +203,88 @@ def set_unparsable_value(tmp: Path):
     return ["train", "--config", str(cfg), "--set", "train.epochs=[3"], ["train.epochs", "parse"]
 
 
+def empty_config(tmp: Path):
+    return ["train", "--config", write(tmp / "empty.yaml", "")], ["empty.yaml", "empty"]
+
+
+def list_config(tmp: Path):
+    cfg = write(tmp / "list.yaml", "- data\n- train\n")
+    return ["train", "--config", cfg], ["list.yaml", "top level", "not a list"]
+
+
+def section_not_a_mapping(tmp: Path):
+    cfg = write(tmp / "s.yaml", "train: [batch_size, 32]\n")
+    return ["train", "--config", cfg], ["s.yaml", "section 'train'", "not a list"]
+
+
+def config_not_utf8(tmp: Path):
+    cfg = write(tmp / "latin1.yaml", "# r\xe9sum\xe9\ntrain: {}\n".encode("latin-1"))
+    return ["train", "--config", cfg], ["latin1.yaml", "line 1", "UTF-8", "0xe9"]
+
+
+def duplicate_key(tmp: Path):
+    cfg = write_config(tmp, extra="train: {max_steps: 9}")
+    return ["train", "--config", str(cfg)], [
+        "c.yaml",
+        "line 10",
+        "'train'",
+        "twice",
+        "first at line 9",
+    ]
+
+
+def bad_value_from_set(tmp: Path):
+    cfg = write_config(tmp)
+    args = ["train", "--config", str(cfg), "--set", "train.batch_size=0"]
+    return args, ["--set: key 'train.batch_size'", ">= 1"]
+
+
+def device_gpu(tmp: Path):
+    cfg = write_config(tmp)
+    args = ["train", "--config", str(cfg), "--set", "train.device=gpu"]
+    return args, ["train.device", "'gpu'", "auto, cpu, cuda or cuda:N"]
+
+
+def translate_device_gpu(tmp: Path):
+    _, out = trained_run(tmp)
+    src = write(tmp / "in.src", "one .\n")
+    args = ["translate", "-m", str(out / "model.pt"), "--src", src, "--device", "gpu"]
+    return args, ["--device", "'gpu'", "auto, cpu, cuda or cuda:N"]
+
+
+def memreport_device_gpu(tmp: Path):
+    cfg = write_config(tmp)
+    return ["memreport", "--config", str(cfg), "--device", "gpu"], ["--device", "'gpu'"]
+
+
+def translate_into_a_directory(tmp: Path):
+    _, out = trained_run(tmp)
+    src = write(tmp / "in.src", "one .\n")
+    args = ["translate", "-m", str(out / "model.pt"), "--src", src, "--output", str(out)]
+    return args, [f"--output {out}: is a directory", "give a file name"]
+
+
+def translate_over_its_source(tmp: Path):
+    _, out = trained_run(tmp)
+    src = write(tmp / "in.src", "one .\n")
+    args = ["translate", "-m", str(out / "model.pt"), "--src", src, "-o", str(tmp / "." / "in.src")]
+    return args, ["--output", "in.src: is the --src file", "written over"]
+
+
+def translate_with_the_run_directory(tmp: Path):
+    _, out = trained_run(tmp)
+    src = write(tmp / "in.src", "one .\n")
+    args = ["translate", "-m", str(out), "--src", src]
+    return args, [f"{out}: is a directory, not a checkpoint; it holds model.pt, last.pt: pass one"]
+
+
+def translate_with_the_config(tmp: Path):
+    cfg = write_config(tmp)
+    src = write(tmp / "in.src", "one .\n")
+    args = ["translate", "-m", str(cfg), "--src", src]
+    return args, ["c.yaml: is a YAML config, not a checkpoint"]
+
+
 CASES = [
     yaml_syntax,
     misspelled_key,
@@ -198,6 +295,7 @@ CASES = [
     unreadable_data_file,
     line_count_mismatch,
     empty_after_filter,
+    validation_empty_after_filter,
     undecodable_bytes,
     not_a_checkpoint,
     truncated_checkpoint,
@@ -206,6 +304,19 @@ CASES = [
     translate_undecodable_input,
     set_unknown_key,
     set_unparsable_value,
+    empty_config,
+    list_config,
+    section_not_a_mapping,
+    config_not_utf8,
+    duplicate_key,
+    bad_value_from_set,
+    device_gpu,
+    translate_device_gpu,
+    memreport_device_gpu,
+    translate_into_a_directory,
+    translate_over_its_source,
+    translate_with_the_run_directory,
+    translate_with_the_config,
 ]
 
 
@@ -254,3 +365,240 @@ def test_resume_defaults_to_the_checkpoint_directory(tmp_path):
     assert result.exit_code == 0, result.output
     assert torch.load(out / "last.pt", weights_only=True)["step"] == 3
     assert not (Path("runs") / cfg.stem).exists()
+
+
+@pytest.mark.parametrize("command", ["train", "translate", "memreport"])
+def test_cuda_on_a_machine_without_it_is_one_line(tmp_path, monkeypatch, command):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    cfg = write_config(tmp_path)
+    if command == "train":
+        args = ["train", "--config", str(cfg), "--out", str(tmp_path / "r"), "--no-progress"]
+        args += ["--set", "train.device=cuda"]
+    elif command == "translate":
+        _, out = trained_run(tmp_path)
+        src = write(tmp_path / "in.src", "one .\n")
+        args = ["translate", "-m", str(out / "model.pt"), "--src", src, "--device", "cuda"]
+    else:
+        args = ["memreport", "--config", str(cfg), "--device", "cuda"]
+    result = run(*args)
+    assert_one_line_error(result, "cuda", "CUDA is not available")
+    if command == "train":
+        assert "train.device" in result.stderr
+
+
+def test_force_after_a_vocabulary_change_trains_a_new_sentencepiece_model(tmp_path):
+    cfg = write_config(tmp_path, {"tokenizer": "sentencepiece"})
+    out = tmp_path / "r"
+    base = ["train", "--config", str(cfg), "--out", str(out), "--no-progress"]
+    base += ["--set", "data.src_vocab_size=70", "--set", "data.tgt_vocab_size=70"]
+    assert run(*base).exit_code == 0
+    first = (out / "spm.src.model").read_bytes()
+    result = run(*base, "--force", "--set", "data.src_vocab_size=80")
+    assert result.exit_code == 0, result.output
+    assert "spm.src.model was trained on vocabulary size 70, not 80" in result.stdout
+    assert "reusing" in result.stdout  # the target side did not change: its model stays
+    ckpt = torch.load(out / "last.pt", weights_only=True)
+    assert len(tokenizer_from_state(ckpt["src_tokenizer"])) == 80
+    assert (out / "spm.src.model").read_bytes() != first
+
+
+def test_out_naming_a_file_is_one_line_and_leaves_it(tmp_path):
+    cfg = write_config(tmp_path)
+    taken = write(tmp_path / "notes.txt", "my notes\n")
+    result = run("train", "--config", str(cfg), "--out", taken, "--no-progress")
+    assert_one_line_error(result, f"--out {taken}: is a file, not a directory")
+    assert Path(taken).read_text(encoding="utf-8") == "my notes\n"
+
+
+def test_out_that_cannot_be_created_or_written_is_one_line(tmp_path, monkeypatch):
+    cfg = write_config(tmp_path)
+    out = tmp_path / "r"
+    args = ["train", "--config", str(cfg), "--out", str(out), "--no-progress"]
+
+    def refuse(self, *args, **kwargs):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(self))
+
+    with monkeypatch.context() as patch:  # the tests run as root: permissions never bite
+        patch.setattr(Path, "mkdir", refuse)
+        result = run(*args)
+    assert_one_line_error(result, f"--out {out}: cannot create the run directory", "denied")
+    with monkeypatch.context() as patch:
+        access = os.access
+        patch.setattr(os, "access", lambda p, mode, **k: Path(p) != out and access(p, mode))
+        result = run(*args)
+    assert_one_line_error(result, f"--out {out}: the run directory is not writable")
+    assert not out.exists()  # made by the run, empty when it failed: removed
+
+
+def test_a_full_disk_is_one_line_and_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    cfg, out = trained_run(tmp_path)
+    before = (out / "last.pt").read_bytes()
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(torch, "save", full)
+    result = run(
+        "train", "--config", str(cfg), "--resume", str(out / "last.pt"), "--no-progress",
+        "--set", "train.max_steps=4",
+    )  # fmt: skip
+    assert_one_line_error(
+        result, f"{out / 'last.pt'}: cannot write the checkpoint (No space left on device)",
+        "the previous last.pt is kept",
+    )  # fmt: skip
+    assert (out / "last.pt").read_bytes() == before
+    assert not [p.name for p in out.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_a_full_disk_under_the_log_is_one_line(tmp_path, monkeypatch):
+    from nmt.train import runlog
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(runlog, "open", full, raising=False)
+    log = runlog.RunLog(tmp_path, lambda message: None)
+    with pytest.raises(NmtError) as err:
+        log("a line")
+    assert str(err.value) == f"{tmp_path / 'train.log'}: cannot write (No space left on device)"
+
+
+def test_a_failed_run_removes_the_directories_it_made_while_empty(tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    cfg = write_config(tmp_path)
+    cuda = ["--set", "train.device=cuda", "--no-progress"]
+    out = tmp_path / "runs" / "deep" / "r"
+    assert_one_line_error(run("train", "--config", str(cfg), "--out", str(out), *cuda), "cuda")
+    assert not (tmp_path / "runs").exists()
+    mine = tmp_path / "mine"
+    mine.mkdir()  # a directory the user made is theirs, empty or not
+    assert_one_line_error(run("train", "--config", str(cfg), "--out", str(mine), *cuda), "cuda")
+    assert mine.is_dir()
+
+
+def test_resume_without_config_takes_the_checkpoints_own(tmp_path):
+    cfg, out = trained_run(tmp_path)
+    cfg.unlink()  # the config file is gone: the checkpoint's copy is what counts
+    resume = ["train", "--resume", str(out / "last.pt"), "--no-progress"]
+    result = run(*resume, "--set", "train.max_steps=4")
+    assert result.exit_code == 0, result.output
+    assert f"config saved in {out / 'last.pt'}:" in result.stdout
+    ckpt = torch.load(out / "last.pt", weights_only=True)
+    assert ckpt["step"] == 4 and ckpt["config"]["model"]["rnn_size"] == 8
+    changed = run(*resume, "--set", "model.rnn_size=16")
+    assert_one_line_error(changed, "last.pt", "model.rnn_size=8", "16")
+    assert_one_line_error(run("train"), "--config is required", "--resume")
+
+
+def test_an_interrupted_run_prints_the_command_that_resumes_it(tmp_path, monkeypatch):
+    """The hint repeats the config and --set options of the command that was run, and is
+    in train.log too; running it continues the run."""
+    import shlex
+    import signal
+
+    from nmt.train.trainer import Trainer
+
+    cfg = write_config(tmp_path)
+    out = tmp_path / "my run"
+    step = Trainer.train_step
+
+    def interrupted_step(self, batch, n_tokens):
+        if self.state.step == 0:
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C: the trainer stops after this step
+        step(self, batch, n_tokens)
+
+    monkeypatch.setattr(Trainer, "train_step", interrupted_step)
+    args = ["--config", str(cfg), "--set", "train.max_steps=3", "--no-preallocate"]
+    result = run("train", *args, "--out", str(out), "--no-progress")
+    assert result.exit_code == 130, result.output
+    again = shlex.join(["nmt", "train", *args, "--out", str(out), "--resume", str(out / "last.pt")])
+    line = f"SIGINT: stopped at step 1 and saved {out / 'last.pt'}; continue with: {again}"
+    assert result.stderr.strip() == line
+    assert (out / "train.log").read_text(encoding="utf-8").splitlines()[-1] == line
+    monkeypatch.undo()
+    resumed = run(*shlex.split(again)[1:], "--no-progress")
+    assert resumed.exit_code == 0, resumed.output
+    assert torch.load(out / "last.pt", weights_only=True)["step"] == 3
+
+
+def tampered(tmp: Path, out: Path, change: Callable[[dict], None]) -> str:
+    """A copy of the run's last.pt whose weights `change` made unlike its own config's."""
+    state = torch.load(out / "last.pt", weights_only=True)
+    change(state["model"])
+    torch.save(state, tmp / "bad.pt")
+    return str(tmp / "bad.pt")
+
+
+def wider_output_layer(weights: dict) -> None:
+    weights["generator.weight"] = torch.zeros(41, 8)
+
+
+WEIGHT_CHANGES = {
+    "a misshapen parameter": (wider_output_layer, "generator.weight has shape (41, 8)"),
+    "a missing parameter": (lambda w: w.pop("generator.bias"), "generator.bias is missing"),
+    "no weights": (lambda w: w.clear(), "holds no model weights"),
+    "a stray entry": (lambda w: w.update(extra=torch.zeros(1)), "parameter extra that"),
+    "an integer tensor": (
+        lambda w: w.update({"generator.bias": torch.zeros(40, dtype=torch.long)}),
+        "generator.bias is not a floating-point tensor",
+    ),
+}
+
+
+@pytest.mark.parametrize("change", WEIGHT_CHANGES, ids=list(WEIGHT_CHANGES))
+def test_a_checkpoint_unlike_its_own_config_is_one_line_everywhere(tmp_path, change):
+    cfg, out = trained_run(tmp_path)
+    edit, needle = WEIGHT_CHANGES[change]
+    bad = tampered(tmp_path, out, edit)
+    src = write(tmp_path / "in.src", "one .\n")
+    before = {p: p.read_bytes() for p in out.iterdir()}
+    for args in (
+        ["translate", "-m", bad, "--src", src, "--no-progress"],
+        ["train", "--config", str(cfg), "--out", str(out), "--resume", bad, "--no-progress"],
+        ["train", "--resume", bad, "--out", str(out), "--no-progress"],
+        ["average", str(out / "last.pt"), bad, "-o", str(tmp_path / "avg.pt")],
+    ):
+        result = run(*args)
+        assert_one_line_error(result, "bad.pt: the model weights do not match", needle)
+    assert not (tmp_path / "avg.pt").exists()
+    assert {p: p.read_bytes() for p in out.iterdir()} == before
+
+
+def test_the_source_is_not_written_over(tmp_path):
+    _, out = trained_run(tmp_path)
+    src = write(tmp_path / "in.src", "one .\n")
+    result = run("translate", "-m", str(out / "model.pt"), "--src", src, "-o", src)
+    assert_one_line_error(result, "is the --src file")
+    assert Path(src).read_text(encoding="utf-8") == "one .\n"
+
+
+def test_a_full_disk_while_translating_is_one_line(tmp_path, monkeypatch):
+    from nmt.translate import run as translate_run
+
+    _, out = trained_run(tmp_path)
+    src = write(tmp_path / "in.src", "one .\n")
+
+    def full(self, batch):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(translate_run.HypothesisWriter, "write", full)
+    hyp = tmp_path / "hyp.txt"
+    args = ["-m", str(out / "model.pt"), "--src", src, "-o", str(hyp), "--no-progress"]
+    result = run("translate", *args)
+    assert_one_line_error(result, f"{hyp}: cannot write (No space left on device)")
+
+
+def test_a_directory_without_checkpoints_says_so(tmp_path):
+    src = write(tmp_path / "in.src", "one .\n")
+    result = run("translate", "-m", str(tmp_path), "--src", src)
+    assert_one_line_error(result, "is a directory, not a checkpoint, and holds no model.pt")
+
+
+def test_average_into_one_of_its_inputs_is_refused(tmp_path):
+    _, out = trained_run(tmp_path)
+    before = (out / "last.pt").read_bytes()
+    into_dir = run("average", str(out / "model.pt"), str(out / "last.pt"), "-o", str(tmp_path))
+    assert_one_line_error(into_dir, f"{tmp_path}: is a directory")
+    result = run("average", str(out / "model.pt"), str(out / "last.pt"), "-o", str(out / "last.pt"))
+    assert_one_line_error(result, f"--output {out / 'last.pt'}: is one of the checkpoints")
+    assert (out / "last.pt").read_bytes() == before

@@ -159,3 +159,19 @@ def test_translate_rejects_non_checkpoint(tmp_path):
     bogus.write_bytes(b"this is not a checkpoint")
     proc = nmt("translate", "--model", str(bogus), "--src", str(TOY / "test.src"))
     assert_clean_error(proc, str(bogus), "checkpoint")
+
+
+@pytest.mark.parametrize("command", [[], ["train"], ["translate"], ["average"], ["memreport"]])
+def test_help_shows_no_value_for_on_off_flags(command):
+    """typer renders a `<bool>` value column for every flag (--force, --help, ...), as if
+    each took a value; the flags show none, the options that take one keep theirs."""
+    from typer.testing import CliRunner
+
+    from nmt.cli import app
+
+    result = CliRunner().invoke(app, [*command, "--help"], env={"COLUMNS": "120"})
+    assert result.exit_code == 0, result.output
+    assert "<bool>" not in result.output and "--help" in result.output
+    if command == ["train"]:
+        assert "--force" in result.output and "<path>" in result.output
+        assert "KEY=VALUE" in result.output

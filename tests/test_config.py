@@ -125,3 +125,96 @@ def test_config_reference_is_current():
     written = (repo / "docs" / "config.md").read_text(encoding="utf-8")
     assert reference_markdown().rstrip() in written
     assert written == script.document(), "run: python scripts/config_reference.py --write"
+
+
+@pytest.mark.parametrize(
+    ("text", "pattern"),
+    [
+        ("", "the config file is empty"),
+        ("# only a comment\n", "the config file is empty"),
+        ("- data\n- model\n", "top level must be a mapping .* not a list"),
+        ("just words\n", "top level must be a mapping .* not a string"),
+        ("model: [1, 2]\n", "section 'model' must be a mapping .* not a list"),
+        ("train: 3\n", "section 'train' must be a mapping .* not a number"),
+    ],
+)
+def test_a_config_of_the_wrong_shape_is_refused(tmp_path, text, pattern):
+    path = write(tmp_path, text)
+    with pytest.raises(NmtError, match=pattern) as err:
+        load_config(path, require_data=False)
+    assert str(err.value).startswith(f"{path}: ")
+
+
+def test_a_section_of_the_wrong_shape_is_refused_even_when_set_overrides_it(tmp_path):
+    with pytest.raises(NmtError, match="section 'model' must be a mapping"):
+        load_config(write(tmp_path, "model: 3\n"), ["model.rnn_size=4"], require_data=False)
+
+
+def test_a_config_that_is_not_utf8_names_the_line_and_byte(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_bytes(b"model:\n  rnn_size: 8\n  # caf\xe9\n")
+    with pytest.raises(NmtError) as err:
+        load_config(path, require_data=False)
+    assert str(err.value) == f"{path}: line 3 is not valid UTF-8 (byte 0xe9 at column 8)"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "train:\n  batch_size: 32\n  epochs: 3\n  batch_size: 64\n",
+            "line 4: key 'train.batch_size' is given twice (first at line 2)",
+        ),
+        ("model: {rnn_size: 8}\ntrain: {}\nmodel: {rnn_size: 16}\n", "line 3: key 'model'"),
+        ("train: {epochs: 1, epochs: 2}\n", "line 1: key 'train.epochs' is given twice"),
+    ],
+)
+def test_a_key_given_twice_is_refused_naming_it_and_its_lines(tmp_path, text, message):
+    path = write(tmp_path, text)
+    with pytest.raises(NmtError) as err:
+        load_config(path, require_data=False)
+    assert str(err.value).startswith(f"{path}: {message}"), str(err.value)
+
+
+def test_a_bad_value_from_set_is_blamed_on_set_not_on_the_file(tmp_path, data_files):
+    path = write(tmp_path, yaml_for(data_files, "train:\n  epochs: 0\n"))
+    with pytest.raises(NmtError) as err:
+        load_config(path, ["train.batch_size=0", "train.epochs=2"])
+    assert str(err.value) == "--set: key 'train.batch_size': must be >= 1, got 0"
+    with pytest.raises(NmtError) as err:  # the file's own mistake still names the file
+        load_config(path)
+    assert str(err.value) == f"{path}: key 'train.epochs': must be >= 1, got 0"
+    with pytest.raises(NmtError, match="^--set: key 'data.valid_src': file not found: nope"):
+        load_config(path, ["data.valid_src=nope.txt", "train.epochs=1"])
+    with pytest.raises(NmtError, match=r"^--set: key 'train.early_stopping_metric'.*is 0"):
+        sets = ["train.early_stopping_metric=bleu", "train.valid_bleu_sample=0", "train.epochs=1"]
+        load_config(path, sets)
+
+
+def test_a_relative_data_path_says_what_it_is_relative_to(tmp_path, data_files, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    data_files["train_src"] = "data/absent.txt"
+    with pytest.raises(NmtError) as err:
+        load_config(write(tmp_path, yaml_for(data_files)))
+    assert str(err.value).endswith(
+        f"key 'data.train_src': file not found: data/absent.txt (relative to the working "
+        f"directory {tmp_path})"
+    )
+    data_files["train_src"] = str(tmp_path / "absent.txt")  # absolute: nothing to add
+    with pytest.raises(NmtError) as err:
+        load_config(write(tmp_path, yaml_for(data_files)))
+    assert str(err.value).endswith(f"file not found: {tmp_path / 'absent.txt'}")
+
+
+@pytest.mark.parametrize("name", ["gpu", "cuda:x", "meta", "mps", "CPU", ""])
+def test_train_device_names_what_it_accepts(tmp_path, name):
+    path = write(tmp_path, f"train:\n  device: '{name}'\n")
+    with pytest.raises(NmtError) as err:
+        load_config(path, require_data=False)
+    expected = f"key 'train.device': expected auto, cpu, cuda or cuda:N, got {name!r}"
+    assert str(err.value) == f"{path}: {expected}"
+    with pytest.raises(NmtError) as err:
+        load_config(write(tmp_path, "train: {}\n"), [f"train.device={name}"], require_data=False)
+    assert str(err.value) == f"--set: {expected}"
+    for good in ("auto", "cpu", "cuda", "cuda:1"):
+        assert load_config(path, [f"train.device={good}"], require_data=False).train.device == good

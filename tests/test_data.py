@@ -201,9 +201,9 @@ def test_load_corpus_reuses_given_tokenizers(tmp_path):
 
 def test_load_corpus_empty_after_filter_names_file_and_limits(tmp_path):
     src, tgt = pair_files(tmp_path, "a b c\n", "x\n")
-    with pytest.raises(NmtError, match="max_src_len 2, max_tgt_len 50") as err:
+    with pytest.raises(NmtError, match="data.max_src_len 2, data.max_tgt_len 50") as err:
         load_corpus(word_cfg(src, tgt, max_src_len=2), None, lambda _: None)
-    assert str(src) in str(err.value) and "no train pair is left" in str(err.value)
+    assert str(err.value).startswith(f"{src} / {tgt}: all 1 training pairs are longer")
 
 
 # ---- batching ------------------------------------------------------------------------------

@@ -354,3 +354,39 @@ def test_cli_exits_1_when_a_real_step_disagrees(tiny_config: Path, monkeypatch) 
     assert result.exit_code == 1
     assert "NO" in result.stdout
     assert f"real step check failed for {', '.join(report_policies())}" in result.stderr
+
+
+def test_plot_notes_do_not_overlap_and_both_autograd_curves_show(
+    tiny_config, tmp_path, monkeypatch
+):
+    """The toy config's bars are narrow and several peaks are validation's: the notes over
+    neighbouring bars must not run into each other; its autograd and autograd-full curves
+    coincide: the one drawn on top must let the other show."""
+    import itertools
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from nmt.memreport.plot import write_plot
+    from nmt.memreport.report import to_json
+
+    cfg = load_config(tiny_config, ["data.max_tgt_len=2"], require_data=False)
+    report = build_report(cfg, "tiny.yaml", device="meta", lengths=True)
+    figures: list = []
+    monkeypatch.setattr(plt, "close", figures.append)  # keep the figure to look at
+    write_plot(report, to_json(report), tmp_path / "m.png")
+    (fig,) = figures
+    bars, curve = fig.axes[:2]
+    renderer = fig.canvas.get_renderer()
+    boxes = [text.get_window_extent(renderer) for text in bars.texts]
+    assert len(boxes) == len(to_json(report)["policies"])  # a note over every bar
+    for a, b in itertools.combinations(boxes, 2):
+        assert not a.overlaps(b), (a, b)
+    lines = {line.get_label(): line for line in curve.get_lines()}
+    under, over = lines["autograd"], lines["autograd-full"]
+    assert over.get_zorder() > under.get_zorder() and over.get_linestyle() == "--"
+    assert under.get_linewidth() > 2 * over.get_linewidth()
+    assert "LSTM" in fig._suptitle.get_text()
+    plt.close(fig)

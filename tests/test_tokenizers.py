@@ -13,6 +13,7 @@ from nmt.data.tokenizers import (
     SentencePieceTokenizer,
     WordTokenizer,
     cached_sentencepiece,
+    key_path,
     tokenizer_from_state,
 )
 from nmt.data.vocab import BOS, EOS, PAD, SPECIALS, UNK
@@ -105,12 +106,48 @@ def test_sentencepiece_cache_is_written_then_reused(tmp_path):
     path = tmp_path / "spm.src.model"
     lines = toy_lines("train.src", 500)
     first = cached_sentencepiece(path, lines, 60, log=lambda _: None)
-    assert path.read_bytes() == first.proto
+    assert path.read_bytes() == first.proto and key_path(path).is_file()
     logs: list[str] = []
-    # A different vocab size and text: the cached model wins, and the log says so.
-    second = cached_sentencepiece(path, ["other text"], 999, log=logs.append)
-    assert second.proto == first.proto and len(second) == 60
-    assert any("reusing" in m for m in logs)
+    second = cached_sentencepiece(path, lines, 60, log=logs.append)
+    assert second.proto == first.proto
+    assert logs == [f"sentencepiece: reusing {path} (60 pieces)"]
+
+
+def retrained(path: Path, lines: list[str], vocab_size: int) -> tuple[SentencePieceTokenizer, str]:
+    """The model `cached_sentencepiece` gives, and its first log line."""
+    logs: list[str] = []
+    tok = cached_sentencepiece(path, lines, vocab_size, log=logs.append)
+    return tok, logs[0]
+
+
+def test_a_cached_sentencepiece_model_trained_otherwise_is_trained_anew(tmp_path):
+    path = tmp_path / "spm.src.model"
+    lines = toy_lines("train.src", 500)
+    cached_sentencepiece(path, lines, 60, log=lambda _: None)
+    tok, why = retrained(path, lines, 70)
+    assert len(tok) == 70 and why.endswith(
+        "was trained on vocabulary size 60, not 70; training a new one"
+    )
+    assert path.read_bytes() == tok.proto  # the cache now holds the new model, and its key
+    assert retrained(path, lines, 70)[1].startswith("sentencepiece: reusing")
+    tok, why = retrained(path, lines[:400], 70)
+    assert "was trained on other training text" in why
+    assert retrained(path, lines[:400], 70)[1].startswith("sentencepiece: reusing")
+
+
+def test_a_corrupt_cached_sentencepiece_model_is_trained_anew(tmp_path):
+    path = tmp_path / "spm.src.model"
+    lines = toy_lines("train.src", 500)
+    good = cached_sentencepiece(path, lines, 60, log=lambda _: None)
+    path.write_bytes(b"garbage")  # changed under its key file
+    tok, why = retrained(path, lines, 60)
+    assert tok.proto == good.proto and "is not the model its key file records" in why
+    key_path(path).unlink()  # a model without its key: nothing says what it was trained on
+    tok, why = retrained(path, lines, 60)
+    assert tok.proto == good.proto and "has no key file spm.src.model.json" in why
+    key_path(path).write_text("{not json", encoding="utf-8")
+    assert "its key file is unreadable" in retrained(path, lines, 60)[1]
+    assert retrained(path, lines, 60)[1].startswith("sentencepiece: reusing")
 
 
 def test_load_corpus_caches_sentencepiece_models_in_run_dir(tmp_path):

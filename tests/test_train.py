@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -141,11 +143,15 @@ def test_failed_write_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
     save_checkpoint(good, path)
 
     def explode(*args, **kwargs):
-        raise OSError("disk full")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(torch, "save", explode)
-    with pytest.raises(OSError):
+    with pytest.raises(NmtError) as err:
         save_checkpoint({**good, "model": {"w": torch.zeros(2)}}, path)
+    assert str(err.value) == (
+        f"{path}: cannot write the checkpoint (No space left on device); the previous "
+        "last.pt is kept"
+    )
     monkeypatch.undo()
     assert torch.equal(load_checkpoint(path)["model"]["w"], torch.ones(2))
     assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]
@@ -177,3 +183,34 @@ def test_run_leaves_a_log_and_metrics_to_plot(tmp_path, monkeypatch):
     proc = subprocess.run(plot, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("ppls", [(90.0, 30.0), (400.0, 1.02), (1.6, 1.004)])
+def test_training_plot_labels_perplexity_in_plain_numbers(ppls):
+    """A log axis within a decade gets matplotlib's 4x10^1 labels by default: hard to read."""
+    import importlib.util
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    spec = importlib.util.spec_from_file_location(
+        "plot_training", REPO / "scripts/plot_training.py"
+    )
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    first, last = ppls
+    records = [
+        {"kind": kind, "step": step, "ppl": first * (last / first) ** (step / 40), "lr": 1.0}
+        | ({"tok_s": 1000.0} if kind == "train" else {})
+        for step in range(5, 45, 5)
+        for kind in ("train", "valid")
+    ]
+    fig = script.draw(records, "plain")
+    fig.canvas.draw()
+    axis = fig.axes[0].yaxis
+    labels = [t.get_text() for t in axis.get_ticklabels() + axis.get_ticklabels(minor=True)]
+    shown = [text for text in labels if text]
+    assert shown and all(text.replace(".", "").isdigit() for text in shown), shown
+    plt.close(fig)

@@ -447,13 +447,16 @@ def test_help_lists_the_options():
 @pytest.mark.parametrize(
     ("extra", "needles"),
     [
-        (["--n-best", "6"], ["n_best", "beam size (5)"]),
-        (["--beam-size", "0"], ["beam size must be >= 1"]),
-        (["--max-length-ratio", "-1"], ["max length ratio"]),
+        (["--n-best", "6"], ["--n-best must be between 1 and --beam-size (5), got 6"]),
+        (["--beam-size", "0"], ["--beam-size must be >= 1, got 0"]),
+        (["--max-length", "0"], ["--max-length must be >= 1, got 0"]),
+        (["--min-length", "-1"], ["--min-length must be >= 0, got -1"]),
+        (["--length-penalty", "-0.5"], ["--length-penalty must be >= 0, got -0.5"]),
+        (["--max-length-ratio", "-1"], ["--max-length-ratio must be >= 0"]),
         (["--score-gold"], ["--score-gold needs --ref"]),
         (["--phrase-table", "t.txt"], ["--phrase-table", "--replace-unk"]),
-        (["--batch-size", "0"], ["batch size"]),
-        (["--max-src-length", "-3"], ["max source length"]),
+        (["--batch-size", "0"], ["--batch-size must be >= 1, got 0"]),
+        (["--max-src-length", "-3"], ["--max-src-length must be >= 0"]),
     ],
 )
 def test_bad_options_are_one_line_errors(toy_model, toy_test, extra, needles):
@@ -480,3 +483,40 @@ def test_bad_inputs_are_one_line_errors(toy_model, toy_test, tmp_path):
         *base, "--src", str(toy_test[0]), "--replace-unk", "--phrase-table", str(bad_table)
     )
     assert_one_line_error(result, "table.txt: line 1")
+
+
+def test_a_blank_source_line_is_an_empty_output_line(toy_model, toy_test, tmp_path):
+    """As OpenNMT-py and Moses: a blank line is not translated into something invented, and
+    the translations, n-best lists, attention records and scores stay aligned with the
+    source, read from a file or from stdin."""
+    sources, refs = lines_of(toy_test[0])[:3], lines_of(toy_test[1])[:3]
+    alone = invoke("-m", str(toy_model), "--src", str(toy_test[0]), "--no-progress")
+    expected = alone.stdout.splitlines()[:3]
+    src, ref = tmp_path / "gaps.src", tmp_path / "gaps.ref"
+    src.write_text(f"{sources[0]}\n\n{sources[1]}\n   \n{sources[2]}\n", encoding="utf-8")
+    ref.write_text(f"{refs[0]}\neins .\n{refs[1]}\nzwei .\n{refs[2]}\n", encoding="utf-8")
+    base = ["-m", str(toy_model), "--ref", str(ref), "--no-progress"]
+    for given, stdin in ((str(src), None), ("-", src.read_text(encoding="utf-8"))):
+        result = invoke(*base, "--src", given, input=stdin)
+        assert result.exit_code == 0, result.stderr
+        assert result.stdout.splitlines() == [expected[0], "", expected[1], "", expected[2]]
+        hyps = [expected[0], "", expected[1], "", expected[2]]
+        assert bleu_line(hyps, lines_of(ref)) in result.stderr.splitlines()
+
+    att = tmp_path / "att.jsonl"
+    result = invoke(*base, "--src", str(src), "--n-best", "2", "--attention", str(att))
+    assert result.exit_code == 0, result.stderr
+    rows = parse_nbest(result.stdout)
+    assert [i for i, _, _ in rows] == [0, 0, 1, 2, 2, 3, 4, 4]
+    assert rows[2] == (1, "", 0.0) and rows[5] == (3, "", 0.0)
+    assert [r[1] for r in rows if r[0] in (0, 2, 4)][::2] == expected
+    for index in (1, 3):
+        record = read_attention(att, index)
+        assert (record["source"], record["target"], record["attention"]) == ([], [], [])
+    assert read_attention(att, 2)["source"][1:-1] == sources[1].split()
+
+    result = invoke(*base, "--src", str(src), "--score-gold")
+    gold = [
+        line for line in result.stderr.splitlines() if line.startswith("GOLD ") and "|||" in line
+    ]
+    assert [line.split(" ||| ")[0] for line in gold] == [f"GOLD {k}" for k in range(5)]

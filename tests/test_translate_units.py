@@ -176,9 +176,9 @@ def test_translate_options_check_and_nbest():
     assert TranslateOptions(nbest=True).writes_nbest  # --n-best 1 still asks for the format
     assert TranslateOptions(search=SearchOptions(beam_size=3, n_best=2)).writes_nbest
     bad = [
-        (TranslateOptions(search=SearchOptions(beam_size=0)), "beam size must be >= 1"),
-        (TranslateOptions(batch_size=0), "batch size must be >= 1"),
-        (TranslateOptions(max_src_length=-1), "max source length must be >= 0"),
+        (TranslateOptions(search=SearchOptions(beam_size=0)), "--beam-size must be >= 1"),
+        (TranslateOptions(batch_size=0), "--batch-size must be >= 1"),
+        (TranslateOptions(max_src_length=-1), "--max-src-length must be >= 0"),
         (TranslateOptions(score_gold=True), "--score-gold needs --ref"),
         (TranslateOptions(phrase_table=Path("t.txt")), "--phrase-table is used by --replace-unk"),
     ]

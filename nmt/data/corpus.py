@@ -34,7 +34,8 @@ def build_tokenizers(
 
     word: like preprocess.py, only pairs within the length limits are counted (for words
     the token count is known before the vocabulary is). sentencepiece: all pairs, since
-    lengths are only known after; the models are cached in `run_dir` and reused from there.
+    lengths are only known after; the models are cached in `run_dir` and reused from there
+    while they match the text, vocabulary size and options (`cached_sentencepiece`).
     """
     if cfg.tokenizer == "word":
         if cfg.joint_vocab:
@@ -101,20 +102,23 @@ def load_corpus(
         src_tok, tgt_tok = build_tokenizers(cfg, train_pairs, run_dir, log)
     else:
         src_tok, tgt_tok = tokenizers
-    limits = f"max_src_len {cfg.max_src_len}, max_tgt_len {cfg.max_tgt_len}"
+    limits = f"data.max_src_len {cfg.max_src_len}, data.max_tgt_len {cfg.max_tgt_len}"
     splits = {}
-    for name, path, pairs in (
-        ("train", cfg.train_src, train_pairs),
-        ("valid", cfg.valid_src, valid_pairs),
+    for name, src, tgt, pairs in (
+        ("training", cfg.train_src, cfg.train_tgt, train_pairs),
+        ("validation", cfg.valid_src, cfg.valid_tgt, valid_pairs),
     ):
         examples = length_filter(
-            encode_pairs(pairs, src_tok, tgt_tok), cfg.max_src_len, cfg.max_tgt_len, path, log
+            encode_pairs(pairs, src_tok, tgt_tok), cfg.max_src_len, cfg.max_tgt_len, src, log
         )
         if not examples:
-            raise NmtError(f"{path}: no {name} pair is left after the length filter ({limits})")
+            raise NmtError(
+                f"{src} / {tgt}: all {len(pairs)} {name} pairs are longer than the length "
+                f"limits ({limits} tokens); raise them or use shorter sentences"
+            )
         splits[name] = examples
     log(
-        f"data: {len(splits['train'])} train / {len(splits['valid'])} valid pairs, "
+        f"data: {len(splits['training'])} train / {len(splits['validation'])} valid pairs, "
         f"{src_tok.kind} vocabularies: source {len(src_tok)}, target {len(tgt_tok)}"
     )
-    return Corpus(src_tok, tgt_tok, splits["train"], splits["valid"], valid_pairs)
+    return Corpus(src_tok, tgt_tok, splits["training"], splits["validation"], valid_pairs)

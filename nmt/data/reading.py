@@ -17,16 +17,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO, TextIO
 
-from nmt.errors import NmtError
+from nmt.errors import NmtError, not_utf8, not_utf8_in
 
 BOM = "\ufeff"
-
-
-def _not_utf8(name: object, line: int, raw: bytes, start: int) -> NmtError:
-    """`raw`: the line's bytes (or more, from the line's start); `start`: the bad byte in it."""
-    return NmtError(
-        f"{name}: line {line} is not valid UTF-8 (byte 0x{raw[start]:02x} at column {start + 1})"
-    )
 
 
 def read_lines(path: str | Path) -> list[str]:
@@ -41,9 +34,7 @@ def read_lines(path: str | Path) -> list[str]:
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        line_start = data.rfind(b"\n", 0, exc.start) + 1
-        line = data.count(b"\n", 0, exc.start) + 1
-        raise _not_utf8(path, line, data[line_start:], exc.start - line_start) from None
+        raise not_utf8_in(path, data, exc) from None
     lines = text.removeprefix(BOM).split("\n")
     if lines[-1] == "":  # the newline that ends the last line (or an empty file)
         lines.pop()
@@ -64,7 +55,7 @@ def stream_lines(stream: BinaryIO | TextIO, name: str = "stdin") -> Iterator[str
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as exc:
-                raise _not_utf8(name, number, raw, exc.start) from None
+                raise not_utf8(name, number, raw, exc.start) from None
         else:
             line = raw
         if number == 1:

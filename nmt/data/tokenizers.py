@@ -8,7 +8,9 @@ loads with `torch.load(..., weights_only=True)`.
 
 from __future__ import annotations
 
+import hashlib
 import io
+import json
 import os
 from abc import ABC, abstractmethod
 from collections import Counter
@@ -190,10 +192,7 @@ class SentencePieceTokenizer(Tokenizer):
 
     def save(self, path: Path) -> None:
         """Write atomically, so an interrupted run never leaves half a model in the cache."""
-        path = Path(path)
-        tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-        tmp.write_bytes(self.proto)
-        os.replace(tmp, path)
+        _write_atomically(Path(path), self.proto)
 
     def tokens(self, line: str) -> list[str]:
         return list(self.sp.encode(line, out_type=str))
@@ -225,6 +224,17 @@ class SentencePieceTokenizer(Tokenizer):
         }
 
 
+def _write_atomically(path: Path, data: bytes) -> None:
+    """A temporary file beside `path`, renamed over it once complete (removed on failure)."""
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
 def _train_proto(lines: list[str], options: dict[str, Any]) -> bytes:
     out = io.BytesIO()
     spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_writer=out, **options)
@@ -235,25 +245,104 @@ def tokenizer_from_state(d: dict[str, Any]) -> Tokenizer:
     """Rebuild a tokenizer from its `state_dict()` (e.g. out of a checkpoint)."""
     kind = d.get("kind") if isinstance(d, dict) else None
     if kind == WordTokenizer.kind:
-        return WordTokenizer(list(d["pieces"]))
+        pieces = d.get("pieces")
+        if not isinstance(pieces, list) or not all(isinstance(p, str) for p in pieces):
+            raise NmtError("tokenizer state: word 'pieces' must be a list of strings")
+        return WordTokenizer(pieces)
     if kind == SentencePieceTokenizer.kind:
-        model = d["model"]
+        model = d.get("model")
         if not (isinstance(model, torch.Tensor) and model.dtype == torch.uint8):
             raise NmtError("tokenizer state: sentencepiece 'model' must be a uint8 tensor")
         return SentencePieceTokenizer(model.cpu().numpy().tobytes())
     raise NmtError(f"tokenizer state: unknown kind {kind!r} (expected word or sentencepiece)")
 
 
+def cache_key(lines: list[str], vocab_size: int) -> dict[str, Any]:
+    """What a sentencepiece model is a function of: the training text (its SHA-256), the
+    vocabulary size asked for and the trainer's options."""
+    digest = hashlib.sha256()
+    for line in lines:
+        digest.update(line.encode("utf-8") + b"\n")
+    options = _train_options(vocab_size, hard_limit=True)
+    options.pop("minloglevel")  # how loud the trainer is changes nothing it trains
+    return {"text_sha256": digest.hexdigest(), "lines": len(lines), "options": options}
+
+
+def key_path(path: Path) -> Path:
+    """The key file beside a cached model: `spm.src.model` -> `spm.src.model.json`."""
+    return path.with_name(path.name + ".json")
+
+
+def _changed(stored: Any, key: dict[str, Any]) -> str:
+    """What differs between a stored key and `key`, in words ("" when nothing does)."""
+    if not isinstance(stored, dict):
+        return "its key file is unreadable"
+    if stored.get("text_sha256") != key["text_sha256"]:
+        return "other training text"
+    old, new = stored.get("options") or {}, key["options"]
+    if old.get("vocab_size") != new["vocab_size"]:
+        return f"vocabulary size {old.get('vocab_size')}, not {new['vocab_size']}"
+    if old != new:
+        names = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+        return f"other trainer options ({', '.join(names)})"
+    return ""
+
+
+def _reusable(
+    path: Path, key: dict[str, Any], log: Callable[[str], None]
+) -> SentencePieceTokenizer | None:
+    """The model cached at `path` when its key file says it was trained as `key` asks and its
+    bytes are the ones that key file recorded; otherwise None, and the log says why."""
+    if not path.is_file():
+        return None
+    try:
+        stored = json.loads(key_path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        log(f"sentencepiece: {path} has no key file {key_path(path).name}; training a new one")
+        return None
+    except (OSError, ValueError):
+        stored = None
+    if why := _changed(stored, key):
+        log(f"sentencepiece: {path} was trained on {why}; training a new one")
+        return None
+    blob = path.read_bytes()
+    if hashlib.sha256(blob).hexdigest() != stored.get("model_sha256"):
+        log(f"sentencepiece: {path} is not the model its key file records; training a new one")
+        return None
+    try:
+        return SentencePieceTokenizer(blob)
+    except NmtError as exc:
+        log(f"sentencepiece: {path}: {exc}; training a new one")
+        return None
+
+
+def _store(path: Path, tok: SentencePieceTokenizer, key: dict[str, Any]) -> None:
+    """Cache `tok` at `path` with its key file. The old key file goes first, so that a crash
+    in between leaves a model without a key (retrained), never a key over another model."""
+    record = {**key, "model_sha256": hashlib.sha256(tok.proto).hexdigest()}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        key_path(path).unlink(missing_ok=True)
+        tok.save(path)
+        text = json.dumps(record, indent=1, sort_keys=True) + "\n"
+        _write_atomically(key_path(path), text.encode("utf-8"))
+    except OSError as exc:
+        reason = exc.strerror or exc.__class__.__name__
+        raise NmtError(f"{path}: cannot write the sentencepiece model ({reason})") from None
+
+
 def cached_sentencepiece(
     path: Path | None, lines: list[str], vocab_size: int, log: Callable[[str], None] = print
 ) -> SentencePieceTokenizer:
-    """Reuse the model at `path` when present, else train one and store it there."""
-    if path is not None and Path(path).is_file():
-        tok = SentencePieceTokenizer.load(path)
+    """The model cached at `path` if it was trained on `lines` with `vocab_size` and today's
+    options (its key file says so, `cache_key`), else a new one, then stored there. A cached
+    model that is corrupt, lacks its key file or was trained otherwise is trained anew."""
+    if path is None:
+        return SentencePieceTokenizer.train(lines, vocab_size, log)
+    key = cache_key(lines, vocab_size)
+    if (tok := _reusable(Path(path), key, log)) is not None:
         log(f"sentencepiece: reusing {path} ({len(tok)} pieces)")
         return tok
     tok = SentencePieceTokenizer.train(lines, vocab_size, log)
-    if path is not None:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        tok.save(path)
+    _store(Path(path), tok, key)
     return tok

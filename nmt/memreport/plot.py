@@ -11,7 +11,7 @@ from pathlib import Path
 
 from nmt import policies
 from nmt.errors import NmtError
-from nmt.memreport.measure import AUTOGRAD, CATEGORIES
+from nmt.memreport.measure import AUTOGRAD, AUTOGRAD_FULL, CATEGORIES
 from nmt.memreport.report import Report
 
 _SEGMENTS = [
@@ -37,6 +37,29 @@ def _line_color(policy: str) -> str:
     if policy not in policies.REGISTRY:
         return _AUTOGRAD_COLOR if policy == AUTOGRAD else "#333333"
     return _POLICY_COLORS[policies.names().index(policy) % len(_POLICY_COLORS)]
+
+
+def _line_style(row: str) -> dict:
+    """How a row's curve is drawn. autograd and autograd-full often lie on one another (a
+    short target makes the loss chunk all positions): autograd-full is a dashed line with
+    open squares drawn over autograd's wider solid line, so both stay visible."""
+    if row == AUTOGRAD_FULL:
+        return {"ls": "--", "lw": 1.4, "marker": "s", "ms": 8, "mfc": "none", "zorder": 4}
+    if row == AUTOGRAD:
+        return {"ls": "-", "lw": 3.5, "marker": "o", "ms": 5, "alpha": 0.8, "zorder": 3}
+    return {"ls": "-", "lw": 1.8, "marker": "o", "ms": 5, "zorder": 2}
+
+
+def _bar_note(entry: dict, row: str, unit: str, scale: int) -> str:
+    """The text over a bar: its total, its ratio to `none`, the run's peak when another
+    phase sets it - one short item a line, so that the notes of neighbouring bars never
+    run into each other."""
+    note = f"{entry['total_bytes'] / scale:,.2f} {unit}"
+    if row != policies.OFF:
+        note += f"\n{entry['total_ratio']:.2f}x"
+    if entry["peak_phase"] != "step":
+        note += f"\npeak {entry['peak_bytes'] / scale:,.2f}\n({entry['peak_phase']})"
+    return note
 
 
 def _unit(largest: int) -> tuple[str, int]:
@@ -79,13 +102,9 @@ def write_plot(report: Report, data: dict, path: str | Path) -> None:
     bars.hlines(peaks, [i - 0.35 for i in range(len(rows))], [i + 0.35 for i in range(len(rows))],
                 colors="black", linestyles="--", lw=1.2, label="run peak")  # fmt: skip
     for i, p in enumerate(rows):
-        note = f"{pol[p]['total_bytes'] / scale:,.2f} {unit}"
-        if p != policies.OFF:
-            note += f"\n{pol[p]['total_ratio']:.2f}x"
-        if pol[p]["peak_phase"] != "step":
-            note += f"\npeak {peaks[i]:,.2f} ({pol[p]['peak_phase']})"
-        bars.text(i, max(bottoms[i], peaks[i]), note, ha="center", va="bottom", fontsize=8)
-    bars.set_ylim(0, max(*bottoms, *peaks) * 1.2)
+        note = _bar_note(pol[p], p, unit, scale)
+        bars.text(i, max(bottoms[i], peaks[i]), note, ha="center", va="bottom", fontsize=7.5)
+    bars.set_ylim(0, max(*bottoms, *peaks) * 1.35)  # room for the notes of the tallest bar
     bars.set_ylabel(f"{unit} (accounted)")
     bars.set_title("one training step at maximum lengths, and the run's peak")
     bars.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.07), ncol=3)
@@ -95,7 +114,7 @@ def write_plot(report: Report, data: dict, path: str | Path) -> None:
         for p, points in report.lengths.items():
             xs = [t for t, _ in points]
             ys = [b / scale for _, b in points]
-            curve.plot(xs, ys, marker="o", label=p, color=_line_color(p))
+            curve.plot(xs, ys, label=p, color=_line_color(p), **_line_style(p))
         top = max(b for points in report.lengths.values() for _, b in points)
         if report.budget and report.budget <= 2 * top:  # a far budget would flatten the lines
             curve.axhline(report.budget / scale, ls="--", color="black", lw=1, label="budget")
@@ -108,8 +127,9 @@ def write_plot(report: Report, data: dict, path: str | Path) -> None:
 
     m = s.model
     fig.suptitle(
-        f"{m.num_layers} x {m.rnn_size} LSTM, vocab {s.src_vocab}/{s.tgt_vocab}, batch "
-        f"{s.batch_size}, lengths {s.max_src_len}/{s.max_tgt_len}, {s.precision}, {s.optimizer}"
+        f"{m.num_layers} x {m.rnn_size} {m.rnn_type.upper()}, vocab {s.src_vocab}/{s.tgt_vocab}, "
+        f"batch {s.batch_size}, lengths {s.max_src_len}/{s.max_tgt_len}, {s.precision}, "
+        f"{s.optimizer}"
     )
     fig.tight_layout()
     try:

@@ -15,8 +15,9 @@ from typing import Any
 
 import torch
 
-from nmt.checkpoint import load_checkpoint, save_checkpoint
+from nmt.checkpoint import checkpoint_parts, load_checkpoint, save_checkpoint
 from nmt.errors import NmtError
+from nmt.model import check_weights
 
 IGNORED_MODEL_KEYS = ("dropout", "param_init")  # settings that leave the weights' meaning alone
 
@@ -65,15 +66,23 @@ def _check_compatible(first: Path, ref: dict, path: Path, ckpt: dict) -> None:
             )
 
 
+def _load(path: Path) -> dict[str, Any]:
+    """A checkpoint whose weights are those of the model its own config describes."""
+    ckpt = load_checkpoint(path)
+    cfg, src_tok, tgt_tok = checkpoint_parts(ckpt, path)
+    check_weights(ckpt["model"], cfg.model, len(src_tok), len(tgt_tok), path)
+    return ckpt
+
+
 def average_checkpoints(paths: list[Path]) -> dict[str, Any]:
     """The averaged checkpoint of `paths` (summed in float64, stored in the first's dtypes)."""
     if not paths:
         raise NmtError("average: no checkpoints given")
-    first = load_checkpoint(paths[0])
+    first = _load(paths[0])
     sums = {k: v.to(torch.float64) for k, v in first["model"].items()}
     steps = [first.get("step")]
     for path in paths[1:]:
-        ckpt = load_checkpoint(path)
+        ckpt = _load(path)
         _check_compatible(paths[0], first, path, ckpt)
         for name, value in ckpt["model"].items():
             sums[name] += value.to(torch.float64)
@@ -93,7 +102,14 @@ def average_checkpoints(paths: list[Path]) -> dict[str, Any]:
 
 
 def average_files(paths: list[Path], output: Path) -> dict[str, Any]:
-    """Average `paths` into `output` (written atomically); returns what was written."""
+    """Average `paths` into `output` (written atomically); returns what was written. The
+    output may not be one of the inputs: that checkpoint would be lost."""
+    for path in paths:
+        if output.resolve() == path.resolve():
+            raise NmtError(
+                f"--output {output}: is one of the checkpoints being averaged ({path}); "
+                "it would be written over"
+            )
     state = average_checkpoints(paths)
     save_checkpoint(state, output)
     return state

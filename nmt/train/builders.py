@@ -18,15 +18,16 @@ from typing import Any
 import torch
 
 from nmt import precisions
-from nmt.checkpoint import load_checkpoint
+from nmt.checkpoint import checkpoint_parts, load_checkpoint
 from nmt.config import Config, shape_keys
 from nmt.cpu_memory import map_large_allocations
 from nmt.data.batching import Batch, make_batches
 from nmt.data.corpus import Corpus, load_corpus
-from nmt.data.tokenizers import Tokenizer, tokenizer_from_state
+from nmt.data.tokenizers import Tokenizer
 from nmt.devices import setup_device
 from nmt.errors import NmtError
-from nmt.model import Seq2SeqAttn, build_model
+from nmt.model import Seq2SeqAttn, build_model, check_weights
+from nmt.threads import limit_threads
 from nmt.train import distributed as dd
 from nmt.train.executors import Executor, make_executor
 from nmt.train.runlog import RunLog
@@ -74,6 +75,7 @@ class Run:
     stopping: EarlyStopping
     checkpoint: dict[str, Any] | None  # the state to resume from
     resume: Path | None
+    threads: str = "?"  # CPU threads and why (`nmt.threads.limit_threads`)
 
 
 def check_resume_config(cfg: Config, saved: dict, path: Path) -> None:
@@ -105,11 +107,9 @@ def resume_state(
             f"{path}: holds no training state (an averaged checkpoint?); resume from "
             "a last.pt or ckpt_step*.pt"
         )
-    tokenizers = (
-        tokenizer_from_state(checkpoint["src_tokenizer"]),
-        tokenizer_from_state(checkpoint["tgt_tokenizer"]),
-    )
-    return checkpoint, tokenizers
+    saved, src_tok, tgt_tok = checkpoint_parts(checkpoint, path)
+    check_weights(checkpoint["model"], saved.model, len(src_tok), len(tgt_tok), path)
+    return checkpoint, (src_tok, tgt_tok)
 
 
 def build_corpus(
@@ -160,6 +160,7 @@ def build_run(
 ) -> Run:
     """Every part of a training run, in the order they depend on each other."""
     t = cfg.train
+    threads = limit_threads()  # before anything runs a parallel op
     dist, device = dd.init_distributed(
         setup_device(t.device, deterministic=t.deterministic, tf32=t.tf32)
     )
@@ -204,4 +205,5 @@ def build_run(
         stopping=EarlyStopping(t.early_stopping_metric, t.early_stopping),
         checkpoint=checkpoint,
         resume=resume,
+        threads=threads,
     )

@@ -1,13 +1,17 @@
-"""What a run leaves beside its checkpoints: `train.log` (the log lines) and `metrics.jsonl`
-(one JSON object per progress point and per validation), so that a run can be read or
-plotted afterwards (`scripts/plot_training.py RUN_DIR`). Resumed runs append."""
+"""The run directory, and what a run leaves beside its checkpoints: `train.log` (the log
+lines) and `metrics.jsonl` (one JSON object per progress point and per validation), so that a
+run can be read or plotted afterwards (`scripts/plot_training.py RUN_DIR`). Resumed runs
+append. A write that fails (a full disk) is one NmtError naming the file."""
 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from nmt.errors import NmtError
 
 
 class RunLog:
@@ -30,9 +34,46 @@ class RunLog:
     def _append(self, name: str, line: str) -> None:
         if self.out_dir is None:
             return
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.out_dir / name, "a", encoding="utf-8") as handle:
-            handle.write(line + "\n")
+        path = self.out_dir / name
+        try:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            with open(path, "a", encoding="utf-8") as handle:
+                handle.write(line + "\n")
+        except OSError as exc:
+            raise NmtError(f"{path}: cannot write ({exc.strerror or exc})") from None
+
+
+def prepare_run_dir(out_dir: Path, *, resume: Path | None, force: bool) -> list[Path]:
+    """Make `out_dir` ready for a run, refusing one that holds a run (without `--resume` or
+    `--force`), a file, or a place that cannot be written. Returns the folders this made,
+    deepest first: what `remove_if_empty` removes if the run fails before writing to them."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise NmtError(f"--out {out_dir}: is a file, not a directory")
+    if resume is None and not force and (out_dir / "last.pt").exists():
+        raise NmtError(
+            f"{out_dir}: already holds a run (last.pt); pass --resume "
+            f"{out_dir / 'last.pt'} to continue it or --force to start over"
+        )
+    made = [p for p in (out_dir, *out_dir.parents) if not p.exists()]
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        reason = exc.strerror or exc.__class__.__name__
+        raise NmtError(f"--out {out_dir}: cannot create the run directory ({reason})") from None
+    if not os.access(out_dir, os.W_OK | os.X_OK):
+        remove_if_empty(made)
+        raise NmtError(f"--out {out_dir}: the run directory is not writable")
+    return made
+
+
+def remove_if_empty(made: list[Path]) -> None:
+    """Remove the folders `prepare_run_dir` made (deepest first) that are still empty, so
+    that a run failing on bad input leaves nothing behind."""
+    for folder in made:
+        try:
+            folder.rmdir()  # only ever removes an empty directory
+        except OSError:
+            return
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:

@@ -18,10 +18,11 @@ validation and `max_steps` still happens at exactly the step it did when each st
 from __future__ import annotations
 
 import math
+import shlex
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,6 +44,8 @@ from nmt.train.validation import BleuSet, greedy_bleu, perplexity
 from nmt.translate.translator import SearchOptions
 
 Log = Callable[[str], None]
+# the command line a resume hint starts with when the trainer is not told the real one
+PLACEHOLDER_COMMAND = ("nmt", "train", "--config", "CONFIG")
 
 
 def echo(message: str) -> None:
@@ -107,13 +110,16 @@ class Trainer:
     """Runs the loop over one run's built parts (`nmt.train.builders.Run`): `run()` trains
     until the epochs or `max_steps` end."""
 
-    def __init__(self, run: Run):
+    def __init__(self, run: Run, command: Sequence[str] = PLACEHOLDER_COMMAND):
+        """`command`: the command line that gave this run's config (`nmt train --config C
+        --set ...`), which the resume hint after an interruption extends."""
+        self.command = tuple(command)
         self.cfg, self.out_dir, self.dist, self.device = run.cfg, run.out_dir, run.dist, run.device
         self.log, self.progress = run.log, run.progress
         self.corpus, self.model, self.executor = run.corpus, run.model, run.executor
         self.optimizer, self.schedule, self.update = run.optimizer, run.schedule, run.update
         self.train_batches, self.validation = run.train_batches, run.validation
-        self.stopping = run.stopping
+        self.stopping, self.threads = run.stopping, run.threads
         # counted once on the host: counting a batch on the device would read it back
         self.train_tokens = [batch.n_tokens for batch in self.train_batches]
         self.failures = RankFailures(self.dist, self.device, self._out_of_memory)
@@ -139,9 +145,11 @@ class Trainer:
         resume: Path | None = None,
         log: Log = echo,
         progress: bool = True,
+        command: Sequence[str] = PLACEHOLDER_COMMAND,
     ) -> Trainer:
         """A trainer over the parts `cfg` describes (`nmt.train.builders.build_run`)."""
-        return cls(build_run(cfg, Path(out_dir), resume=resume, log=log, progress=progress))
+        run = build_run(cfg, Path(out_dir), resume=resume, log=log, progress=progress)
+        return cls(run, command)
 
     @property
     def bleu_set(self) -> BleuSet | None:
@@ -152,7 +160,7 @@ class Trainer:
         return self.validation.bleu_search
 
     def _describe(self) -> None:
-        """The run's first lines: the model and the data."""
+        """The run's first lines: the model, the CPU threads and the data."""
         src_vocab, tgt_vocab = len(self.corpus.src_tokenizer), len(self.corpus.tgt_tokenizer)
         n_params, m = sum(p.numel() for p in self.model.parameters()), self.cfg.model
         self.log(
@@ -160,6 +168,7 @@ class Trainer:
             f"vocabularies {src_vocab} / {tgt_vocab}, "
             f"executor {self._executor_name()}, device {self.device}"
         )
+        self.log(f"threads: {self.threads}")
         valid_text = self.corpus.valid_text
         bleu = (
             f"; BLEU (greedy) on {len(self.bleu_set.sources)} of the file's {len(valid_text)}"
@@ -226,7 +235,11 @@ class Trainer:
             raise NmtError(
                 f"{path}: checkpoint does not match the configured model: {first}"
             ) from None
-        load_optimizer_state(self.optimizer, ckpt["optimizer"])
+        try:
+            load_optimizer_state(self.optimizer, ckpt["optimizer"])
+        except (ValueError, KeyError, TypeError, RuntimeError) as exc:
+            first = str(exc).splitlines()[0] if str(exc) else exc.__class__.__name__
+            raise NmtError(f"{path}: the optimizer state does not fit the model: {first}") from None
         if self.update.loss_scale is not None and "loss_scale" in ckpt:
             self.update.loss_scale.load_state_dict(ckpt["loss_scale"])
         self.schedule.load_state_dict(ckpt["schedule"])
@@ -418,13 +431,13 @@ class Trainer:
             return
         self.save(best=False)
         signum = self._signal or signal.SIGTERM  # another rank may have been the one signalled
-        name = signal.Signals(signum).name
-        raise TrainingInterrupted(
-            f"{name}: stopped at step {self.state.step} and saved {self.out_dir / 'last.pt'}; "
-            f"continue with: nmt train --config CONFIG --out {self.out_dir} "
-            f"--resume {self.out_dir / 'last.pt'}",
-            signum,
+        name, last = signal.Signals(signum).name, self.out_dir / "last.pt"
+        again = shlex.join([*self.command, "--out", str(self.out_dir), "--resume", str(last)])
+        message = (
+            f"{name}: stopped at step {self.state.step} and saved {last}; continue with: {again}"
         )
+        self.log.record(message)  # the console gets it from the command line, on stderr
+        raise TrainingInterrupted(message, signum)
 
     def _planned_steps(self) -> int:
         """The step this run ends at unless early stopping or a skipped update intervene."""
@@ -585,11 +598,15 @@ def train(
     resume: str | Path | None = None,
     log: Log = echo,
     progress: bool = True,
+    command: Sequence[str] = PLACEHOLDER_COMMAND,
 ) -> TrainState:
-    """Train a model as configured; checkpoints go to `out_dir`."""
+    """Train a model as configured; checkpoints go to `out_dir`. `command`: the command line
+    that gave `cfg`, for the resume hint after an interruption."""
     try:
         resume = Path(resume) if resume else None
-        trainer = Trainer.build(cfg, Path(out_dir), resume=resume, log=log, progress=progress)
+        trainer = Trainer.build(
+            cfg, Path(out_dir), resume=resume, log=log, progress=progress, command=command
+        )
         state = trainer.run()
         # every rank done with its collectives before any tears the group down: a rank that
         # destroys it while a peer still talks to it can abort the peer (Gloo: terminate)

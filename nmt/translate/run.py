@@ -6,7 +6,8 @@ Three seams, each usable and testable alone:
   whole, then cut into chunks of many batches, each translated sorted by length (little
   padding); stdin (`-`) is cut into single batches as its lines arrive, so that a pipe gets
   each translation once its batch is complete.
-- translating: a `Translator` turns lines into `Translation`s (n-best hypotheses and texts).
+- translating: a `Translator` turns lines into `Translation`s (n-best hypotheses and texts);
+  a blank line becomes an empty translation without a search, so outputs stay aligned.
 - writing: writers take each chunk's translations and flush them (hypotheses or n-best
   lines, attention JSON lines); the `ReferenceReport` collects the best translations and at
   the end prints gold scores, BLEU and chrF.
@@ -29,14 +30,14 @@ from typing import BinaryIO, Protocol, TextIO
 import torch
 from tqdm import tqdm
 
-from nmt.checkpoint import load_checkpoint
-from nmt.config import from_dict
+from nmt.checkpoint import checkpoint_parts, load_checkpoint
 from nmt.data.reading import read_lines, stream_lines
-from nmt.data.tokenizers import Tokenizer, tokenizer_from_state
+from nmt.data.tokenizers import Tokenizer
 from nmt.devices import resolve_device
 from nmt.errors import NmtError
-from nmt.model import Seq2SeqAttn, build_model
+from nmt.model import Seq2SeqAttn, build_model, check_weights
 from nmt.out_of_memory import ran_out, reported
+from nmt.threads import limit_threads
 from nmt.translate import unk
 from nmt.translate.formats import attention_record, gold_lines, nbest_line
 from nmt.translate.metrics import bleu_line, chrf_line
@@ -77,10 +78,10 @@ class TranslateOptions:
     def check(self) -> None:
         self.search.check()
         if self.batch_size < 1:
-            raise NmtError(f"batch size must be >= 1, got {self.batch_size}")
+            raise NmtError(f"--batch-size must be >= 1, got {self.batch_size}")
         if self.max_src_length < 0:
             raise NmtError(
-                f"max source length must be >= 0 (0: no limit), got {self.max_src_length}"
+                f"--max-src-length must be >= 0 (0: no limit), got {self.max_src_length}"
             )
         if self.score_gold and self.ref is None:
             raise NmtError("--score-gold needs --ref: the references to score")
@@ -91,9 +92,8 @@ class TranslateOptions:
 def load_model(path: Path, device: torch.device) -> tuple[Seq2SeqAttn, Tokenizer, Tokenizer]:
     """Rebuild the model and its tokenizers from a checkpoint, in eval mode."""
     ckpt = load_checkpoint(path)
-    cfg = from_dict(ckpt["config"], f"{path} (config)")
-    src_tok = tokenizer_from_state(ckpt["src_tokenizer"])
-    tgt_tok = tokenizer_from_state(ckpt["tgt_tokenizer"])
+    cfg, src_tok, tgt_tok = checkpoint_parts(ckpt, path)
+    check_weights(ckpt["model"], cfg.model, len(src_tok), len(tgt_tok), path)
     dtype = next(iter(ckpt["model"].values())).dtype
     model = build_model(cfg.model, len(src_tok), len(tgt_tok), device=device, dtype=dtype)
     try:
@@ -165,9 +165,18 @@ class Translation:
     texts: list[str]  # the output text of each hypothesis
     pieces: list[str]  # the output pieces of the best one (replace-unk applied)
 
+    blank: bool = False  # a blank source line: not searched, translated as an empty line
+
     @property
     def best(self) -> str:
         return self.texts[0]
+
+
+def blank(index: int) -> Translation:
+    """The translation of a blank source line: one empty hypothesis of score 0, no
+    attention (nothing was searched)."""
+    empty = Hypothesis(tokens=[], score=0.0, attention=torch.zeros(0, 0), finished=False)
+    return Translation(index, [], [], [empty], [""], [], blank=True)
 
 
 def _stderr(message: str) -> None:
@@ -203,22 +212,43 @@ class Translator:
         name: str = "input",
         on_batch: Callable[[int], object] | None = None,
     ) -> list[Translation]:
-        """Translate `lines`, the lines `start`.. of the source `name` (for warnings)."""
+        """Translate `lines`, the lines `start`.. of the source `name` (for warnings). A blank
+        line is not searched: its translation is an empty line (`blank`), as in OpenNMT-py
+        and Moses, so that every output stays aligned with the source."""
+        filled = [k for k, line in enumerate(lines) if line]
+        found = self._translate([lines[k] for k in filled], start, filled, name, on_batch)
+        done = dict(zip(filled, found, strict=True))
+        if on_batch is not None and len(filled) < len(lines):
+            on_batch(len(lines) - len(filled))
+        return [done[k] if k in done else blank(start + k) for k in range(len(lines))]
+
+    def _translate(
+        self,
+        lines: list[str],
+        start: int,
+        positions: list[int],
+        name: str,
+        on_batch: Callable[[int], object] | None,
+    ) -> list[Translation]:
+        """Translate non-blank `lines`, at `positions` among the lines `start`.. of `name`."""
         limit = self.options.max_src_length
         ids = [self.src_tok.encode(line) for line in lines]
         words = [self.src_tok.tokens(line) if self.need_words else [] for line in lines]
         for k, seq in enumerate(ids):
             if limit and len(seq) > limit:
                 self.warn(
-                    f"warning: {name} line {start + k + 1}: {len(seq)} source tokens, "
-                    f"translating the first {limit} (--max-src-length)"
+                    f"warning: {name} line {start + positions[k] + 1}: {len(seq)} source "
+                    f"tokens, translating the first {limit} (--max-src-length)"
                 )
                 ids[k], words[k] = seq[:limit], words[k][:limit]
         search, batch_size = self.options.search, self.options.batch_size
         device = next(self.model.parameters()).device
         with reported(partial(_out_of_memory, device, ids, start, search, batch_size)):
             found = translate_ids(self.model, ids, search, batch_size, on_batch=on_batch)
-        return [self._render(start + k, ids[k], words[k], hyps) for k, hyps in enumerate(found)]
+        return [
+            self._render(start + positions[k], ids[k], words[k], hyps)
+            for k, hyps in enumerate(found)
+        ]
 
     def _pieces(self, hyp: Hypothesis, words: list[str]) -> list[str]:
         pieces = [self.tgt_tok.id_to_piece(t) for t in hyp.tokens]
@@ -283,7 +313,7 @@ class AttentionWriter:
         for t in batch:
             best = t.hypotheses[0]
             target = t.pieces + (["</s>"] if best.finished else [])
-            source = ["<s>", *t.words, "</s>"]
+            source = [] if t.blank else ["<s>", *t.words, "</s>"]
             record = attention_record(t.index, source, target, best.attention, t.best, best.score)
             self.out.write(record + "\n")
         self.out.flush()
@@ -342,9 +372,38 @@ def _gold_scorer(
     return score
 
 
-def _open(stack: ExitStack, path: Path) -> TextIO:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return stack.enter_context(open(path, "w", encoding="utf-8"))
+OUTPUT_FLAGS = {"output": "--output", "attention": "--attention"}
+
+
+def check_outputs(src: Path | str, options: TranslateOptions) -> None:
+    """Refuse, before anything is loaded, an output that is a directory or that would write
+    over an input (the source, the references, the phrase table) or over the other output."""
+    inputs = {"--src": src, "--ref": options.ref, "--phrase-table": options.phrase_table}
+    written: dict[str, Path] = {}
+    for field, flag in OUTPUT_FLAGS.items():
+        path = getattr(options, field)
+        if path is None:
+            continue
+        if path.is_dir():
+            raise NmtError(
+                f"{flag} {path}: is a directory; give a file name, e.g. {path / 'out.txt'}"
+            )
+        for other, given in [*inputs.items(), *written.items()]:
+            if given is not None and str(given) != STDIN and _same_file(path, Path(given)):
+                raise NmtError(f"{flag} {path}: is the {other} file; it would be written over")
+        written[flag] = path
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    return a.resolve() == b.resolve() or (a.exists() and b.exists() and a.samefile(b))
+
+
+def _open(stack: ExitStack, path: Path, flag: str) -> TextIO:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return stack.enter_context(open(path, "w", encoding="utf-8"))
+    except OSError as exc:
+        raise NmtError(f"{flag} {path}: cannot write ({exc.strerror or exc})") from None
 
 
 def translate_file(
@@ -353,6 +412,8 @@ def translate_file(
     """Translate `src` (a file, or `-` for stdin) as `options` say; the best translation of
     each line is returned, and written (or the n-best lists) to `options.output` or stdout."""
     options.check()
+    check_outputs(src, options)
+    threads = limit_threads()
     model, src_tok, tgt_tok = load_model(model_path, resolve_device(options.device, "--device"))
     translator = Translator(model, src_tok, tgt_tok, options)
     refs = read_lines(options.ref) if options.ref is not None else None
@@ -368,12 +429,12 @@ def translate_file(
 
     best: list[str] = []
     with ExitStack() as stack:
-        out = sys.stdout if options.output is None else _open(stack, options.output)
+        out = sys.stdout if options.output is None else _open(stack, options.output, "--output")
         writers: list[Writer] = [
             NbestWriter(out) if options.writes_nbest else HypothesisWriter(out)
         ]
         if options.attention is not None:
-            writers.append(AttentionWriter(_open(stack, options.attention)))
+            writers.append(AttentionWriter(_open(stack, options.attention, "--attention")))
         if report is not None:
             writers.append(report)
         bar = stack.enter_context(
@@ -387,13 +448,26 @@ def translate_file(
             )
         )
         for lines in source.batches:
+            if not best and options.progress:  # with the bar; empty stdin says nothing
+                _stderr(f"threads: {threads}")
             done = translator.translate(lines, len(best), source.name, on_batch=bar.update)
             for writer in writers:
-                writer.write(done)
+                _write(writer, done)
             best.extend(t.best for t in done)
     if report is not None:
         report.finish()
     return best
+
+
+def _write(writer: Writer, batch: list[Translation]) -> None:
+    """`writer.write`, a failed write (a full disk) as one line naming the file."""
+    try:
+        writer.write(batch)
+    except BrokenPipeError:
+        raise  # the reader of stdout went away: not a mistake to report
+    except OSError as exc:
+        name = getattr(getattr(writer, "out", None), "name", "output")
+        raise NmtError(f"{name}: cannot write ({exc.strerror or exc})") from None
 
 
 def _out_of_memory(

@@ -63,21 +63,22 @@ class SearchOptions:
     length_penalty: float = 0.0  # GNMT alpha; 0: plain log-probability sums
 
     def check(self) -> None:
-        """Reject option values a user may pass on the command line."""
+        """Reject option values a user may pass on the command line, naming the options of
+        `nmt translate` that set them (`--beam-size`, ...)."""
         if self.beam_size < 1:
-            raise NmtError(f"beam size must be >= 1, got {self.beam_size}")
+            raise NmtError(f"--beam-size must be >= 1, got {self.beam_size}")
         if self.max_length < 1:
-            raise NmtError(f"max length must be >= 1, got {self.max_length}")
+            raise NmtError(f"--max-length must be >= 1, got {self.max_length}")
         if not 1 <= self.n_best <= self.beam_size:
             raise NmtError(
-                f"n_best must be between 1 and the beam size ({self.beam_size}), got {self.n_best}"
+                f"--n-best must be between 1 and --beam-size ({self.beam_size}), got {self.n_best}"
             )
         if self.min_length < 0:
-            raise NmtError(f"min length must be >= 0, got {self.min_length}")
-        if self.length_penalty < 0:
-            raise NmtError(f"length penalty must be >= 0, got {self.length_penalty}")
+            raise NmtError(f"--min-length must be >= 0, got {self.min_length}")
+        if self.length_penalty < 0 or not math.isfinite(self.length_penalty):
+            raise NmtError(f"--length-penalty must be >= 0, got {self.length_penalty}")
         if self.max_length_ratio < 0 or not math.isfinite(self.max_length_ratio):
-            raise NmtError(f"max length ratio must be >= 0 (0: off), got {self.max_length_ratio}")
+            raise NmtError(f"--max-length-ratio must be >= 0 (0: off), got {self.max_length_ratio}")
 
     def limit(self, source_length: int) -> int:
         """The most tokens to output for a source of `source_length` tokens (no specials)."""
