@@ -228,6 +228,13 @@ def translate(
         typer.Option(help="Truncate longer sources to this many tokens, with a warning (0: off)."),
     ] = 0,
     device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
+    precision: Annotated[
+        str | None,
+        typer.Option(
+            help="The weights' dtype: float32, bfloat16, float16 or float64 (default: the "
+            "precision the model was trained in). Scores and log-softmax stay float32."
+        ),
+    ] = None,
     progress: Annotated[
         bool, typer.Option("--progress/--no-progress", help="Show a progress bar on stderr.")
     ] = True,
@@ -256,6 +263,7 @@ def translate(
             max_src_length=max_src_length,
             batch_size=batch_size,
             device=device,
+            precision=precision,
             progress=progress,
         )
         translate_file(model, src, options)

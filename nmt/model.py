@@ -196,7 +196,14 @@ class Seq2SeqAttn(nn.Module):
         return torch.stack(outs, dim=1)
 
     def log_probs(self, out: Tensor) -> Tensor:
-        return F.log_softmax(self.generator(out), dim=-1)
+        """log-softmax over the vocabulary in float32 at least: in a low precision the logits
+        product runs in it, the normalisation over tens of thousands of words does not (the
+        loss, perplexity and beam scores summed from it would round to 8 or 11 bits; CUDA's
+        autocast does the same, the CPU's would not)."""
+        logits = self.generator(out)
+        if logits.dtype in (torch.bfloat16, torch.float16):
+            logits = logits.float()
+        return F.log_softmax(logits, dim=-1)
 
     def nll(
         self, src: Tensor, tgt_in: Tensor, tgt_out: Tensor, encode: Encode | None = None

@@ -40,12 +40,14 @@ from tqdm import tqdm
 
 from nmt import policies, precisions
 from nmt.config import all_keys, apply_overrides, from_dict
+from nmt.cpu_features import describe as describe_cpu
 from nmt.data.batching import Batch, epoch_order, make_batches
 from nmt.data.corpus import load_corpus
 from nmt.data.vocab import PAD
 from nmt.model import build_model
 from nmt.opcount import count
 from nmt.train.executors import Executor, make_executor
+from nmt.train.scaling import LossScale
 from nmt.train.schedule import make_optimizer
 from nmt.train.update import DeviceUpdate
 
@@ -114,21 +116,28 @@ class Runner:
         self.update.apply(loss, self.update.clip(), n_tokens)
 
 
-def build(variant: Variant, raw: dict, vocab: tuple[int, int]) -> Runner:
+def build(variant: Variant, raw: dict, vocab: tuple[int, int], precision: str = "") -> Runner:
+    """The variant's runner; `precision`: its train.precision (empty: the configured one)."""
     keys = config_keys()
     raw = {k: dict(v) for k, v in raw.items()}
-    for dotted, value in variant.sets.items():
+    sets = {**variant.sets, **({"train.precision": precision} if precision else {})}
+    for dotted, value in sets.items():
         if dotted in keys:
             section, key = dotted.split(".")
             raw.setdefault(section, {})[key] = value
     cfg = from_dict(raw, "bench_train")
     torch.manual_seed(cfg.train.seed)
-    dtype = precisions.get(cfg.train.precision).master
-    model = build_model(cfg.model, *vocab, device=cfg.train.device, dtype=dtype).train()
+    p = precisions.get(cfg.train.precision)
+    model = build_model(cfg.model, *vocab, device=cfg.train.device, dtype=p.master).train()
     params = list(model.parameters())
     optimizer = make_optimizer(cfg.train, params)
-    update = DeviceUpdate(params, optimizer, cfg.train.max_grad_norm)
-    return Runner(make_executor(cfg, model), update, optimizer)
+    executor = make_executor(cfg, model)
+    scale = LossScale(model.generator.weight.device) if p.loss_scaling else None
+    if scale is not None:
+        executor.loss_scale = scale.scale
+    return Runner(
+        executor, DeviceUpdate(params, optimizer, cfg.train.max_grad_norm, scale), optimizer
+    )
 
 
 def random_batches(n: int, size: int, words: int, vocab: tuple[int, int]) -> list[Batch]:
@@ -171,6 +180,12 @@ def parse_args() -> argparse.Namespace:
         default=[],
         metavar="KEY=VALUE",
         help="a config key for every variant, e.g. train.prealloc=none (repeatable)",
+    )
+    ap.add_argument(
+        "--precisions",
+        default="",
+        help="comma list of train.precision values: every variant in each, side by side "
+        "(e.g. float32,bfloat16; default: the configured precision only)",
     )
     ap.add_argument(
         "--count-ops", action="store_true", help="print aten ops and host syncs per step"
@@ -224,7 +239,14 @@ def main() -> None:
 
     variants = {v.name: v for v in available()}
     chosen = [variants[name] for name in args.variants.split(",")]
-    runners = {v.name: build(v, raw, vocab) for v in chosen}
+    names = [p for p in args.precisions.split(",") if p] or [""]
+    runners = {
+        (v.name if p == "" else f"{v.name}@{p}"): build(v, raw, vocab, p)
+        for v in chosen
+        for p in names
+    }
+    if args.device == "cpu":
+        print(describe_cpu())
     sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
 
     for runner in runners.values():  # batch 0 warms up: buffers grow to size, kernels load
@@ -321,6 +343,11 @@ def print_speeds(args: argparse.Namespace, vocab: tuple[int, int], speed: dict[s
     if {"clones-nngraph", "clones-recompute"} <= speed.keys():  # the same tokens, so 1 / speed
         ratio = speed["clones-nngraph"] / speed["clones-recompute"]
         print(f"step time recompute / all: {ratio:.2f}x")
+    low = [n for n in speed if "@" in n and not n.endswith("@float32")]
+    for name in low:  # each precision against the same variant in float32
+        base = name.split("@")[0] + "@float32"
+        if base in speed:
+            print(f"{name} / {base}: {speed[name] / speed[base]:.2f}x")
 
 
 if __name__ == "__main__":

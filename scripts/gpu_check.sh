@@ -9,6 +9,7 @@
 #   memreport  nmt memreport --device cuda on configs/seed-4x600.yaml: max_memory_allocated
 #              within 10% of the accounted total, per policy
 #   bench      scripts/bench_train.py --device cuda on the toy corpus
+#   precision  nmt train, translate and memreport in bfloat16 and float16 (loss scaling)
 #   2 ranks    a 2-rank torchrun run, when two GPUs are visible
 # It ends with one summary table and exits 1 if any check failed. Logs go to $OUT
 # (default gpu-check/).
@@ -52,6 +53,8 @@ if [ "$device" = cuda ]; then
     bench_args=(--device cuda --steps 30 --set train.loss_chunk=8)  # as docs/speed.md's table
     ranks_sets=(--set train.device=cuda --set train.max_steps=100 --set train.valid_every=50)
     repeat_sets=(--set train.device=cuda --set train.max_steps=60 --set train.valid_bleu_sample=0)
+    low_sets=(--set train.device=cuda --set train.max_steps=300 --set train.valid_every=150)
+    low_mem=(--config configs/seed-4x600.yaml --device cuda)
 else
     small=(--set data.tokenizer=word --set model.rnn_size=32 --set model.word_vec_size=16)
     train_sets=("${small[@]}" --set train.device=cpu --set train.max_steps=30
@@ -65,6 +68,10 @@ else
         --set train.valid_every=2)
     repeat_sets=("${small[@]}" --set train.device=cpu --set train.max_steps=4
         --set train.valid_bleu_sample=0)
+    low_sets=("${small[@]}" --set train.device=cpu --set train.max_steps=4
+        --set train.valid_bleu_sample=0)
+    low_mem=(--config configs/toy.yaml --device cpu "${small[@]}" --set train.batch_size=8
+        --set data.max_src_len=12 --set data.max_tgt_len=12)
 fi
 
 names=() results=() times=() details=()
@@ -139,6 +146,17 @@ run_bench() {  # bench_train.py reads the ende-demo file names: the toy corpus u
     ln -sf "$PWD/data/toy/valid.tgt" "$d/targ-val.txt"
     "$py" scripts/bench_train.py --data "$d" "${bench_args[@]}"
 }
+run_precision() {  # each low precision trains, translates, and memreport checks it
+    for p in bfloat16 float16; do
+        "$py" -m nmt train --config configs/toy.yaml --out "$out/toy-$p" --force --no-progress \
+            --set train.precision=$p "${low_sets[@]}" > "$out/toy-$p.log" 2>&1 || return 1
+        "$py" -m nmt translate --model "$out/toy-$p/model.pt" --src "$out/test.src" \
+            --ref "$out/test.tgt" --output "$out/test-$p.hyp" --device "$device" --no-progress \
+            2>&1 | grep -o '^BLEU = [0-9.]*' | sed "s/^/$p: /" || return 1
+        "$py" -m nmt memreport "${low_mem[@]}" --precision "$p" > "$out/memreport-$p.log" \
+            2>&1 || return 1
+    done
+}
 run_ranks() {
     "$py" -m torch.distributed.run --standalone --nproc_per_node 2 -m nmt train \
         --config configs/toy.yaml --out "$out/toy-2ranks" --force --no-progress \
@@ -157,6 +175,7 @@ check translate bleu run_translate
 if [ "${results[-1]}" = pass ] && ! bleu_ok; then results[-1]=FAIL; failed=1; fi
 check memreport allocated run_memreport
 check bench speed run_bench
+check precision last_line run_precision
 if [ "$device" = cpu ] || [ "$gpus" -ge 2 ]; then
     check 2-ranks trained run_ranks
 else

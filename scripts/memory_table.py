@@ -1,6 +1,7 @@
 """Print the README's memory table (nmt memreport on meta for the published points, one
 column per registered preallocation policy, autograd and autograd-full: each a run's peak,
-the larger of a training step and a validation pass), or rewrite it in README.md.
+the larger of a training step and a validation pass; then the clone policies' peaks in
+bfloat16, against float32's `none`), or rewrite it in README.md.
 
 python scripts/memory_table.py            # print
 python scripts/memory_table.py --write    # replace the README's table in place
@@ -20,6 +21,7 @@ from nmt.memreport.report import build_report
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
 GIB, MIB = 2**30, 2**20
+LOW = "bfloat16"  # the precision the last column accounts
 
 
 @dataclass(frozen=True)
@@ -52,7 +54,9 @@ def header() -> str:
         shares = p in policies.REGISTRY and p != policies.OFF
         ours.append(f"{p} (x {policies.OFF})" if shares else p)
     ours[0] = f"ours: {ours[0]}"
+    low = " / ".join(policies.names())
     cells = ["model (layers x rnn)", "published, Titan X, prealloc 0 -> 1", *ours]
+    cells.append(f"{LOW}: {low} (x float32 {policies.OFF})")
     return "| " + " | ".join(cells) + " |"
 
 
@@ -63,7 +67,8 @@ def _size(n: int, unit: str) -> str:
 def row(point: Point) -> str:
     """One line of the table: the accounted peaks of `point` on meta, per report row."""
     cfg = load_config(REPO / "configs" / point.config, require_data=False)
-    memory = build_report(cfg, point.config, device="meta").memory
+    report = build_report(cfg, point.config, device="meta", compare=(LOW,))
+    memory = report.memory
     base = memory[policies.OFF].peak_bytes
     cells = [point.label, point.published]
     for p, m in memory.items():
@@ -71,6 +76,10 @@ def row(point: Point) -> str:
         if p not in AUTOGRAD_ROWS and p != policies.OFF:
             cell += f" ({m.peak_bytes / base:.2f}x)"
         cells.append(cell)
+    low = [report.compare[LOW][p].peak_bytes for p in policies.names()]
+    sizes = " / ".join(_size(n, point.unit).removesuffix(" MiB") for n in low)
+    ratios = " / ".join(f"{n / base:.2f}" for n in low)
+    cells.append(f"{sizes}{' MiB' if point.unit == 'MiB' else ''} ({ratios}x)")
     return "| " + " | ".join(cells) + " |"
 
 

@@ -31,7 +31,7 @@ from nmt.nodes.modules import (
     Tanh,
     VScores,
 )
-from nmt.nodes.node import Node, flat
+from nmt.nodes.node import Node, add_at, flat
 
 B, S, H = 3, 4, 5
 KW = {"device": torch.device("cpu"), "dtype": torch.float64}
@@ -169,3 +169,15 @@ def test_buffers_only_grow() -> None:
     assert node.output.shape == (2, 3)
     assert node.output.untyped_storage().data_ptr() == storage.data_ptr()
     assert node.output.untyped_storage().nbytes() == 4 * 6 * 8
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_add_at_is_scatter_add_of_one_element_a_row(dtype) -> None:
+    """The output layer adds -q at each row's target with `add_at` (an index_add_ on the flat
+    view): the same sums as scatter_add_, bit for bit."""
+    rows = torch.randn(5, 7).to(dtype)
+    index = torch.tensor([[3], [0], [6], [3], [1]])
+    values = torch.randn(5, 1).to(dtype)
+    expected = rows.clone().scatter_add_(1, index, values)
+    got = add_at(rows.clone(), index, values, torch.empty(0, dtype=torch.long))
+    assert torch.equal(got, expected)

@@ -11,7 +11,7 @@ from pathlib import Path
 from nmt import attention, cells, granularities
 
 REPO = Path(__file__).resolve().parents[1]
-CHECKS = ["engine", "train", "repeat", "translate", "memreport", "bench", "2-ranks"]
+CHECKS = ["engine", "train", "repeat", "translate", "memreport", "bench", "precision", "2-ranks"]
 
 
 def gpu_check(tmp_path: Path, device: str, **extra: str) -> subprocess.CompletedProcess:

@@ -298,8 +298,8 @@ def test_replace_unk_and_attention_file(toy_model, toy_test, tmp_path):
 
 
 def test_replace_unk_needs_word_vocabularies(toy_model, toy_test, monkeypatch):
-    def as_sentencepiece(path, device):
-        model, src_tok, tgt_tok = load_model(path, device)
+    def as_sentencepiece(path, device, precision=None):
+        model, src_tok, tgt_tok = load_model(path, device, precision)
         tgt_tok.kind = "sentencepiece"
         return model, src_tok, tgt_tok
 

@@ -22,7 +22,7 @@ from nmt.loss import smoothing_value
 from nmt.model import Seq2SeqAttn
 from nmt.nodes.fused import _Fused
 from nmt.nodes.modules import Linear
-from nmt.nodes.node import Node, resized
+from nmt.nodes.node import Node, add_at, resized
 
 _OUT = {"output": "output"}
 
@@ -38,14 +38,16 @@ class LogSoftMaxNLL(Node):
     - w (1 - eps - s) onehot(target), still computed in the same buffer.
     """
 
-    ROLES = _OUT
+    ROLES = {"output": "output", "flat_target": "flat_target"}
     BWD_READS_OUTPUT = True
+    BWD_SCRATCH_ROLES = ("flat_target",)
 
     def __init__(
         self, name: str, device: torch.device, dtype: torch.dtype, label_smoothing: float = 0.0
     ):
         self.label_smoothing = label_smoothing
         super().__init__(name, device, dtype)
+        self.flat_target = torch.empty(0, device=device, dtype=torch.long)
 
     def forward(self, logits: Tensor) -> Tensor:
         return torch.log_softmax(logits, 1, out=resized(self.output, logits.shape))
@@ -55,12 +57,12 @@ class LogSoftMaxNLL(Node):
         eps = self.label_smoothing
         if eps == 0:
             grad = self.output.exp_().mul_(weight)
-            grad.scatter_add_(1, target, weight.neg())
+            add_at(grad, target, weight.neg(), self.flat_target)
         else:
             s = smoothing_value(self.output.shape[1], eps)
             grad = self.output.exp_().sub_(s).mul_(weight)
             grad[:, PAD : PAD + 1].add_(weight, alpha=s)
-            grad.scatter_add_(1, target, weight.mul(-(1.0 - eps - s)))
+            add_at(grad, target, weight.mul(-(1.0 - eps - s)), self.flat_target)
         self.grad_input = grad
         return grad
 
@@ -85,6 +87,7 @@ class OutputLoss(_Fused):
         "rows_weight": "rows_weight",
         "rows_logp": "rows_logp",
         "rows_grad": "rows_grad",
+        "flat_target": "flat_target",
     }
 
     def __init__(
@@ -104,6 +107,7 @@ class OutputLoss(_Fused):
         self.target_q = 1.0 - eps - self.smoothing
         super().__init__(name, device, dtype)
         self.rows_target = torch.empty(0, device=device, dtype=torch.long)
+        self.flat_target = torch.empty(0, device=device, dtype=torch.long)
 
     def step(
         self,
@@ -129,7 +133,8 @@ class OutputLoss(_Fused):
         if s:  # q = s everywhere but PAD (0), + (1 - eps - s) at the target
             grad.sub_(s)
             grad[:, PAD : PAD + 1].add_(s)
-        grad.scatter_add_(1, target, self._constant("minus_target_q", (R, 1), -self.target_q))
+        minus_q = self._constant("minus_target_q", (R, 1), -self.target_q)
+        add_at(grad, target, minus_q, self.flat_target)
         grad.mul_(weight)
         if accumulate:
             grad_out.addmm_(grad, w)

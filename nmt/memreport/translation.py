@@ -21,7 +21,7 @@ from nmt.data.vocab import BOS, EOS
 from nmt.errors import NmtError
 from nmt.memreport.tracker import StorageTracker
 from nmt.model import Seq2SeqAttn
-from nmt.translate.search import Beam, next_log_probs
+from nmt.translate.search import SCORES, Beam, next_log_probs
 
 DEFAULT_BATCH = 32  # nmt translate's --batch-size default
 DEFAULT_MAX_LENGTH = 250  # nmt translate's --max-length default
@@ -70,7 +70,7 @@ def beam_peak(model: Seq2SeqAttn, source_length: int, t: Translation) -> int:
             rep = torch.arange(B, device=device).repeat_interleave(K)
             beam = Beam(
                 alive=torch.arange(B, device=device),
-                scores=context.new_zeros(B, K),
+                scores=context.new_zeros(B, K, dtype=SCORES),
                 tokens=src.new_zeros(B * K, history),
                 attns=context.new_zeros(B * K, history, S),
                 state=model.init_decoder_state(final).index_select(rep),

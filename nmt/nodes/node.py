@@ -39,6 +39,19 @@ def flat(value: Any) -> Iterator[Tensor]:
             yield from flat(v)
 
 
+def add_at(rows: Tensor, index: Tensor, values: Tensor, flat: Tensor) -> Tensor:
+    """rows[r, index[r]] += values[r] for every row r (rows R x V contiguous, index and
+    values R x 1): `scatter_add_` of one element a row, done as an `index_add_` on the flat
+    view (`flat`: a long scratch buffer for the R flat positions) - the same sums, and on
+    the CPU in bfloat16 thousands of times faster (torch's bfloat16 scatter converts the
+    whole matrix: 23 ms against 7 us for 512 x 35,820)."""
+    R, V = rows.shape
+    positions = resized(flat, (R,))
+    torch.arange(0, R * V, V, out=positions)
+    positions.add_(index.view(R))
+    return rows.view(-1).index_add_(0, positions, values.view(R)).view(R, V)
+
+
 class Node:
     """Base class: named, owns the base tensors listed in ROLES, knows what its backward reads.
 

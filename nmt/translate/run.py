@@ -30,6 +30,7 @@ from typing import BinaryIO, Protocol, TextIO
 import torch
 from tqdm import tqdm
 
+from nmt import precisions
 from nmt.checkpoint import checkpoint_parts, load_checkpoint
 from nmt.data.reading import read_lines, stream_lines
 from nmt.data.tokenizers import Tokenizer
@@ -69,6 +70,7 @@ class TranslateOptions:
     max_src_length: int = 0  # longer sources are truncated, with a warning; 0: no limit
     batch_size: int = 32
     device: str = "auto"
+    precision: str | None = None  # the weights' dtype: None, the precision trained in
     progress: bool = True
 
     @property
@@ -77,6 +79,11 @@ class TranslateOptions:
 
     def check(self) -> None:
         self.search.check()
+        if self.precision is not None and self.precision not in precisions.names():
+            raise NmtError(
+                f"--precision must be one of {', '.join(precisions.names())}, got "
+                f"{self.precision!r}"
+            )
         if self.batch_size < 1:
             raise NmtError(f"--batch-size must be >= 1, got {self.batch_size}")
         if self.max_src_length < 0:
@@ -89,8 +96,12 @@ class TranslateOptions:
             raise NmtError("--phrase-table is used by --replace-unk; pass both")
 
 
-def load_model(path: Path, device: torch.device) -> tuple[Seq2SeqAttn, Tokenizer, Tokenizer]:
-    """Rebuild the model and its tokenizers from a checkpoint, in eval mode."""
+def load_model(
+    path: Path, device: torch.device, precision: str | None = None
+) -> tuple[Seq2SeqAttn, Tokenizer, Tokenizer]:
+    """Rebuild the model and its tokenizers from a checkpoint, in eval mode, its weights in
+    `precision`'s compute dtype (None: the precision it was trained in). Translation keeps
+    no masters: a bfloat16 or float16 model is the checkpoint's weights rounded once."""
     ckpt = load_checkpoint(path)
     cfg, src_tok, tgt_tok = checkpoint_parts(ckpt, path)
     check_weights(ckpt["model"], cfg.model, len(src_tok), len(tgt_tok), path)
@@ -100,6 +111,7 @@ def load_model(path: Path, device: torch.device) -> tuple[Seq2SeqAttn, Tokenizer
         model.load_state_dict(ckpt["model"])
     except RuntimeError:
         raise NmtError(f"{path}: model weights do not match the stored config") from None
+    model.to(precisions.get(precision or cfg.train.precision).compute)
     store_output_weight_transposed(model)
     return model.eval(), src_tok, tgt_tok
 
@@ -414,7 +426,8 @@ def translate_file(
     options.check()
     check_outputs(src, options)
     threads = limit_threads()
-    model, src_tok, tgt_tok = load_model(model_path, resolve_device(options.device, "--device"))
+    device = resolve_device(options.device, "--device")
+    model, src_tok, tgt_tok = load_model(model_path, device, options.precision)
     translator = Translator(model, src_tok, tgt_tok, options)
     refs = read_lines(options.ref) if options.ref is not None else None
     source = read_source(src, options.batch_size)

@@ -24,6 +24,7 @@ from nmt.errors import NmtError
 from nmt.model import DecoderState, Seq2SeqAttn
 
 NEG_INF = float("-inf")
+SCORES = torch.float32  # hypotheses' log-probability sums, whatever the model computes in
 
 
 @dataclass
@@ -132,7 +133,7 @@ def greedy_search(
     alive = torch.arange(B, device=src.device)  # original index of each row
     limit = torch.tensor(limits, device=src.device)  # of each row
     y = src.new_full((B,), BOS)
-    scores = context.new_zeros(B)
+    scores = context.new_zeros(B, dtype=SCORES)
     tokens = src.new_empty(B, 0)
     attns = context.new_empty(B, 0, src.size(1))
     results: list[Hypothesis | None] = [None] * B
@@ -245,7 +246,7 @@ def beam_search(
     limits = _limits(options, lengths)
     context, final = model.encode(src, src_mask)
     rep = torch.arange(B, device=device).repeat_interleave(K)
-    scores = context.new_full((B, K), NEG_INF)
+    scores = context.new_full((B, K), NEG_INF, dtype=SCORES)
     scores[:, 0] = 0.0  # one live beam at first, so that the K beams do not start identical
     beam: Beam | None = Beam(
         alive=torch.arange(B, device=device),

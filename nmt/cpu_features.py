@@ -1,0 +1,64 @@
+"""What this CPU offers a low precision, and which kernel torch runs a product with.
+
+bfloat16 is fast on a CPU only where it has the instructions: AMX tiles (`amx_bf16`) or
+AVX-512's bfloat16 dot products (`avx512_bf16`); elsewhere oneDNN emulates it and it can be
+slower than float32. float16 products need `amx_fp16` / `avx512_fp16`. The benchmarks say
+which the machine has and name the kernel a product ran on (oneDNN's verbose log), so a
+speed figure comes with the reason for it.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+
+FLAGS = ("amx_bf16", "amx_fp16", "amx_tile", "avx512_bf16", "avx512_fp16", "avx512f")
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags (Linux: /proc/cpuinfo; elsewhere none)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def matmul_kernel(dtype: torch.dtype, n: int = 64) -> str:
+    """The oneDNN implementation an n x n product in `dtype` runs on (e.g.
+    'brg_matmul:avx10_1_512_amx'), or 'not oneDNN' where torch uses another library (MKL
+    for float32)."""
+    a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+    with tempfile.TemporaryFile() as log:
+        saved = os.dup(1)
+        os.dup2(log.fileno(), 1)  # oneDNN writes its log to the process's stdout
+        try:
+            with torch.backends.mkldnn.verbose(torch.backends.mkldnn.VERBOSE_ON):
+                torch.mm(a, b)
+        finally:
+            os.dup2(saved, 1)
+            os.close(saved)
+        log.seek(0)
+        text = log.read().decode(errors="replace")
+    for line in text.splitlines():
+        fields = line.split(",")
+        if len(fields) > 6 and fields[2:6] == ["primitive", "exec", "cpu", "matmul"]:
+            return fields[6]
+    return "not oneDNN"
+
+
+def describe() -> str:
+    """One line: torch's CPU capability, the low-precision flags, the products' kernels."""
+    flags = cpu_flags()
+    have = ", ".join(f for f in FLAGS if f in flags) or "none of " + ", ".join(FLAGS)
+    kernels = "; ".join(
+        f"{name} matmul: {matmul_kernel(dtype)}"
+        for name, dtype in (("bfloat16", torch.bfloat16), ("float16", torch.float16))
+    )
+    return f"CPU: torch capability {torch.backends.cpu.get_cpu_capability()}, {have}; {kernels}"
