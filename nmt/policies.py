@@ -109,11 +109,24 @@ REGISTRY: dict[str, Policy] = {
 
 OFF = "none"  # the baseline: --no-preallocate, and what memreport's savings are against
 DEFAULT = "all"  # train.prealloc's default, and what --preallocate turns `none` into
+# train.prealloc's one choice that is no policy: the trainer resolves it, before the first
+# step, to the cheapest plan whose accounted peak fits train.memory_budget (a policy, the
+# clones that recompute, the micro-batches: `nmt.train.memory`)
+AUTO = "auto"
+AUTO_DESCRIPTION = (
+    "the cheapest plan whose accounted peak fits train.memory_budget: all, else partial "
+    "recompute (the fewest extra FLOPs), else recompute, else gradient accumulation"
+)
 
 
 def names() -> tuple[str, ...]:
     """The registered policy names, in registry order."""
     return tuple(REGISTRY)
+
+
+def choices() -> tuple[str, ...]:
+    """What `train.prealloc` accepts: every registered policy, and `auto`."""
+    return (*names(), AUTO)
 
 
 def get(name: str) -> Policy:
