@@ -24,6 +24,7 @@ from nmt.data.batching import Batch, make_batches
 from nmt.data.corpus import Corpus, load_corpus
 from nmt.data.tokenizers import Tokenizer, tokenizer_from_state
 from nmt.devices import DTYPES, setup_device
+from nmt.engine.spec import micro_batch_size
 from nmt.errors import NmtError
 from nmt.model import Seq2SeqAttn, build_model
 from nmt.train import distributed as dd
@@ -127,10 +128,12 @@ def build_corpus(
 
 
 def build_validation(cfg: Config, corpus: Corpus) -> Validation:
-    """Validation as memreport accounts it: padded batches of train.batch_size pairs, the
-    generator over one training loss chunk's rows at a time (all positions: chunk 0); BLEU
-    greedy, at most min(2 x data.max_tgt_len, 3 x source tokens) tokens a sentence."""
+    """Validation as memreport accounts it: padded batches of train.batch_size pairs (with
+    train.accum_steps, of one micro-batch's), the generator over one training loss chunk's
+    rows at a time (all positions: chunk 0); BLEU greedy, at most min(2 x data.max_tgt_len,
+    3 x source tokens) tokens a sentence."""
     t = cfg.train
+    batch_size = micro_batch_size(t.batch_size, 1, t.accum_steps)
     chunk = t.loss_chunk or cfg.data.max_tgt_len + 1
     bleu_set = None
     if t.valid_bleu_sample and corpus.valid_text:
@@ -138,9 +141,9 @@ def build_validation(cfg: Config, corpus: Corpus) -> Validation:
             corpus.valid_text, corpus.src_tokenizer, t.valid_bleu_sample, t.seed
         )
     return Validation(
-        batches=validation_batches(corpus.valid, t.batch_size),
-        batch_size=t.batch_size,
-        rows=t.batch_size * chunk,
+        batches=validation_batches(corpus.valid, batch_size),
+        batch_size=batch_size,
+        rows=batch_size * chunk,
         bleu_set=bleu_set,
         bleu_search=SearchOptions(
             beam_size=1, max_length=2 * cfg.data.max_tgt_len, max_length_ratio=3.0
