@@ -67,6 +67,7 @@ def train(
     """Train a model; checkpoints go to OUT/last.pt (the latest) and OUT/model.pt (the best
     validation by train.early_stopping_metric)."""
     from nmt.config import load_config
+    from nmt.memreport.plan import plan_memory
     from nmt.train.trainer import TrainingInterrupted
     from nmt.train.trainer import train as run_training
 
@@ -83,7 +84,7 @@ def train(
         out_dir.mkdir(parents=True, exist_ok=True)
         if os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 speaks
             print(f"config {config}:\n{cfg.dump()}", flush=True)
-        run_training(cfg, out_dir, resume=resume, progress=progress)
+        run_training(cfg, out_dir, resume=resume, progress=progress, planner=plan_memory)
     except NmtError as exc:
         raise _fail(exc) from None
     except TrainingInterrupted as exc:

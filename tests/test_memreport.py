@@ -209,7 +209,7 @@ def test_json_schema_and_consistency(tiny_report) -> None:
         assert (n["shared_fraction"] is None) == (policy in ("autograd", "autograd-full"))
         assert set(n["budget"]) == {"batch_size", "max_tgt_len"}
         assert (n["extra_flop_percent"] > 0) == (policy == "recompute")
-    assert data["schema_version"] == 2
+    assert data["schema_version"] == 3
     for n in data["policies"].values():
         assert n["step_bytes"] == n["total_bytes"]
         assert n["resident_bytes"] <= n["total_bytes"]

@@ -175,6 +175,15 @@ def all_reduce_sums(values: list[float], ctx: DistContext, device: torch.device)
     return t.tolist()
 
 
+def all_reduce_min(value: int, ctx: DistContext, device: torch.device) -> int:
+    """The smallest of the ranks' `value` (a memory budget: every rank plans for the least)."""
+    if not ctx.enabled:
+        return value
+    t = torch.tensor([value], dtype=torch.int64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return int(t.item())
+
+
 def broadcast_values(values: list[float], ctx: DistContext, device: torch.device) -> list[float]:
     """Rank 0's values on every rank, so that decisions taken from them (the best model, early
     stopping) agree everywhere even if the ranks computed them differently by a rounding."""

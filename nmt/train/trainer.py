@@ -37,6 +37,7 @@ from nmt.out_of_memory import batch_shape, training_message
 from nmt.train import distributed as dd
 from nmt.train.builders import Run, build_run
 from nmt.train.failures import RankFailures
+from nmt.train.memory import Planner
 from nmt.train.rng import rng_state, set_rng_state
 from nmt.train.schedule import load_optimizer_state, set_learning_rate
 from nmt.train.validation import BleuSet, greedy_bleu, perplexity
@@ -113,6 +114,7 @@ class Trainer:
         self.optimizer, self.schedule, self.update = run.optimizer, run.schedule, run.update
         self.train_batches, self.validation = run.train_batches, run.validation
         self.stopping = run.stopping
+        self.memory_plan = run.memory_plan
         # counted once on the host: counting a batch on the device would read it back
         self.train_tokens = [batch.n_tokens for batch in self.train_batches]
         self.failures = RankFailures(self.dist, self.device, self._out_of_memory)
@@ -138,9 +140,14 @@ class Trainer:
         resume: Path | None = None,
         log: Log = echo,
         progress: bool = True,
+        planner: Planner | None = None,
     ) -> Trainer:
-        """A trainer over the parts `cfg` describes (`nmt.train.builders.build_run`)."""
-        return cls(build_run(cfg, Path(out_dir), resume=resume, log=log, progress=progress))
+        """A trainer over the parts `cfg` describes (`nmt.train.builders.build_run`; `planner`
+        decides the memory plan when the config asks for one)."""
+        run = build_run(
+            cfg, Path(out_dir), resume=resume, log=log, progress=progress, planner=planner
+        )
+        return cls(run)
 
     @property
     def bleu_set(self) -> BleuSet | None:
@@ -169,6 +176,11 @@ class Trainer:
             f"data: {len(self.corpus.train)} training pairs in {len(self.train_batches)} batches, "
             f"{len(self.corpus.valid)} validation pairs{bleu}"
         )
+        if self.memory_plan is not None:
+            d = self.cfg.data
+            for line in self.memory_plan.lines(d.max_src_len + 2, d.max_tgt_len + 1):
+                self.log(line)
+            self.log.metrics(kind="memory_plan", step=self.state.step, **self.memory_plan.to_dict())
 
     def _executor_name(self) -> str:
         t = self.cfg.train
@@ -198,6 +210,8 @@ class Trainer:
             "rng": rng_state(self.device),
             "world_size": self.dist.world_size,
             "rng_per_rank": dd.gather_objects(rng_state(self.device), self.dist),
+            # what the clone executor runs as and why (None: no plan was made)
+            "memory_plan": None if self.memory_plan is None else self.memory_plan.to_dict(),
         }
 
     def save(self, best: bool, step_checkpoint: bool = False) -> None:
@@ -573,11 +587,15 @@ def train(
     resume: str | Path | None = None,
     log: Log = echo,
     progress: bool = True,
+    planner: Planner | None = None,
 ) -> TrainState:
-    """Train a model as configured; checkpoints go to `out_dir`."""
+    """Train a model as configured; checkpoints go to `out_dir`. `planner`: decides the memory
+    plan (`train.prealloc: auto`, `train.memory_budget`): `nmt.memreport.plan.plan_memory`."""
     try:
         resume = Path(resume) if resume else None
-        trainer = Trainer.build(cfg, Path(out_dir), resume=resume, log=log, progress=progress)
+        trainer = Trainer.build(
+            cfg, Path(out_dir), resume=resume, log=log, progress=progress, planner=planner
+        )
         state = trainer.run()
         # every rank done with its collectives before any tears the group down: a rank that
         # destroys it while a peer still talks to it can abort the peer (Gloo: terminate)
