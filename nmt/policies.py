@@ -94,14 +94,16 @@ REGISTRY: dict[str, Policy] = {
             "every buffer the planner proves safe (PR #46, generalised)",
             _everything_safe,
             advice="re-run each clone's forward in its backward (train.prealloc=recompute), or "
-            "lower train.batch_size or data.max_src_len / data.max_tgt_len",
+            "lower train.batch_size or data.max_src_len / data.max_tgt_len; train.prealloc=auto "
+            "with train.memory_budget picks the cheapest plan that fits",
         ),
         Policy(
             "recompute",
             "each clone keeps only its outgoing states and re-runs its forward in its backward; "
             "every other buffer shared (least memory, more FLOPs)",
             _everything_safe,
-            advice="lower train.batch_size or data.max_src_len / data.max_tgt_len",
+            advice="lower train.batch_size or data.max_src_len / data.max_tgt_len, or cut each "
+            "batch into micro-batches (train.accum_steps)",
             recompute=True,
         ),
     )
