@@ -171,7 +171,7 @@ def _draw_frontier(fig, cell, report: Report, data: dict) -> None:
         ys = [c.peak_bytes / scale for c in line]
         label = "the frontier" if accum == 1 else f"the frontier, {accum} micro-batches"
         color = _ACCUM_COLORS[k % len(_ACCUM_COLORS)]
-        ax.plot(xs, ys, drawstyle="steps-post", color=color, lw=1.6, label=label, zorder=3)
+        ax.plot(xs, ys, drawstyle="steps-post", color=color, lw=1.1, label=label, zorder=3)
         marker = "o" if accum == first_accum else "^"
         ax.scatter([xs[0], xs[-1]], [ys[0], ys[-1]], color=color, marker=marker, s=36, zorder=4)
         suffix = "" if accum == 1 else f", {accum} micro-batches"

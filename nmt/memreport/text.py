@@ -349,7 +349,7 @@ def _auto_section(data: dict) -> str:
     extra = (
         f"+{p['extra_flop_percent']:.1f}% FLOPs" if p["extra_flop_percent"] else "no extra FLOPs"
     )
-    micro = f" in micro-batches of {p['micro_batch']}" if p["accum_steps"] > 1 else ""
+    micro = f" of {p['micro_batch']} sentences" if p["accum_steps"] > 1 else ""
     return (
         f"{head}\n  chosen: {p['plan']}{micro}: peak {mib(p['peak_bytes'])} MiB "
         f"({p['peak_phase']}), {extra}\n  why: {a['reason']}"
