@@ -160,8 +160,8 @@ def _draw_frontier(fig, cell, report: Report, data: dict) -> None:
     ax.scatter(
         [100 * x for x, _ in points],
         [y / scale for _, y in points],
-        s=4,
-        color="#bbbbbb",
+        s=5,
+        color="#999999",
         label=f"the {len(points):,} partial recompute plans",
         zorder=1,
     )
