@@ -114,6 +114,7 @@ def train(
     validation by train.early_stopping_metric)."""
     from nmt.checkpoint import saved_config
     from nmt.config import load_config
+    from nmt.memreport.plan import plan_memory
     from nmt.train.runlog import prepare_run_dir, remove_if_empty
     from nmt.train.trainer import TrainingInterrupted
     from nmt.train.trainer import train as run_training
@@ -134,7 +135,9 @@ def train(
         if os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 speaks
             print(f"config {config or f'saved in {resume}'}:\n{cfg.dump()}", flush=True)
         command = _train_command(config, sets, preallocate)
-        run_training(cfg, out_dir, resume=resume, progress=progress, command=command)
+        run_training(
+            cfg, out_dir, resume=resume, progress=progress, command=command, planner=plan_memory
+        )
         made = []
     except NmtError as exc:
         raise _fail(exc) from None

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
+import re
 import types
 import typing
 from collections.abc import Callable, Collection
@@ -259,9 +260,43 @@ class TrainConfig:
     )
     prealloc: str = _opt(
         policies.DEFAULT,
-        choices=policies.names,
+        choices=policies.choices,
         doc="which intermediate buffers the clone executor's clones share (seq2seq-attn "
-        "-prealloc): " + policies.describe(),
+        "-prealloc): " + policies.describe() + f"; {policies.AUTO}: {policies.AUTO_DESCRIPTION}",
+    )
+    memory_budget: str = _opt(
+        "none",
+        check=lambda value: budget_problem(value),
+        doc="what a run may hold at its peak (training step, validation, validation BLEU): a "
+        "size (12GiB, 800MiB, 1.5G), auto (CUDA: the device's free memory when the run "
+        "starts; CPU: the memory available to the process) or none; the clone executor's "
+        "accounted peak plus a reserve (the larger of 64 MiB and 5%) must fit, checked "
+        "before the first step",
+    )
+    accum_steps: int = _opt(
+        1,
+        min=1,
+        doc="gradient accumulation (OpenNMT-py's accum_count): each batch runs as this many "
+        "micro-batches of rows whose summed gradients are the whole batch's (dropout draws "
+        "other masks); buffers, validation and its BLEU search are sized for one micro-batch; "
+        f"with prealloc {policies.AUTO}, the fewest it may choose",
+    )
+    max_accum_steps: int = _opt(
+        8,
+        min=1,
+        doc=f"with prealloc {policies.AUTO}: the most micro-batches it may cut a batch into",
+    )
+    recompute_encoder: int = _opt(
+        0,
+        min=0,
+        doc="partial recompute with prealloc all: the clones of the last N source positions "
+        f"re-run their forward in their backward (prealloc {policies.AUTO} chooses N)",
+    )
+    recompute_decoder: int = _opt(
+        0,
+        min=0,
+        doc="partial recompute with prealloc all: the clones of the last N target positions "
+        f"re-run their forward in their backward (prealloc {policies.AUTO} chooses N)",
     )
     device: str = _opt(
         "auto", check=_device_problem, doc="auto (CUDA if available), cpu, cuda or cuda:N"
@@ -510,6 +545,77 @@ def _check_train_keys(train: TrainConfig, source: str, from_set: Collection[str]
             f"{_blame(source, from_set, 'train.early_stopping_metric')}: bleu needs "
             f"validation BLEU, but {sample} is 0{given}"
         )
+    _check_memory_keys(train, source)
+
+
+def _check_memory_keys(train: TrainConfig, source: str) -> None:
+    """The memory plan's keys: a budget for the clone executor, partial recompute under
+    `all`, no more micro-batches than sentences."""
+    auto = train.prealloc == policies.AUTO
+    if auto and train.memory_budget == "none":
+        raise NmtError(
+            f"{source}: key 'train.prealloc': {policies.AUTO} needs train.memory_budget "
+            "(a size like 12GiB, or auto)"
+        )
+    if train.executor == "autograd" and (auto or train.memory_budget != "none"):
+        key = "train.prealloc" if auto else "train.memory_budget"
+        raise NmtError(
+            f"{source}: key '{key}': plans the clone executor's memory, but train.executor "
+            "is autograd"
+        )
+    for key in ("recompute_encoder", "recompute_decoder"):
+        if getattr(train, key) and train.prealloc != policies.DEFAULT:
+            raise NmtError(
+                f"{source}: key 'train.{key}': partial recompute needs train.prealloc "
+                f"{policies.DEFAULT}, got {train.prealloc}"
+            )
+    if train.accum_steps > train.batch_size:
+        raise NmtError(
+            f"{source}: key 'train.accum_steps': {train.accum_steps} micro-batches of a batch "
+            f"of {train.batch_size} sentences (train.batch_size) leave some empty"
+        )
+    if auto and train.max_accum_steps < train.accum_steps:
+        raise NmtError(
+            f"{source}: key 'train.max_accum_steps': {train.max_accum_steps} is below "
+            f"train.accum_steps {train.accum_steps}, the fewest micro-batches auto may choose"
+        )
+
+
+# sizes: K/M/G/T and KiB.. are powers of 1024 (as nvidia-smi and seq2seq-attn's README
+# count), KB/MB/GB/TB powers of 1000
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 2**10,
+    "kib": 2**10,
+    "kb": 10**3,
+    "m": 2**20,
+    "mib": 2**20,
+    "mb": 10**6,
+    "g": 2**30,
+    "gib": 2**30,
+    "gb": 10**9,
+    "t": 2**40,
+    "tib": 2**40,
+    "tb": 10**12,
+}
+
+
+def size_bytes(text: str) -> int | None:
+    """'16GiB', '500MB', '2G', '1.5 GiB', '1000000' -> bytes (rounded down; 0 for a size
+    below a byte); None when `text` is no size."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z]*)\s*", text)
+    unit = m.group(2).lower() if m else ""
+    if not m or unit not in _UNITS:
+        return None
+    return int(float(m.group(1)) * _UNITS[unit])
+
+
+def budget_problem(value: str) -> str | None:
+    """Why `train.memory_budget` refuses `value` (None: a size, auto or none)."""
+    if value in ("auto", "none") or (size_bytes(value) or 0) > 0:
+        return None
+    return f"expected a size like 12GiB, 800MiB or 1.5G, auto or none, got {value!r}"
 
 
 def parse_override(text: str) -> tuple[str, str, Any]:

@@ -29,3 +29,37 @@ def map_large_allocations(threshold: int = THRESHOLD) -> bool:
     except (OSError, AttributeError):
         return False
     return bool(mallopt(M_MMAP_THRESHOLD, threshold))
+
+
+def _read_int(path: str) -> int | None:
+    try:
+        with open(path, encoding="ascii") as handle:
+            text = handle.read().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None  # cgroup v2 says "max" for no limit
+
+
+def available_bytes() -> int | None:
+    """The memory this process may still take on the host: what the kernel counts as
+    available (`MemAvailable`), less where a cgroup limit (v2 `memory.max`, v1
+    `memory.limit_in_bytes`) leaves less; None where neither can be read (not Linux)."""
+    found = []
+    try:
+        with open("/proc/meminfo", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    found.append(int(line.split()[1]) * 1024)
+    except (OSError, ValueError, IndexError):
+        pass
+    for limit, usage in (
+        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+        (
+            "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+            "/sys/fs/cgroup/memory/memory.usage_in_bytes",
+        ),
+    ):
+        cap, used = _read_int(limit), _read_int(usage)
+        if cap is not None and used is not None and cap < 1 << 60:  # v1: "no limit" is huge
+            found.append(max(0, cap - used))
+    return min(found) if found else None

@@ -94,14 +94,16 @@ REGISTRY: dict[str, Policy] = {
             "every buffer the planner proves safe (PR #46, generalised)",
             _everything_safe,
             advice="re-run each clone's forward in its backward (train.prealloc=recompute), or "
-            "lower train.batch_size or data.max_src_len / data.max_tgt_len",
+            "lower train.batch_size or data.max_src_len / data.max_tgt_len; train.prealloc=auto "
+            "with train.memory_budget picks the cheapest plan that fits",
         ),
         Policy(
             "recompute",
             "each clone keeps only its outgoing states and re-runs its forward in its backward; "
             "every other buffer shared (least memory, more FLOPs)",
             _everything_safe,
-            advice="lower train.batch_size or data.max_src_len / data.max_tgt_len",
+            advice="lower train.batch_size or data.max_src_len / data.max_tgt_len, or cut each "
+            "batch into micro-batches (train.accum_steps)",
             recompute=True,
         ),
     )
@@ -109,11 +111,24 @@ REGISTRY: dict[str, Policy] = {
 
 OFF = "none"  # the baseline: --no-preallocate, and what memreport's savings are against
 DEFAULT = "all"  # train.prealloc's default, and what --preallocate turns `none` into
+# train.prealloc's one choice that is no policy: the trainer resolves it, before the first
+# step, to the cheapest plan whose accounted peak fits train.memory_budget (a policy, the
+# clones that recompute, the micro-batches: `nmt.train.memory`)
+AUTO = "auto"
+AUTO_DESCRIPTION = (
+    "the cheapest plan whose accounted peak fits train.memory_budget: all, else partial "
+    "recompute (the fewest extra FLOPs), else recompute, else gradient accumulation"
+)
 
 
 def names() -> tuple[str, ...]:
     """The registered policy names, in registry order."""
     return tuple(REGISTRY)
+
+
+def choices() -> tuple[str, ...]:
+    """What `train.prealloc` accepts: every registered policy, and `auto`."""
+    return (*names(), AUTO)
 
 
 def get(name: str) -> Policy:

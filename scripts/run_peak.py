@@ -9,7 +9,8 @@ size (`import_bytes`); loads what torch imports lazily on a run's first optimize
 gradient clipping (torch._dynamo among it, ~60 MiB of Python modules: interpreter, not
 tensors) and reads it again (`baseline_bytes`); resets the kernel's high-water mark of
 resident memory (`/proc/self/clear_refs`, Linux), trains, and prints the high-water mark at
-the end (`peak_bytes`, VmHWM) and the peak above both (`above_bytes`, `above_import_bytes`).
+the end (`peak_bytes`, VmHWM), the peak above both (`above_bytes`, `above_import_bytes`) and
+the run's memory plan (`memory_plan`, as its checkpoint records it: null without one).
 Where the mark cannot be reset (`reset` 0), the peak is the process's whole high-water mark.
 
 `corpus` writes train/valid files whose sentences all have exactly `--length` words, and
@@ -63,10 +64,11 @@ def reset_high_water_mark() -> bool:
         return False
 
 
-def train_and_measure(config: str, overrides: list[str], threads: int) -> dict[str, int]:
+def train_and_measure(config: str, overrides: list[str], threads: int) -> dict[str, object]:
     import torch
 
     from nmt.config import load_config
+    from nmt.memreport.plan import plan_memory
     from nmt.train.trainer import train
 
     torch.set_num_threads(threads)
@@ -81,8 +83,9 @@ def train_and_measure(config: str, overrides: list[str], threads: int) -> dict[s
     reset = reset_high_water_mark()
     baseline = status("VmRSS")
     with tempfile.TemporaryDirectory() as run_dir:
-        train(cfg, run_dir, log=lambda _: None, progress=False)
-    peak = status("VmHWM")
+        train(cfg, run_dir, log=lambda _: None, progress=False, planner=plan_memory)
+        peak = status("VmHWM")
+        plan = torch.load(Path(run_dir) / "last.pt", weights_only=True).get("memory_plan")
     return {
         "import_bytes": imported,
         "baseline_bytes": baseline,
@@ -90,6 +93,7 @@ def train_and_measure(config: str, overrides: list[str], threads: int) -> dict[s
         "above_bytes": peak - baseline,
         "above_import_bytes": peak - imported,
         "reset": int(reset),
+        "memory_plan": plan,
     }
 
 

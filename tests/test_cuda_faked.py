@@ -135,6 +135,12 @@ class FakeCuda:
         self.calls.append("max_memory_reserved")
         return self.peaks[1]
 
+    def mem_get_info(self, device: object = None) -> tuple[int, int]:
+        """(free, total): device i has 30 + i GiB free of 80."""
+        index = self._check(_index(device))
+        self.calls.append(f"mem_get_info:{index}")
+        return (30 + index) * GIB, 80 * GIB
+
 
 @pytest.fixture
 def fake_cuda(monkeypatch):
@@ -169,6 +175,7 @@ def fake_cuda(monkeypatch):
             "synchronize",
             "max_memory_allocated",
             "max_memory_reserved",
+            "mem_get_info",
         ):
             monkeypatch.setattr(torch.cuda, name, getattr(fake, name))
         return fake
@@ -584,3 +591,28 @@ def test_cublas_workspace_is_what_the_config_or_the_default_says(fake_cuda, monk
     assert cublas_workspace_bytes(torch.device("cuda", 0)) == 8 * 2**20 + 128 * 2**10
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG")
     assert cublas_workspace_bytes(torch.device("cuda", 0)) == 32 * 2**20  # Hopper: 4 MiB x 8
+
+
+def test_an_auto_memory_budget_is_the_gpus_free_memory(fake_cuda, monkeypatch, tmp_path):
+    """train.memory_budget auto on CUDA: the free memory of the run's own GPU when it starts,
+    cuBLAS's workspace set aside besides the reserve; the plan is made for what is left."""
+    from nmt.memreport.plan import plan_memory
+    from nmt.train.memory import reserve, resolve_budget
+
+    fake = fake_cuda(2)
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    budget = resolve_budget("auto", torch.device("cuda", 1))
+    assert fake.calls == ["mem_get_info:1"]
+    assert budget.bytes == 31 * GIB and budget.device_bytes == 32 * 2**20
+    assert budget.usable == 31 * GIB - reserve(31 * GIB) - 32 * 2**20
+    assert "free on cuda:1" in budget.how and "80" in budget.how
+    assert "cuBLAS" in budget.line()
+    config = write_toy_config(
+        tmp_path / "c.yaml",
+        "num_layers: 1, rnn_size: 8, word_vec_size: 6",
+        "prealloc: auto, memory_budget: auto, batch_size: 4",
+    )
+    cfg = load_config(config)
+    plan = plan_memory(cfg, src_vocab=60, tgt_vocab=60, world_size=1, budget=budget)
+    assert plan.plan.policy == "all" and plan.usable_bytes == budget.usable
+    assert plan.how == "auto" and plan.peak_bytes <= plan.usable_bytes

@@ -70,6 +70,7 @@ DETERMINISTIC_ON_CUDA = {
             "where",
             "zero_",
             "flip",
+            "arange",
         ],
         "elementwise",
     ),

@@ -278,3 +278,72 @@ def test_attention_policy_shares_across_decoder_clones_only() -> None:
     assert all(len(ids) == 1 for ids in by_name.values())
     i2h = {id(n.output) for _, g in executor.clone_graphs() for n in g.nodes if n.name == "l0.i2h"}
     assert len(i2h) == executor.n_enc + executor.n_dec  # not shared under "attention"
+
+
+PARTIAL_STRUCTURES = [
+    pytest.param({"num_layers": 2, "bidirectional": True, "dropout": 0.3}, id="L2-bi-drop"),
+    pytest.param({"num_layers": 1, "input_feed": False, "attention": "mlp"}, id="mlp-L1"),
+    pytest.param({"num_layers": 3, "dropout": 0.3, "granularity": "fused"}, id="fused-L3"),
+    pytest.param({"num_layers": 2, "dropout": 0.3, "rnn_type": "gru"}, id="gru-L2"),
+]
+
+
+@pytest.mark.parametrize("structure", PARTIAL_STRUCTURES)
+def test_partial_recompute_is_bitwise_none(structure: dict, deterministic) -> None:
+    """Clones of the last positions recompute, the others run as under `all`: the same
+    losses, parameters and RNG state as `none`, bit for bit, whichever clones recompute
+    (batches shorter than the maximum lengths reach only some of them)."""
+    cfg = ModelConfig(rnn_size=4, word_vec_size=3, **structure)
+    torch.manual_seed(0)
+    start = Seq2SeqAttn(cfg, 11, 11).to(TEST_DEVICE).train()
+    batches = [b.to(TEST_DEVICE) for b in random_corpus(3, 11, seed=4, max_src=5, max_tgt=4)]
+
+    def train(spec: ExecutorSpec) -> tuple[list[float], list[torch.Tensor], torch.Tensor]:
+        model = copy.deepcopy(start)
+        executor = planner.planned_executor(model, spec)
+        opt = torch.optim.SGD(model.parameters(), lr=0.5)
+        torch.manual_seed(42)
+        losses = []
+        for batch in batches:
+            opt.zero_grad(set_to_none=False)
+            losses.append(float(executor.forward_backward(batch)))
+            opt.step()
+        return losses, [p.detach().clone() for p in model.parameters()], rng_state(TEST_DEVICE)
+
+    base = ExecutorSpec(cfg, 5, 4, policy="none")
+    ref_losses, ref_params, ref_rng = train(base)
+    for enc, dec in ((1, 0), (0, 2), (3, 1), (7, 5)):  # 7 and 5: all of them
+        spec = base.replace(policy="all", recompute_encoder=enc, recompute_decoder=dec)
+        losses, params, rng = train(spec)
+        assert losses == ref_losses, (enc, dec)
+        assert all(torch.equal(a, b) for a, b in zip(params, ref_params, strict=True)), (enc, dec)
+        assert torch.equal(rng, ref_rng), (enc, dec)
+
+
+def test_partial_recompute_shares_by_way_of_running() -> None:
+    """A slot safe only when its clone recomputes is one tensor among the recomputing clones
+    and private in the others; a slot safe both ways is one tensor for every clone; the
+    clones that recompute are those of the last positions."""
+    cfg = ModelConfig(num_layers=2, rnn_size=4, word_vec_size=3, dropout=0.3)
+    spec = ExecutorSpec(cfg, 4, 3, policy="all", recompute_encoder=2, recompute_decoder=1)
+    executor = planner.planned_executor(Seq2SeqAttn(cfg, 7, 7), spec)
+    assert executor.recomputes["enc"] == [False] * 4 + [True] * 2
+    assert executor.recomputes["dec"] == [False] * 3 + [True]
+    plan = executor.plan
+    only_recompute = plan.recompute_shared - plan.shared
+    both = plan.shared & plan.recompute_shared
+    assert ("l1.dropout", "mask") in only_recompute and ("l0.in_gate", "output") in only_recompute
+    assert both and ("attn.mm1", "grad_input[0]") in both
+
+    def tensors(slot, kind: str) -> list[int]:
+        node, role = slot
+        return [
+            id(dict(n.buffers())[role])
+            for g in executor.clones[kind]
+            for n in g.all_nodes()
+            if n.name == node
+        ]
+
+    masks = tensors(("l1.dropout", "mask"), "enc")
+    assert len(set(masks[:4])) == 4 and len(set(masks[4:])) == 1 and masks[4] not in masks[:4]
+    assert len(set(tensors(("attn.mm1", "grad_input[0]"), "dec"))) == 1

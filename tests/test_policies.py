@@ -139,8 +139,9 @@ def test_an_extra_policy_is_accepted_planned_and_reported(extra_policy, tmp_path
     path.write_text(MEMREPORT_YAML, encoding="utf-8")
     cfg = load_config(path, [f"train.prealloc={extra_policy}"], require_data=False)
     assert cfg.train.prealloc == extra_policy
-    assert "none / attention / all / recompute / outputs" in reference_markdown()
-    with pytest.raises(NmtError, match="none, attention, all, recompute, outputs, got 'most'"):
+    assert "none / attention / all / recompute / outputs / auto" in reference_markdown()
+    listed = "none, attention, all, recompute, outputs, auto, got 'most'"
+    with pytest.raises(NmtError, match=listed):
         from_dict({"train": {"prealloc": "most"}})
 
     # the planner uses its selector, and sharing what it picks changes no number
@@ -241,7 +242,7 @@ def test_old_keys_are_refused_naming_the_new_one(tmp_path, old) -> None:
     value = "false" if old == "train.preallocate" else "attention"
     key = old.split(".")[1]
     cfg = write_toy_config(tmp_path / "x.yaml", TINY_MODEL, f"{key}: {value}")
-    new = "was replaced by 'train.prealloc' (none | attention | all | recompute)"
+    new = "was replaced by 'train.prealloc' (none | attention | all | recompute | auto)"
     with pytest.raises(NmtError, match=re.escape(f"x.yaml: key '{old}' {new}")):
         load_config(cfg)
     plain = write_toy_config(tmp_path / "y.yaml", TINY_MODEL, "batch_size: 3")

@@ -1,5 +1,6 @@
 """memreport's `peak_bytes` against a real run: 2 training steps and a validation pass on the
-CPU, in a fresh process, measured as its peak resident memory above its baseline."""
+CPU, in a fresh process, measured as its peak resident memory above its baseline; and a run
+with `train.memory_budget` staying within it."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ import pytest
 
 from nmt.config import load_config
 from nmt.memreport.measure import Setting, measure
+from nmt.memreport.plan import Frontier, Shape, run_setting
+from nmt.train.memory import smallest_budget
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "run_peak.py"
@@ -81,3 +84,65 @@ def test_a_real_run_peaks_where_memreport_says(config: Path, row: str, overrides
     report = f"{row}: measured {above / MIB:.1f} MiB, predicted {predicted.peak_bytes / MIB:.1f}"
     assert 0.7 * predicted.peak_bytes <= above, report
     assert above <= 1.3 * predicted.peak_bytes + ALLOWANCE, report
+
+
+# ---- a budget a real run keeps to ---------------------------------------------------------
+
+BUDGET_LENGTH = 20  # 2 x 256 at lengths 20: the clones' buffers weigh beside the vocabulary
+
+
+@pytest.fixture(scope="module")
+def budget_config(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("run_budget")
+    corpus = root / "corpus"
+    _run("corpus", str(corpus), "--vocab", str(VOCAB), "--length", str(BUDGET_LENGTH))
+    path = root / "config.yaml"
+    path.write_text(
+        f"""data:
+  train_src: {corpus / "train.src"}
+  train_tgt: {corpus / "train.tgt"}
+  valid_src: {corpus / "valid.src"}
+  valid_tgt: {corpus / "valid.tgt"}
+  src_vocab_size: {VOCAB}
+  tgt_vocab_size: {VOCAB}
+  max_src_len: {BUDGET_LENGTH}
+  max_tgt_len: {BUDGET_LENGTH}
+model: {{num_layers: 2, rnn_size: 256, word_vec_size: 64, dropout: 0.3}}
+train: {{batch_size: 64, max_steps: 2, device: cpu, prealloc: auto, memory_budget: 1GiB}}
+""",
+        encoding="utf-8",
+    )
+    return path
+
+
+@pytest.mark.parametrize(
+    ("where", "kind"),
+    [(0.0, "all"), (0.5, "partial"), (1.25, "accumulation")],
+)
+def test_a_real_run_stays_within_its_memory_budget(budget_config: Path, where: float, kind: str):
+    """Three budgets for a 50k-vocabulary model: one all fits, one halfway from all's peak to
+    recompute's (partial recompute), one below recompute's (micro-batches). The run's peak
+    above its baseline stays within the budget (the reserve covers what is not accounted:
+    the corpus, the tokenizers, the checkpoint)."""
+    cfg = load_config(budget_config)
+    base = run_setting(cfg, VOCAB, VOCAB)
+    frontier = Frontier(Shape.of(cfg).setting(base, 1))
+    a, r = frontier.policy_peaks["all"], frontier.policy_peaks["recompute"]
+    budget = smallest_budget(round(a + where * (r - a)))
+    args = ["train", "--config", str(budget_config), "--set", f"train.memory_budget={budget}"]
+    measured = json.loads(_run(*args).strip().splitlines()[-1])
+    assert measured["reset"] == 1, "the kernel's high-water mark could not be reset"
+    plan = measured["memory_plan"]
+    chosen = plan["plan"]
+    found = (
+        "accumulation"
+        if chosen["accum_steps"] > 1
+        else "partial"
+        if chosen["recompute_encoder"] + chosen["recompute_decoder"]
+        else chosen["prealloc"]
+    )
+    assert found == kind, plan
+    above = measured["above_bytes"]
+    report = f"budget {budget / MIB:.1f} MiB: measured {above / MIB:.1f} MiB, plan {plan}"
+    assert plan["peak_bytes"] <= plan["usable_bytes"] < budget
+    assert 0.7 * plan["peak_bytes"] <= above <= budget, report

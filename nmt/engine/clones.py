@@ -14,11 +14,14 @@ buffers never grow (nor fragment a CUDA cache) mid-epoch.
 
 When the plan recomputes (the `recompute` policy), each clone's backward first re-runs that
 clone's forward on the same inputs, into the buffers all clones share, so that a clone keeps
-only what leaves it (its outgoing state). The re-run is the same operations in the same
-order, so every number is bitwise that of a step without it; its dropout masks are redrawn
-from the mask generator's state saved when the clone first ran forward (one saved state per
-clone: host memory, 5 KiB on CPU, 16 B on CUDA, not counted among the buffers), and the
-generator is then put back, so the step leaves the RNG exactly where the other policies do.
+only what leaves it (its outgoing state). With partial recompute only the clones of the
+last positions the spec names do so, sharing among themselves what the plan found safe for
+clones that recompute; the others run as under the plain policy. The re-run is the same
+operations in the same order, so every number is bitwise that of a step without it; its
+dropout masks are redrawn from the mask generator's state saved when the clone first ran
+forward (one saved state per clone: host memory, 5 KiB on CPU, 16 B on CUDA, not counted
+among the buffers), and the generator is then put back, so the step leaves the RNG exactly
+where the other policies do.
 """
 
 from __future__ import annotations
@@ -90,6 +93,13 @@ class CloneExecutor:
         self.loss_chunk = spec.output_positions  # target positions the output layer runs at once
         self.plan = plan
         self.policy = self.plan.policy
+        # per clone, whether it re-runs its forward in its backward: every clone under a plan
+        # that recomputes, else (partial recompute) those of the last positions the spec says
+        partial = spec.partial_recompute
+        self.recomputes: dict[str, list[bool]] = {
+            kind: [plan.recompute or (partial and r) for r in spec.recomputing(kind, len(graphs))]
+            for kind, graphs in self.clones.items()
+        }
         self.shared = self._share(self.plan)
         # recompute: the mask generator's state before each clone's forward, per clone
         self._rng: dict[str, list[Tensor | None]] = {
@@ -157,34 +167,40 @@ class CloneExecutor:
             if mine.untyped_storage().nbytes() < need:
                 mine.untyped_storage().resize_(need)
 
-    def _share(self, plan: SharingPlan) -> dict[tuple[str, str], Tensor]:
-        """Point the same node of every clone at one tensor for each shared (node, role)."""
-        shared: dict[tuple[str, str], Tensor] = {}
-        for graphs in self.clones.values():
-            for g in graphs:
+    def _share(self, plan: SharingPlan) -> dict[tuple[str, str, str], Tensor]:
+        """Point the same node of every clone (of every clone that runs the same way, for a
+        slot shared only among those: `SharingPlan.group`) at one tensor for each shared
+        (node, role): (group, node, role) -> the tensor."""
+        shared: dict[tuple[str, str, str], Tensor] = {}
+        for kind, graphs in self.clones.items():
+            for g, recomputes in zip(graphs, self.recomputes[kind], strict=True):
                 for node in g.all_nodes():
                     for role, own in list(node.buffers()):
-                        key = (node.name, role)
-                        if key in plan.shared:
-                            if key not in shared:  # in the dtype the node keeps it in
-                                shared[key] = torch.empty(0, device=self.device, dtype=own.dtype)
-                            node.set_buffer(role, shared[key])
+                        group = plan.group((node.name, role), recomputes)
+                        if group is None:
+                            continue
+                        key = (group, node.name, role)
+                        if key not in shared:  # in the dtype the node keeps it in
+                            shared[key] = torch.empty(0, device=self.device, dtype=own.dtype)
+                        node.set_buffer(role, shared[key])
         return shared
 
     # ---- the training step ---------------------------------------------------------------
 
-    def forward_backward(self, batch: Batch) -> Tensor:
-        """Accumulate d(training loss / batch_size)/d(param) (the NLL, or with label smoothing
+    def forward_backward(self, batch: Batch, norm: int | None = None) -> Tensor:
+        """Accumulate d(training loss / norm)/d(param) (the NLL, or with label smoothing
         the smoothed cross-entropy of `nmt.loss`) into each parameter's .grad (zeros are
         created where .grad is None) and return the summed NLL of the non-PAD tokens (a
-        0-dim float64 tensor of its own on the device: nothing is read back).
+        0-dim float64 tensor of its own on the device: nothing is read back). `norm`: the
+        sentences the loss is averaged over (default the batch's; a micro-batch's is its
+        whole batch's).
 
         Dropout is used iff model.training, with masks drawn in the order of
         Seq2SeqAttn.forward (encoder, backward encoder, then decoder positions)."""
-        return self.step(batch).clone()
+        return self.step(batch, norm=norm).clone()
 
     @torch.no_grad()
-    def step(self, batch: Batch, tr: Tracer | None = None) -> Tensor:
+    def step(self, batch: Batch, tr: Tracer | None = None, norm: int | None = None) -> Tensor:
         """forward_backward's step, returning the summed NLL as the loop's 0-dim float64
         buffer (no device sync). `tr`: a Tracer that records what each clone call touches
         (the planner's probe)."""
@@ -212,7 +228,7 @@ class CloneExecutor:
         tin = resized(lp["tgt_in"], (T, B)).copy_(tgt_in.t())
         tout = resized(lp["tgt_out"], (T, B, 1)).copy_(tgt_out.t().unsqueeze(2))
         valid = resized(lp["valid"], (T, B, 1)).copy_(tout != PAD)
-        weight = torch.div(valid, B, out=resized(lp["weight"], (T, B, 1)))
+        weight = torch.div(valid, norm or B, out=resized(lp["weight"], (T, B, 1)))
         if self.loss_scale is not None:  # float16: the loss scaled up, the gradients with it
             weight.mul_(self.loss_scale)
         zeros = resized(lp["zeros"], (B, H)).zero_()
@@ -362,7 +378,7 @@ class CloneExecutor:
         return [input_grads[name] for name in self._states]
 
     def _forward(self, g: Graph, tr: Tracer | None, kind: str, t: int) -> None:
-        if self.plan.recompute:  # what its backward redraws the clone's masks from
+        if self.recomputes[kind][t]:  # what its backward redraws the clone's masks from
             self._rng[kind][t] = mask_rng_state(self.device) if self.model.training else None
         _forward(g, tr, kind, t)
 
@@ -371,7 +387,7 @@ class CloneExecutor:
     ) -> dict[str, Tensor]:
         if self.before_backward is not None:
             self.before_backward(f"{kind}[{t}]", g)
-        if self.plan.recompute:  # the clone's forward again, same inputs, same masks
+        if self.recomputes[kind][t]:  # the clone's forward again, same inputs, same masks
             with replayed_masks(self.device, self._rng[kind][t]):
                 _forward(g, tr, kind, t, "bwd")
         return _backward(g, grads, tr, kind, t)

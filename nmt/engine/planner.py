@@ -25,7 +25,13 @@ clone's backward phase re-runs its forward first, so a sigmoid's output or a dro
 rewritten in the backward before it is read there, and becomes shareable; what leaves the
 clone (its outgoing state) or is read outside its calls stays private.
 
-Which of the safe buffers are shared is the policy's choice (`nmt.engine.policies`).
+With partial recompute (`ExecutorSpec.recompute_encoder` / `recompute_decoder`) the clones
+of some positions recompute and the others do not; each runs as one of the two probes did,
+so each shares what the policy selects from its own way's analysis (`SharingPlan.group`).
+A clone's calls never interleave with another's, so a slot safe in both ways is one tensor
+for all of them.
+
+Which of the safe buffers are shared is the policy's choice (`nmt.policies`).
 """
 
 from __future__ import annotations
@@ -64,17 +70,31 @@ def structure_key(model_cfg: ModelConfig) -> StructureKey:
     return tuple((f.name, getattr(probe, f.name)) for f in dataclasses.fields(probe))
 
 
-def plan(model_cfg: ModelConfig, policy: str = "all") -> SharingPlan:
+def plan(model_cfg: ModelConfig, policy: str = "all", partial: bool = False) -> SharingPlan:
     """The sharing plan for models of this graph structure (sizes do not matter, nor
-    rates beyond on/off: see `nmt.config.graph_structure`)."""
-    return _plan(structure_key(model_cfg), policies.get(policy))
+    rates beyond on/off: see `nmt.config.graph_structure`). `partial`: also for clones that
+    recompute while the others do not (partial recompute): what the policy selects from
+    the analysis of a step that recomputes, for those clones to share."""
+    return _plan(structure_key(model_cfg), policies.get(policy), partial)
 
 
 @lru_cache(maxsize=32)
-def _plan(key: StructureKey, policy: policies.Policy) -> SharingPlan:
+def _plan(key: StructureKey, policy: policies.Policy, partial: bool = False) -> SharingPlan:
     safe, unsafe, sizes, mm = _analysis(key, policy.recompute)
     shared = policy.shares(policies.Analysis(safe, frozenset(unsafe), mm))
-    return SharingPlan(policy.name, shared, safe, unsafe, sizes, recompute=policy.recompute)
+    recompute_shared = None
+    if partial and not policy.recompute:
+        safe_r, unsafe_r, _, mm_r = _analysis(key, True)
+        recompute_shared = policy.shares(policies.Analysis(safe_r, frozenset(unsafe_r), mm_r))
+    return SharingPlan(
+        policy.name,
+        shared,
+        safe,
+        unsafe,
+        sizes,
+        recompute=policy.recompute,
+        recompute_shared=recompute_shared,
+    )
 
 
 Analysis = tuple[frozenset[Slot], dict[Slot, str], dict[Slot, int], frozenset[Slot]]
@@ -103,8 +123,9 @@ def _probe(model_cfg: ModelConfig, recompute: bool = False) -> CloneExecutor:
 def planned_executor(
     model: Seq2SeqAttn, spec: ExecutorSpec, device: torch.device | str | None = None
 ) -> CloneExecutor:
-    """The clone executor `spec` describes, sharing what its policy's plan says."""
-    return CloneExecutor(model, spec, plan(spec.model, spec.policy), device)
+    """The clone executor `spec` describes, sharing what its policy's plan says (with
+    partial recompute, for both ways of running)."""
+    return CloneExecutor(model, spec, plan(spec.model, spec.policy, spec.partial_recompute), device)
 
 
 class UnderdeclaredReadError(TypeError):

@@ -1,5 +1,11 @@
 """A sharing plan: which (node, role) buffers all clones share. The planner finds it
 (planner.py); the executor receives it and points those buffers of every clone at one tensor.
+
+A plan for partial recompute (some clones re-run their forward in their backward, the
+others keep what their backward reads) has a second set, `recompute_shared`: the slots the
+recomputing clones share among themselves. A slot in both sets is one tensor for every
+clone; a slot in one set only is one tensor for the clones of that way of running, and
+private in the others.
 """
 
 from __future__ import annotations
@@ -22,6 +28,9 @@ class SharingPlan:
     unsafe: dict[Slot, str] = field(default_factory=dict, compare=False)  # slot -> why not
     probe_bytes: dict[Slot, int] = field(default_factory=dict, compare=False)  # per clone
     recompute: bool = False  # each clone's backward re-runs its forward first
+    # partial recompute: what the clones that recompute share (the policy's selection from
+    # the analysis of a step that recomputes); None: the plan was made for no such clone
+    recompute_shared: frozenset[Slot] | None = None
 
     def forcing(self, slots: set[Slot] | frozenset[Slot]) -> SharingPlan:
         """The same plan with `slots` shared regardless of safety (tests use it to show
@@ -50,6 +59,24 @@ class SharingPlan:
             f"({len(self.shared)} of {len(self.safe) + len(self.unsafe)} node buffers)"
             + (", each clone's forward re-run in its backward" if self.recompute else "")
         )
+
+    def group(self, slot: Slot, recomputes: bool) -> str | None:
+        """Which tensor a clone's `slot` is: "all" (one tensor for every clone), "plain" /
+        "recompute" (one for the clones that run that way), None (the clone's own).
+        `recomputes`: whether the clone re-runs its forward in its backward."""
+        if self.recompute:
+            return "all" if slot in self.shared else None
+        mine = self.shared
+        if recomputes:
+            if self.recompute_shared is None:
+                raise ValueError(f"plan {self.policy!r} was made for no recomputing clone")
+            mine = self.recompute_shared
+        if slot not in mine:
+            return None
+        other = self.shared if recomputes else self.recompute_shared
+        if other is None or slot in other:
+            return "all"
+        return "recompute" if recomputes else "plain"
 
     def table(self) -> str:
         """Every (node, role) with its decision and, when not shared, the reason."""

@@ -13,41 +13,23 @@ accounting time): the answer is then the line's, and marked as extrapolated.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from nmt.config import size_bytes
 from nmt.errors import NmtError
 
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": 2**10,
-    "kib": 2**10,
-    "kb": 10**3,
-    "m": 2**20,
-    "mib": 2**20,
-    "mb": 10**6,
-    "g": 2**30,
-    "gib": 2**30,
-    "gb": 10**9,
-    "t": 2**40,
-    "tib": 2**40,
-    "tb": 10**12,
-}
 BATCH_CAP = 1 << 20
 LENGTH_CAP = 4096
 VERIFY_LENGTH_FACTOR = 4  # account target lengths up to 4x the configured one
 
 
 def parse_size(text: str) -> int:
-    """'16GiB', '500MB', '2G', '1.5 GiB', '1000000' -> bytes. K/M/G/T and KiB.. are powers
-    of 1024 (as nvidia-smi and seq2seq-attn's README count), KB/MB/GB/TB powers of 1000."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z]*)\s*", text)
-    unit = m.group(2).lower() if m else ""
-    if not m or unit not in _UNITS:
+    """'16GiB', '500MB', '2G', '1.5 GiB', '1000000' -> bytes (`nmt.config.size_bytes`: K/M/G/T
+    and KiB.. are powers of 1024, KB/MB/GB/TB powers of 1000)."""
+    size = size_bytes(text)
+    if size is None:
         raise NmtError(f"--budget {text!r}: expected a size like 16GiB, 500MB or 2G")
-    size = int(float(m.group(1)) * _UNITS[unit])
     if size <= 0:
         raise NmtError(f"--budget {text!r}: the budget must be more than 0 bytes")
     return size

@@ -56,22 +56,37 @@ ACCUMULATOR_ROLES = ("grad_output_acc", "encoder_acc", "state_grad", "state_grad
 
 @dataclass(frozen=True)
 class Setting:
-    """Everything training memory depends on: the executor's spec (model, lengths, batch,
-    label smoothing, loss chunk, precision; its policy is each row's own), vocabularies, the
-    optimizer and, when asked, a beam search."""
+    """Everything training memory depends on: the executor's spec (model, lengths, the
+    micro-batch its buffers are for, label smoothing, loss chunk, partial recompute,
+    precision; its policy is each row's own), vocabularies, the optimizer and, when asked, a
+    beam search. `valid_batch_size`: the sentences a validation pass runs at once (None: the
+    spec's batch; under torchrun every rank validates whole batches); `accum_steps`: the
+    micro-batches a batch runs as (`train.accum_steps`)."""
 
     spec: ExecutorSpec
     src_vocab: int
     tgt_vocab: int
     optimizer: str = "sgd"
     translation: Translation | None = None  # a beam search's phase, when asked
+    valid_batch_size: int | None = None
+    accum_steps: int = 1
 
     @classmethod
     def from_config(cls, cfg: Config, translation: Translation | None = None) -> Setting:
-        d = cfg.data
+        """One process's run (`train.prealloc: auto` counts as the default policy: each
+        row has its own, and the plan auto would choose is `nmt.memreport.plan`'s)."""
+        d, t = cfg.data, cfg.train
+        if t.prealloc not in policies.names():
+            cfg = dataclasses.replace(cfg, train=dataclasses.replace(t, prealloc=policies.DEFAULT))
         spec = ExecutorSpec.from_config(cfg)
-        t = cfg.train
-        return cls(spec, d.src_vocab_size, d.tgt_vocab_size, t.optimizer, translation)
+        return cls(
+            spec,
+            d.src_vocab_size,
+            d.tgt_vocab_size,
+            t.optimizer,
+            translation,
+            accum_steps=t.accum_steps,
+        )
 
     def replace(self, **changes: object) -> Setting:
         """Another setting; the spec's fields (batch_size, max_tgt_len, ...) by name too."""
@@ -81,8 +96,8 @@ class Setting:
         return dataclasses.replace(self, spec=spec, **mine)
 
     def row_spec(self, policy: str) -> ExecutorSpec:
-        """The executor of the clone row `policy`."""
-        return self.spec.replace(policy=policy)
+        """The executor of the clone row `policy` (the policy alone: no partial recompute)."""
+        return self.spec.replace(policy=policy, recompute_encoder=0, recompute_decoder=0)
 
     # ---- the spec's, read through ----
 
@@ -92,7 +107,13 @@ class Setting:
 
     @property
     def batch_size(self) -> int:
+        """The sentences of one micro-batch of one rank: what the step holds buffers for."""
         return self.spec.batch_size
+
+    @property
+    def validation_batch(self) -> int:
+        """The sentences a validation pass runs at once."""
+        return self.valid_batch_size or self.spec.batch_size
 
     @property
     def max_src_len(self) -> int:
@@ -128,10 +149,13 @@ class Setting:
         """Bytes of an element of the clone buffers (the compute dtype)."""
         return self.spec.dtypes.element_bytes
 
-    def full_batch(self, device: torch.device | str, seed: int = 0) -> Batch:
-        """A batch at maximum lengths with no padding (the largest step); random real tokens
-        on a real device, uninitialised on meta."""
-        B, S, T = self.batch_size, self.encoder_clones, self.decoder_clones
+    def full_batch(
+        self, device: torch.device | str, seed: int = 0, batch_size: int | None = None
+    ) -> Batch:
+        """A batch at maximum lengths with no padding (the largest step) of `batch_size`
+        sentences (default: the step's); random real tokens on a real device, uninitialised
+        on meta."""
+        B, S, T = batch_size or self.batch_size, self.encoder_clones, self.decoder_clones
         if torch.device(device).type == "meta":
             make = lambda n, v: torch.empty(B, n, dtype=torch.long, device="meta")  # noqa: E731
         else:
@@ -254,12 +278,16 @@ def optimizer_bytes(setting: Setting) -> int:
     )
 
 
-def measure_clones(setting: Setting, policy: str, opt_bytes: int) -> PolicyMemory:
-    """The clone executor's exact inventory after one step at maximum lengths, on meta."""
-    planner.plan(setting.model, policy)  # cached: its probe's storages are not this step's
-    tracker = StorageTracker()
+def measure_clones(
+    setting: Setting, policy: str, opt_bytes: int, spec: ExecutorSpec | None = None
+) -> PolicyMemory:
+    """The clone executor's exact inventory after one step at maximum lengths, on meta;
+    `spec`: the executor (default: the row's, `Setting.row_spec`)."""
+    spec = spec or setting.row_spec(policy)
+    planner.plan(setting.model, policy, spec.partial_recompute)  # cached: its probe's
+    tracker = StorageTracker()  # storages are not this step's
     with tracker:
-        records = account(setting.row_spec(policy), setting.src_vocab, setting.tgt_vocab)
+        records = account(spec, setting.src_vocab, setting.tgt_vocab)
     summary = summarize(records)
     parts = dict.fromkeys(("output", "grad_input", "accumulator", "other"), 0)
     if setting.spec.dtypes.mixed:
@@ -345,11 +373,12 @@ def measure_autograd(setting: Setting, row: str, opt_bytes: int) -> PolicyMemory
 
 
 def validation_peak(setting: Setting, loss_chunk: int, model: Seq2SeqAttn | None = None) -> int:
-    """Activation bytes at the peak of validating one batch of `setting.batch_size` sentences
-    at maximum lengths (`nmt.loss.batch_nll`: dropout off, no gradients, the loss in chunks
-    of `loss_chunk` positions); on `model`'s device, meta by default."""
+    """Activation bytes at the peak of validating one batch of `setting.validation_batch`
+    sentences at maximum lengths (`nmt.loss.batch_nll`: dropout off, no gradients, the loss
+    in chunks of `loss_chunk` positions); on `model`'s device, meta by default."""
     model = model if model is not None else setting.build_model("meta")
-    batch = setting.full_batch(next(model.parameters()).device)
+    device = next(model.parameters()).device
+    batch = setting.full_batch(device, batch_size=setting.validation_batch)
     known = [t for p in model.parameters() for t in (p, p.grad) if t is not None]
     tracker = StorageTracker([*known, batch.src, batch.tgt_in, batch.tgt_out])
     was_training = model.training
@@ -370,15 +399,19 @@ def translation_peak(setting: Setting) -> int | None:
     return beam_peak(setting.build_model("meta"), setting.encoder_clones, setting.translation)
 
 
-def measure(setting: Setting, policy: str, opt_bytes: int | None = None) -> PolicyMemory:
+def measure(
+    setting: Setting, policy: str, opt_bytes: int | None = None, partial: bool = False
+) -> PolicyMemory:
     """The accounted memory of row `policy` for `setting`, every phase, on meta (nothing is
-    allocated)."""
+    allocated). `partial`: with the setting's partial recompute (`ExecutorSpec`), not the
+    policy alone."""
     if opt_bytes is None:
         opt_bytes = optimizer_bytes(setting)
     if policy in AUTOGRAD_ROWS:
         memory = measure_autograd(setting, policy, opt_bytes)
     else:
-        memory = measure_clones(setting, policy, opt_bytes)
+        spec = setting.spec.replace(policy=policy) if partial else None
+        memory = measure_clones(setting, policy, opt_bytes, spec)
     memory.validation_peak = validation_peak(setting, row_loss_chunk(setting, policy))
     memory.translation_peak = translation_peak(setting)
     return memory

@@ -89,8 +89,14 @@ def write_plot(report: Report, data: dict, path: str | Path) -> None:
     rows = list(pol)  # the report's rows: the registry's policies, then autograd
     unit, scale = _unit(max(pol[p]["peak_bytes"] for p in rows))
     has_curve = bool(report.lengths)
-    fig, axes = plt.subplots(1, 2 if has_curve else 1, figsize=(13 if has_curve else 7, 5.2))
-    bars = axes[0] if has_curve else axes
+    has_frontier = bool(report.frontiers)
+    fig = plt.figure(figsize=(13 if has_curve else 7, 11.5 if has_frontier else 5.2))
+    grid = fig.add_gridspec(
+        2 if has_frontier else 1,
+        2 if has_curve else 1,
+        height_ratios=[5.2, 6.3][: 2 if has_frontier else 1],
+    )
+    bars = fig.add_subplot(grid[0, 0])
     bottoms = [0.0] * len(rows)
     for key, label, color in _SEGMENTS:
         values = [(pol[p][key] or 0) / scale for p in rows]
@@ -110,7 +116,7 @@ def write_plot(report: Report, data: dict, path: str | Path) -> None:
     bars.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.07), ncol=3)
 
     if has_curve:
-        curve = axes[1]
+        curve = fig.add_subplot(grid[0, 1])
         for p, points in report.lengths.items():
             xs = [t for t, _ in points]
             ys = [b / scale for _, b in points]
@@ -125,6 +131,9 @@ def write_plot(report: Report, data: dict, path: str | Path) -> None:
         curve.legend(fontsize=8)
         curve.grid(alpha=0.3)
 
+    if has_frontier:
+        _draw_frontier(fig, grid[1, :], report, data)
+
     m = s.model
     fig.suptitle(
         f"{m.num_layers} x {m.rnn_size} {m.rnn_type.upper()}, vocab {s.src_vocab}/{s.tgt_vocab}, "
@@ -138,3 +147,106 @@ def write_plot(report: Report, data: dict, path: str | Path) -> None:
         raise NmtError(f"--plot {path}: cannot write ({exc.strerror or exc})") from None
     finally:
         plt.close(fig)
+
+
+_ACCUM_COLORS = ("#4c72b0", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3")
+BREAK = 1.25  # peaks above this times all's go to the upper panel of the frontier
+TITLE = (
+    "the frontier: a training run's accounted peak (step, validation, validation BLEU search "
+    "as configured) against the FLOPs a plan adds"
+)
+
+
+def _draw_frontier(fig, cell, report: Report, data: dict) -> None:
+    """The frontier: accounted peak against extra FLOPs for every plan - the policies,
+    every partial recompute plan (dots), the frontier through them (a line per number of
+    micro-batches), recompute; with a budget, what auto may use and what it chose. Peaks far
+    above all's (none, attention) get an upper panel of their own, so the rest stay legible."""
+    first_accum = min(report.frontiers)
+    first = report.frontiers[first_accum]
+    peaks = [c.peak_bytes for f in report.frontiers.values() for c in (f.policy("none"),)]
+    peaks += [int(first.peaks.min()), first.policy_peaks["all"]]
+    unit, scale = _unit(max(peaks))
+    all_peak = first.policy_peaks[policies.DEFAULT]
+    high = {
+        p: first.policy_peaks[p]
+        for p in ("none", "attention")
+        if first.policy_peaks[p] > BREAK * all_peak
+    }
+    inner = cell.subgridspec(
+        2 if high else 1, 1, height_ratios=[1, 4][-(2 if high else 1) :], hspace=0.08
+    )
+    ax = fig.add_subplot(inner[-1, 0])
+    top = fig.add_subplot(inner[0, 0], sharex=ax) if high else None
+    points = first.points()
+    ax.scatter(
+        [100 * x for x, _ in points],
+        [y / scale for _, y in points],
+        s=5,
+        color="#999999",
+        label=f"the {len(points):,} partial recompute plans",
+        zorder=1,
+    )
+    for k, (accum, frontier) in enumerate(report.frontiers.items()):
+        line = [frontier.policy(policies.DEFAULT), *frontier.pareto, frontier.policy("recompute")]
+        xs = [100 * c.extra_flops for c in line]
+        ys = [c.peak_bytes / scale for c in line]
+        label = "the frontier" if accum == 1 else f"the frontier, {accum} micro-batches"
+        color = _ACCUM_COLORS[k % len(_ACCUM_COLORS)]
+        ax.plot(xs, ys, drawstyle="steps-post", color=color, lw=1.1, label=label, zorder=3)
+        marker = "o" if accum == first_accum else "^"
+        ax.scatter([xs[0], xs[-1]], [ys[0], ys[-1]], color=color, marker=marker, s=36, zorder=4)
+        suffix = "" if accum == 1 else f", {accum} micro-batches"
+        for x, y, name, ha in (
+            (xs[0], ys[0], "all", "left"),
+            (xs[-1], ys[-1], "recompute", "right"),
+        ):
+            offset = (5 if ha == "left" else -5, 4)
+            ax.annotate(
+                f"{name}{suffix}",
+                (x, y),
+                textcoords="offset points",
+                xytext=offset,
+                ha=ha,
+                fontsize=7.5,
+            )
+    for name in ("none", "attention"):
+        y = first.policy_peaks[name] / scale
+        target = top if name in high else ax
+        target.scatter([0], [y], color=_line_color(name), marker="s", s=36, zorder=4)
+        target.annotate(name, (0, y), textcoords="offset points", xytext=(6, -3), fontsize=7.5)
+    auto = data.get("auto")
+    if auto is not None:
+        ax.axhline(
+            auto["usable_bytes"] / scale,
+            ls="--",
+            color="black",
+            lw=1,
+            label="the most a plan may peak at under the budget",
+        )
+        if auto["plan"] is not None:
+            p = auto["plan"]
+            ax.scatter(
+                [p["extra_flop_percent"]],
+                [p["peak_bytes"] / scale],
+                marker="*",
+                s=220,
+                color="#f0b400",
+                edgecolor="black",
+                zorder=5,
+                label="auto's choice",
+            )
+    if top is not None:
+        ys = [v / scale for v in high.values()]
+        top.set_ylim(min(ys) * 0.9, max(ys) * 1.1)
+        top.spines["bottom"].set_visible(False)
+        ax.spines["top"].set_visible(False)
+        top.tick_params(labelbottom=False, bottom=False)
+        top.grid(alpha=0.3)
+        top.set_title(TITLE)
+    else:
+        ax.set_title(TITLE)
+    ax.set_xlabel("extra FLOPs, % of a training step (recomputed forwards)")
+    ax.set_ylabel(f"peak {unit} (accounted)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7.5, loc="upper right")

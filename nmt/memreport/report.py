@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from nmt import attention, cells, policies, precisions
+from nmt import policies, precisions
 from nmt.config import Config
 from nmt.devices import resolve_device, setup_device
 from nmt.engine import planner
@@ -24,6 +24,7 @@ from nmt.memreport.budget import (
     Largest,
     largest_fitting,
 )
+from nmt.memreport.flops import extra_flop_fraction, forward_macs, step_gflop  # noqa: F401
 from nmt.memreport.live import LiveResult, real_step
 from nmt.memreport.measure import (
     CATEGORIES,
@@ -35,7 +36,19 @@ from nmt.memreport.measure import (
     report_policies,
     row_loss_chunk,
 )
+from nmt.memreport.plan import (
+    RECOMPUTE,
+    SHARING,
+    Candidate,
+    Choice,
+    Frontier,
+    Shape,
+    choose,
+    refusal,
+    run_setting,
+)
 from nmt.memreport.translation import Translation
+from nmt.train.memory import Budget, reserve
 
 # the JSON's version: raised whenever a key changes meaning or goes (docs/memory.md)
 SCHEMA_VERSION = 3
@@ -61,6 +74,12 @@ class Report:
     lengths: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
     # other precisions side by side (`--precision`): precision -> row -> accounted memory
     compare: dict[str, dict[str, PolicyMemory]] = field(default_factory=dict)
+    # the frontier (every plan's peak and extra FLOPs) by number of micro-batches, the shape
+    # it is for, and with a budget what train.prealloc auto would choose (or its refusal)
+    frontiers: dict[int, Frontier] = field(default_factory=dict)
+    shape: Shape | None = None
+    auto: Choice | None = None
+    auto_refusal: str | None = None
 
     @property
     def baseline(self) -> PolicyMemory:
@@ -84,35 +103,6 @@ class Report:
 
 
 # ---- device ------------------------------------------------------------------------------
-
-
-def forward_macs(s: Setting) -> tuple[int, int]:
-    """Multiply-adds of one forward at maximum lengths: (every clone, the generator)."""
-    m = s.model
-    H, E, L = m.rnn_size, m.word_vec_size, m.num_layers
-    cell = cells.get(m.rnn_type)
-
-    def stack(inp: int) -> int:  # multiply-adds of one position of a recurrent stack
-        return cell.macs(inp, H) + (L - 1) * cell.macs(H, H)
-
-    enc = stack(E) * (2 if m.bidirectional else 1)
-    dec = stack(E + H if m.input_feed else E) + attention.get(m.attention).macs(H, s.encoder_clones)
-    clones = s.batch_size * (s.encoder_clones * enc + s.decoder_clones * dec)
-    return clones, s.batch_size * s.decoder_clones * H * s.tgt_vocab
-
-
-def step_gflop(s: Setting) -> float:
-    """Rough cost of one training step: 2 FLOP per multiply-add, x3 for forward + backward."""
-    return 6 * sum(forward_macs(s)) / 1e9
-
-
-def extra_flop_fraction(s: Setting, policy: str) -> float:
-    """FLOPs a policy adds to a training step, as a fraction of the step (`step_gflop`): a
-    policy that recomputes runs every clone's forward once more (not the generator's)."""
-    if policy not in policies.REGISTRY or not policies.get(policy).recompute:
-        return 0.0
-    clones, generator = forward_macs(s)
-    return 2 * clones / (6 * (clones + generator))
 
 
 def physical_ram() -> int:
@@ -227,7 +217,40 @@ def build_report(
             report.lengths[p] = _timed(
                 log, f"length curve {p}", lambda p=p: length_curve(setting, p, opt, memory[p])
             )
+    more = budget is not None or lengths  # --budget, --plot: with micro-batches too
+    _timed(log, "the frontier", lambda: add_frontier(report, cfg, opt, budget, more))
     return report
+
+
+FRONTIER_ACCUM = (2, 4, 8)  # the numbers of micro-batches the frontier shows (up to the most)
+FRONTIER_POLICIES = (*SHARING, RECOMPUTE)
+
+
+def add_frontier(
+    report: Report, cfg: Config, opt: int, budget: int | None, more: bool = True
+) -> None:
+    """The frontier at the configured micro-batches and, with `more`, at FRONTIER_ACCUM
+    more (up to train.max_accum_steps), as a training run accounts it (validation BLEU
+    searching when the config says so); with a budget, what train.prealloc auto would
+    choose."""
+    s = report.setting
+    shape = Shape.of(cfg, auto=True)
+    base = run_setting(cfg, s.src_vocab, s.tgt_vocab)
+    report.shape = shape
+    accums = [shape.min_accum]
+    if more:
+        accums += [a for a in FRONTIER_ACCUM if shape.min_accum < a <= shape.max_accum]
+    for accum in accums:
+        report.frontiers[accum] = Frontier(shape.setting(base, accum), opt=opt)
+    if budget is None:
+        return
+    target = Budget("--budget", budget, f"--budget {budget:,} B")
+    report.auto = choice = choose(base, shape, target.usable, known=report.frontiers)
+    for accum, frontier in choice.frontiers.items():
+        report.frontiers.setdefault(accum, frontier)
+    report.frontiers = dict(sorted(report.frontiers.items()))
+    if choice.candidate is None:
+        report.auto_refusal = str(refusal(base, shape, target, choice))
 
 
 def search_budget(
@@ -436,6 +459,61 @@ def clone_buffer_bytes(m: PolicyMemory) -> int | None:
     return sum(m.parts[c] for c in ("output", "grad_input", "accumulator", "other"))
 
 
+def candidate_json(report: Report, c: Candidate) -> dict:
+    s = report.setting
+    return {
+        "plan": c.name(s.encoder_clones, s.decoder_clones),
+        "policy": c.plan.policy,
+        "recompute_encoder": c.plan.recompute_encoder,
+        "recompute_decoder": c.plan.recompute_decoder,
+        "accum_steps": c.plan.accum_steps,
+        "micro_batch": c.micro_batch,
+        "kind": c.kind,
+        "peak_bytes": c.peak_bytes,
+        "peak_phase": c.peak_phase,
+        "extra_flop_percent": 100.0 * c.extra_flops,
+    }
+
+
+def frontier_candidates(report: Report) -> list[Candidate]:
+    """The frontier's plans: at the configured micro-batches every policy and the partial
+    recompute plans on the frontier; with more micro-batches, all and recompute."""
+    out: list[Candidate] = []
+    first = min(report.frontiers, default=None)
+    for accum, frontier in report.frontiers.items():
+        names = FRONTIER_POLICIES if accum == first else (policies.DEFAULT, RECOMPUTE)
+        out += [frontier.policy(p) for p in names]
+        if accum == first:
+            out[-1:-1] = frontier.pareto  # before recompute
+    return out
+
+
+def frontier_json(report: Report) -> dict | None:
+    if not report.frontiers or report.shape is None:
+        return None
+    first = report.frontiers[min(report.frontiers)]
+    return {
+        "bleu_search": report.shape.bleu,
+        "micro_batches": list(report.frontiers),
+        "partial_plans": first.partial_count,
+        "plans": [candidate_json(report, c) for c in frontier_candidates(report)],
+    }
+
+
+def auto_json(report: Report) -> dict | None:
+    if report.auto is None or report.budget is None:
+        return None
+    c = report.auto.candidate
+    return {
+        "budget_bytes": report.budget,
+        "reserve_bytes": reserve(report.budget),
+        "usable_bytes": report.auto.usable,
+        "plan": None if c is None else candidate_json(report, c),
+        "reason": report.auto.reason if c is not None else None,
+        "refusal": report.auto_refusal,
+    }
+
+
 def to_json(report: Report) -> dict:
     """Every number of the report; keys are stable (null where a number does not apply)."""
     s = report.setting
@@ -467,6 +545,8 @@ def to_json(report: Report) -> dict:
     return {
         "schema_version": SCHEMA_VERSION,
         "config": config,
+        "frontier": frontier_json(report),
+        "auto": auto_json(report),
         "policies": {p: policy_numbers(report, p) for p in report.memory},
         "precisions": precision_numbers(report),
         "seed_arithmetic": seed_arithmetic(report),

@@ -160,6 +160,10 @@ def render(report: Report) -> str:
         out += ["", _live_section(report)]
     if report.largest:
         out += ["", _budget_section(report)]
+    if data["frontier"] is not None:
+        out += ["", _frontier_section(report, data)]
+    if data["auto"] is not None:
+        out += ["", _auto_section(data)]
     if report.lengths:
         out += ["", "accounted peak, MiB, against the maximum target length"]
         first = next(iter(report.lengths.values()))
@@ -306,3 +310,69 @@ def _budget_section(report: Report) -> str:
         "extrapolated = the line only (far beyond the configured length); + = search cap"
     )
     return "\n".join(lines)
+
+
+FRONTIER_ROWS = 12  # partial recompute plans shown, spread over the frontier
+
+
+def _thinned(plans: list[dict], n: int) -> list[dict]:
+    """At most `n` of the plans, the first and the last among them, evenly spaced."""
+    if len(plans) <= n:
+        return plans
+    step = (len(plans) - 1) / (n - 1)
+    return [plans[round(k * step)] for k in range(n)]
+
+
+def _frontier_section(report: Report, data: dict) -> str:
+    f = data["frontier"]
+    s = report.setting
+    bleu = ""
+    if f["bleu_search"]:
+        bleu = f", the validation BLEU search (greedy, up to {2 * s.max_tgt_len} tokens)"
+    lines = [
+        "the frontier: each plan's accounted peak (training step, validation"
+        f"{bleu}) against the FLOPs it adds to a step; train.prealloc auto chooses from it"
+    ]
+    plans = f["plans"]
+    partial = [p for p in plans if p["kind"] == "partial"]
+    shown = {id(p) for p in _thinned(partial, FRONTIER_ROWS)}
+    rows = []
+    for p in plans:
+        if p["kind"] == "partial" and id(p) not in shown:
+            continue
+        rows.append(
+            [
+                p["plan"],
+                f"{p['accum_steps']} x {p['micro_batch']}",
+                mib(p["peak_bytes"]),
+                p["peak_phase"],
+                f"+{p['extra_flop_percent']:.1f}%" if p["extra_flop_percent"] else "-",
+            ]
+        )
+    lines.append(table(["plan", "micro-batches", "peak MiB", "at", "extra FLOPs"], rows))
+    lines.append(
+        f"({f['partial_plans']:,} partial recompute plans accounted, {len(partial):,} of them on "
+        f"the frontier (none with fewer extra FLOPs peaks lower), {len(shown)} shown; --json "
+        "lists the frontier, --plot draws every plan)"
+    )
+    return "\n".join(lines)
+
+
+def _auto_section(data: dict) -> str:
+    a = data["auto"]
+    head = (
+        f"train.prealloc auto at a budget of {size_text(a['budget_bytes'])}: plans may peak at "
+        f"{mib(a['usable_bytes'])} MiB ({mib(a['reserve_bytes'])} MiB held back for what the "
+        "accounting does not count)"
+    )
+    if a["plan"] is None:
+        return f"{head}\n  refused: {a['refusal']}"
+    p = a["plan"]
+    extra = (
+        f"+{p['extra_flop_percent']:.1f}% FLOPs" if p["extra_flop_percent"] else "no extra FLOPs"
+    )
+    micro = f" of {p['micro_batch']} sentences" if p["accum_steps"] > 1 else ""
+    return (
+        f"{head}\n  chosen: {p['plan']}{micro}: peak {mib(p['peak_bytes'])} MiB "
+        f"({p['peak_phase']}), {extra}\n  why: {a['reason']}"
+    )

@@ -1,15 +1,17 @@
 """The parts of a training run, built from the typed config (JoeyNMT's builders, nanoGPT's
 `GPTConfig -> GPT`): the trainer receives them built and only runs its loop.
 
-`build_run` does, in order: the device and the process group; the run's log; the
-checkpoint to resume from (checked against the config); the corpus and its tokenizers; the
-model; the optimizer, learning-rate schedule, executor and device-side update; the
-training batches; what validation measures. Each step is a function of its own, so a
-part can be built alone (memreport builds an executor from the same spec, tests a corpus).
+`build_run` does, in order: the device and the process group (and the memory budget); the
+run's log; the checkpoint to resume from (checked against the config); the corpus and its
+tokenizers; the memory plan; the model; the optimizer, learning-rate schedule, executor and
+device-side update; the training batches; what validation measures. Each step is a function
+of its own, so a part can be built alone (memreport builds an executor from the same spec,
+tests a corpus).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,11 +27,13 @@ from nmt.data.batching import Batch, make_batches
 from nmt.data.corpus import Corpus, load_corpus
 from nmt.data.tokenizers import Tokenizer
 from nmt.devices import setup_device
+from nmt.engine.spec import micro_batch_size
 from nmt.errors import NmtError
 from nmt.model import Seq2SeqAttn, build_model, check_weights
 from nmt.threads import limit_threads
 from nmt.train import distributed as dd
 from nmt.train.executors import Executor, make_executor
+from nmt.train.memory import Budget, MemoryPlan, Planner, kept_plan, needs_plan, resolve_budget
 from nmt.train.runlog import RunLog
 from nmt.train.scaling import LossScale
 from nmt.train.schedule import LearningRateSchedule, make_optimizer
@@ -76,6 +80,7 @@ class Run:
     checkpoint: dict[str, Any] | None  # the state to resume from
     resume: Path | None
     threads: str = "?"  # CPU threads and why (`nmt.threads.limit_threads`)
+    memory_plan: MemoryPlan | None = None  # what the clone executor runs as, and why
 
 
 def check_resume_config(cfg: Config, saved: dict, path: Path) -> None:
@@ -129,10 +134,12 @@ def build_corpus(
 
 
 def build_validation(cfg: Config, corpus: Corpus) -> Validation:
-    """Validation as memreport accounts it: padded batches of train.batch_size pairs, the
-    generator over one training loss chunk's rows at a time (all positions: chunk 0); BLEU
-    greedy, at most min(2 x data.max_tgt_len, 3 x source tokens) tokens a sentence."""
+    """Validation as memreport accounts it: padded batches of train.batch_size pairs (with
+    train.accum_steps, of one micro-batch's), the generator over one training loss chunk's
+    rows at a time (all positions: chunk 0); BLEU greedy, at most min(2 x data.max_tgt_len,
+    3 x source tokens) tokens a sentence."""
     t = cfg.train
+    batch_size = micro_batch_size(t.batch_size, 1, t.accum_steps)
     chunk = t.loss_chunk or cfg.data.max_tgt_len + 1
     bleu_set = None
     if t.valid_bleu_sample and corpus.valid_text:
@@ -140,13 +147,44 @@ def build_validation(cfg: Config, corpus: Corpus) -> Validation:
             corpus.valid_text, corpus.src_tokenizer, t.valid_bleu_sample, t.seed
         )
     return Validation(
-        batches=validation_batches(corpus.valid, t.batch_size),
-        batch_size=t.batch_size,
-        rows=t.batch_size * chunk,
+        batches=validation_batches(corpus.valid, batch_size),
+        batch_size=batch_size,
+        rows=batch_size * chunk,
         bleu_set=bleu_set,
         bleu_search=SearchOptions(
             beam_size=1, max_length=2 * cfg.data.max_tgt_len, max_length_ratio=3.0
         ),
+    )
+
+
+def build_memory_plan(
+    cfg: Config,
+    corpus: Corpus,
+    budget: Budget | None,
+    dist: dd.DistContext,
+    checkpoint: dict[str, Any] | None,
+    planner: Planner | None,
+    log: Log,
+) -> MemoryPlan | None:
+    """The run's memory plan (`nmt.train.memory`), when `train.prealloc` is auto or a
+    budget is set: the planner's choice or check at the corpus's vocabulary sizes (a resumed
+    run keeps its plan while the budget is unchanged and it fits)."""
+    if not needs_plan(cfg):
+        return None
+    if planner is None:
+        raise ValueError(
+            "train.prealloc auto / train.memory_budget need a planner: pass "
+            "planner=nmt.memreport.plan.plan_memory (nmt train does)"
+        )
+    saved = checkpoint.get("memory_plan") if checkpoint is not None else None
+    return planner(
+        cfg,
+        src_vocab=len(corpus.src_tokenizer),
+        tgt_vocab=len(corpus.tgt_tokenizer),
+        world_size=dist.world_size,
+        budget=budget,
+        keep=kept_plan(cfg, saved, log),
+        log=log,
     )
 
 
@@ -157,8 +195,11 @@ def build_run(
     resume: Path | None = None,
     log: Log = print,
     progress: bool = True,
+    planner: Planner | None = None,
 ) -> Run:
-    """Every part of a training run, in the order they depend on each other."""
+    """Every part of a training run, in the order they depend on each other. `planner`:
+    what decides the memory plan (`nmt.train.memory.Planner`), needed when the config asks
+    for one."""
     t = cfg.train
     threads = limit_threads()  # before anything runs a parallel op
     dist, device = dd.init_distributed(
@@ -166,12 +207,20 @@ def build_run(
     )
     if device.type == "cpu":  # the peak nmt memreport accounts, not a fragmented heap
         map_large_allocations()
+    # the budget before the run takes anything (auto: what the device has free now); the
+    # smallest of the ranks', so that every rank chooses the same plan
+    budget = resolve_budget(t.memory_budget, device) if needs_plan(cfg) else None
+    if budget is not None and dist.enabled:
+        budget = dataclasses.replace(budget, bytes=dd.all_reduce_min(budget.bytes, dist, device))
     if not dist.is_main:  # one voice: rank 0 logs, shows progress, writes files
         log, progress = (lambda message: None), False
     run_log = RunLog(out_dir if dist.is_main else None, log)
     torch.manual_seed(t.seed)
     checkpoint, tokenizers = resume_state(cfg, resume)
     corpus = build_corpus(cfg, out_dir, dist, run_log, tokenizers)
+    memory_plan = build_memory_plan(cfg, corpus, budget, dist, checkpoint, planner, run_log)
+    if memory_plan is not None:
+        cfg = memory_plan.plan.apply(cfg)  # prealloc auto resolved: the run's config
     model = build_model(
         cfg.model,
         len(corpus.src_tokenizer),
@@ -206,4 +255,5 @@ def build_run(
         checkpoint=checkpoint,
         resume=resume,
         threads=threads,
+        memory_plan=memory_plan,
     )

@@ -98,15 +98,38 @@ def shard(batch: Batch, ctx: DistContext) -> Batch | None:
     columns that are PAD in every row of the shard trimmed away."""
     if not ctx.enabled:
         return batch
-    rows = torch.tensor_split(torch.arange(batch.size), ctx.world_size)[ctx.rank]
-    if rows.numel() == 0:
-        return None
-    lo, hi = int(rows[0]), int(rows[-1]) + 1
+    return _parts(batch, ctx.world_size)[ctx.rank]
+
+
+def micro_batches(batch: Batch, n: int) -> list[Batch]:
+    """The batch as (at most) `n` micro-batches of contiguous rows, cut as `shard` cuts a
+    batch between ranks (the first ones one row larger when `n` does not divide it; none
+    empty), each with its all-PAD target columns trimmed and its `pad_rows` mapped."""
+    if n <= 1:
+        return [batch]
+    return [part for part in _parts(batch, n) if part is not None]
+
+
+def _parts(batch: Batch, n: int) -> list[Batch | None]:
+    """The batch's rows cut by `torch.tensor_split` into `n` parts (None: an empty one)."""
+    return [
+        _rows(batch, int(rows[0]), int(rows[-1]) + 1) if rows.numel() else None
+        for rows in torch.tensor_split(torch.arange(batch.size), n)
+    ]
+
+
+def _rows(batch: Batch, lo: int, hi: int) -> Batch:
+    """Rows lo..hi-1 of a batch, target columns that are PAD in all of them trimmed. With
+    `pad_rows` known (rows sorted by target length, as `make_batches` leaves them) the length
+    is found on the host: a column has a real token in the rows iff fewer than `hi` of its
+    leading rows are PAD; otherwise it is read from the targets (on a GPU, a wait)."""
     tgt_out = batch.tgt_out[lo:hi]
-    length = int((tgt_out != PAD).sum(dim=1).max())
     pad_rows = None
-    if batch.pad_rows is not None:  # the leading PAD rows that fall in this shard
+    if batch.pad_rows is not None:  # the leading PAD rows that fall in this part
+        length = sum(1 for k in batch.pad_rows if k < hi)
         pad_rows = tuple(min(max(k - lo, 0), hi - lo) for k in batch.pad_rows[:length])
+    else:
+        length = int((tgt_out != PAD).sum(dim=1).max())
     return Batch(batch.src[lo:hi], batch.tgt_in[lo:hi, :length], tgt_out[:, :length], pad_rows)
 
 
@@ -150,6 +173,15 @@ def all_reduce_sums(values: list[float], ctx: DistContext, device: torch.device)
     t = torch.tensor(values, dtype=torch.float64, device=device)
     dist.all_reduce(t)
     return t.tolist()
+
+
+def all_reduce_min(value: int, ctx: DistContext, device: torch.device) -> int:
+    """The smallest of the ranks' `value` (a memory budget: every rank plans for the least)."""
+    if not ctx.enabled:
+        return value
+    t = torch.tensor([value], dtype=torch.int64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return int(t.item())
 
 
 def broadcast_values(values: list[float], ctx: DistContext, device: torch.device) -> list[float]:

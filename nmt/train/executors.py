@@ -5,6 +5,11 @@ size)/d(param) and returns the summed NLL as a 0-dim float64 tensor on the model
 reading it on the host would wait for the device, so the trainer does that only when it
 logs. The training loss is the NLL, or with `train.label_smoothing` the smoothed
 cross-entropy of `nmt.loss`. The trainer never cares which one ran.
+
+With `train.accum_steps` N (gradient accumulation, OpenNMT-py's `accum_count`) each batch
+runs as N micro-batches of rows (`nmt.train.distributed.micro_batches`), each normalised by
+the whole batch's sentence count, so their summed gradients are the whole batch's to
+rounding; the clone executor's buffers are reserved for one micro-batch.
 """
 
 from __future__ import annotations
@@ -22,10 +27,19 @@ from nmt.engine import planner
 from nmt.engine.spec import ExecutorSpec
 from nmt.model import Seq2SeqAttn
 from nmt.nn_rnn import KernelEncoder
+from nmt.train.distributed import micro_batches
 
 
 class Executor(Protocol):
     def forward_backward(self, batch: Batch) -> Tensor: ...
+
+
+class Normalising(Protocol):
+    """An executor that averages the loss over a given number of sentences."""
+
+    model: Seq2SeqAttn
+
+    def forward_backward(self, batch: Batch, norm: int | None = None) -> Tensor: ...
 
 
 class AutogradExecutor:
@@ -48,32 +62,66 @@ class AutogradExecutor:
         # float16's dynamic loss scale (a device tensor, `nmt.train.scaling`)
         self.loss_scale: Tensor | None = None
 
-    def forward_backward(self, batch: Batch) -> Tensor:
-        return self.step(batch).to(torch.float64)
+    def forward_backward(self, batch: Batch, norm: int | None = None) -> Tensor:
+        """d(loss / norm) accumulated into the gradients (`norm`: the sentences the loss is
+        averaged over, default the batch's); the summed NLL."""
+        return self.step(batch, norm).to(torch.float64)
 
-    def step(self, batch: Batch) -> Tensor:
-        """The summed NLL as a 0-dim tensor (detached), gradients accumulated. A mixed
-        precision runs the forward under `torch.autocast` in its compute dtype (the
-        reference a PyTorch user would write); with float16's loss scale the gradients come
-        out scaled, as under GradScaler (`DeviceUpdate` unscales them)."""
+    def step(self, batch: Batch, norm: int | None = None) -> Tensor:
+        """The summed NLL as a 0-dim tensor (detached), gradients accumulated; the loss
+        divided by `norm` sentences (default: the batch's). A mixed precision runs the
+        forward under `torch.autocast` in its compute dtype (the reference a PyTorch user
+        would write); with float16's loss scale the gradients come out scaled, as under
+        GradScaler (`DeviceUpdate` unscales them)."""
         p, device = self.precision, self.model.generator.weight.device
-        scale = self.loss_scale
         autocast = torch.autocast(device.type, dtype=p.compute) if p.mixed else nullcontext()
         with autocast:
             out = self.model(batch.src, batch.tgt_in, self.encode)
             return loss.nll_backward(
-                self.model, out, batch.tgt_out, self.loss_chunk, batch.size,
-                self.label_smoothing, scale,
+                self.model, out, batch.tgt_out, self.loss_chunk, norm or batch.size,
+                self.label_smoothing, self.loss_scale,
             )  # fmt: skip
 
 
+class Accumulating:
+    """Gradient accumulation: each batch through `inner` as `steps` micro-batches of rows,
+    each averaged over the whole batch's sentences, so the gradients they add up are the
+    whole batch's to rounding; the summed NLL of all of them. (Dropout draws each
+    micro-batch's masks in turn: other random numbers than the whole batch's, equally
+    distributed.)"""
+
+    def __init__(self, inner: Normalising, steps: int):
+        self.inner, self.steps, self.model = inner, steps, inner.model
+
+    @property
+    def loss_scale(self) -> Tensor | None:
+        """float16's loss scale: the inner executor's."""
+        return self.inner.loss_scale
+
+    @loss_scale.setter
+    def loss_scale(self, scale: Tensor | None) -> None:
+        self.inner.loss_scale = scale
+
+    def forward_backward(self, batch: Batch) -> Tensor:
+        total: Tensor | None = None
+        for part in micro_batches(batch, self.steps):
+            nll = self.inner.forward_backward(part, norm=batch.size)
+            total = nll if total is None else total + nll
+        assert total is not None  # a batch has a row
+        return total
+
+
 def make_executor(cfg: Config, model: Seq2SeqAttn, world_size: int = 1) -> Executor:
-    """The executor the config asks for (`train.executor`, `train.prealloc`); the clone
-    executor gets the planner's sharing plan for the model's structure and allocates its
-    buffers up front for this rank's share of a batch (`nmt.train.distributed.shard`)."""
-    if cfg.train.executor == "autograd":
-        t = cfg.train
-        return AutogradExecutor(
+    """The executor the config asks for (`train.executor`, `train.prealloc`, the partial
+    recompute keys, `train.accum_steps`, `train.precision`); the clone executor gets the
+    planner's sharing plan for the model's structure and allocates its buffers up front for
+    one micro-batch of this rank's share of a batch (`nmt.train.distributed.shard`)."""
+    t = cfg.train
+    executor: Normalising
+    if t.executor == "autograd":
+        executor = AutogradExecutor(
             model, t.loss_chunk, t.label_smoothing, t.autograd_encoder, t.precision
         )
-    return planner.planned_executor(model, ExecutorSpec.from_config(cfg, world_size))
+    else:
+        executor = planner.planned_executor(model, ExecutorSpec.from_config(cfg, world_size))
+    return Accumulating(executor, t.accum_steps) if t.accum_steps > 1 else executor

@@ -38,6 +38,7 @@ from nmt.out_of_memory import batch_shape, training_message
 from nmt.train import distributed as dd
 from nmt.train.builders import Run, build_run
 from nmt.train.failures import RankFailures
+from nmt.train.memory import Planner
 from nmt.train.rng import rng_state, set_rng_state
 from nmt.train.schedule import load_optimizer_state, set_learning_rate
 from nmt.train.validation import BleuSet, greedy_bleu, perplexity
@@ -120,6 +121,7 @@ class Trainer:
         self.optimizer, self.schedule, self.update = run.optimizer, run.schedule, run.update
         self.train_batches, self.validation = run.train_batches, run.validation
         self.stopping, self.threads = run.stopping, run.threads
+        self.memory_plan = run.memory_plan
         # counted once on the host: counting a batch on the device would read it back
         self.train_tokens = [batch.n_tokens for batch in self.train_batches]
         self.failures = RankFailures(self.dist, self.device, self._out_of_memory)
@@ -146,9 +148,13 @@ class Trainer:
         log: Log = echo,
         progress: bool = True,
         command: Sequence[str] = PLACEHOLDER_COMMAND,
+        planner: Planner | None = None,
     ) -> Trainer:
-        """A trainer over the parts `cfg` describes (`nmt.train.builders.build_run`)."""
-        run = build_run(cfg, Path(out_dir), resume=resume, log=log, progress=progress)
+        """A trainer over the parts `cfg` describes (`nmt.train.builders.build_run`; `planner`
+        decides the memory plan when the config asks for one)."""
+        run = build_run(
+            cfg, Path(out_dir), resume=resume, log=log, progress=progress, planner=planner
+        )
         return cls(run, command)
 
     @property
@@ -179,6 +185,11 @@ class Trainer:
             f"data: {len(self.corpus.train)} training pairs in {len(self.train_batches)} batches, "
             f"{len(self.corpus.valid)} validation pairs{bleu}"
         )
+        if self.memory_plan is not None:
+            d = self.cfg.data
+            for line in self.memory_plan.lines(d.max_src_len + 2, d.max_tgt_len + 1):
+                self.log(line)
+            self.log.metrics(kind="memory_plan", step=self.state.step, **self.memory_plan.to_dict())
 
     def _executor_name(self) -> str:
         t = self.cfg.train
@@ -208,6 +219,8 @@ class Trainer:
             "rng": rng_state(self.device),
             "world_size": self.dist.world_size,
             "rng_per_rank": dd.gather_objects(rng_state(self.device), self.dist),
+            # what the clone executor runs as and why (None: no plan was made)
+            "memory_plan": None if self.memory_plan is None else self.memory_plan.to_dict(),
         }
         if self.update.loss_scale is not None:  # float16's: a resumed run goes on from it
             state["loss_scale"] = self.update.loss_scale.state_dict()
@@ -599,13 +612,21 @@ def train(
     log: Log = echo,
     progress: bool = True,
     command: Sequence[str] = PLACEHOLDER_COMMAND,
+    planner: Planner | None = None,
 ) -> TrainState:
     """Train a model as configured; checkpoints go to `out_dir`. `command`: the command line
-    that gave `cfg`, for the resume hint after an interruption."""
+    that gave `cfg`, for the resume hint after an interruption; `planner`: decides the memory
+    plan (`train.prealloc: auto`, `train.memory_budget`): `nmt.memreport.plan.plan_memory`."""
     try:
         resume = Path(resume) if resume else None
         trainer = Trainer.build(
-            cfg, Path(out_dir), resume=resume, log=log, progress=progress, command=command
+            cfg,
+            Path(out_dir),
+            resume=resume,
+            log=log,
+            progress=progress,
+            command=command,
+            planner=planner,
         )
         state = trainer.run()
         # every rank done with its collectives before any tears the group down: a rank that
