@@ -6,12 +6,15 @@ default) is trained briefly with Adam on ende-demo train first, so that it ends 
 sentences the way a real model does (an untrained one runs every sentence to the length
 limit); `--train-steps 0` measures an untrained model instead. Translation is the code path
 of `nmt translate`: checkpoint -> load_model -> translate_ids (batched beam search).
-One timed run per search and `model.granularity` (nngraph: the module form of the LSTM cell;
-fused: the cell's fused form, `nmt.cells`, same outputs) after a two-sentence warm-up.
+One timed run per search, `model.granularity` (nngraph: the module form of the LSTM cell;
+fused: the cell's fused form, `nmt.cells`, same outputs) and precision (`--precisions`: the
+checkpoint's float32 weights rounded once to each compute dtype, as `nmt translate
+--precision` does) after a two-sentence warm-up.
 
     python scripts/bench_translate.py                        # both granularities side by side
     python scripts/bench_translate.py --granularities nngraph # ~3.5 min on one CPU core
     python scripts/bench_translate.py --run-dir runs/bench   # keep the model / reuse it
+    python scripts/bench_translate.py --precisions float32,bfloat16 --granularities fused
     python scripts/bench_translate.py --device cuda --threads 0 --train-steps 1000
 """
 
@@ -27,12 +30,13 @@ import torch
 
 from nmt import precisions
 from nmt.config import Config, from_dict
+from nmt.cpu_features import describe as describe_cpu
 from nmt.data.corpus import load_corpus
 from nmt.data.reading import read_lines
 from nmt.data.tokenizers import Tokenizer
 from nmt.model import Seq2SeqAttn, build_model
 from nmt.train.trainer import train
-from nmt.translate.run import load_model
+from nmt.translate.run import load_model, store_output_weight_transposed
 from nmt.translate.translator import SearchOptions, translate_ids
 
 REPO = Path(__file__).resolve().parents[1]
@@ -74,27 +78,38 @@ def bench_config(args: argparse.Namespace, run_dir: Path) -> Config:
     )
 
 
-def get_model(args: argparse.Namespace, run_dir: Path) -> tuple[Seq2SeqAttn, Tokenizer, Tokenizer]:
-    """The model to time: --model, a checkpoint already in run_dir, a briefly trained one,
-    or (--train-steps 0) a freshly initialised one."""
+def get_models(
+    args: argparse.Namespace, run_dir: Path, names: list[str]
+) -> tuple[dict[str, Seq2SeqAttn], Tokenizer, Tokenizer]:
+    """The model to time in each precision: --model, a checkpoint already in run_dir, a
+    briefly trained one, or (--train-steps 0) a freshly initialised one."""
     device = torch.device(args.device)
     ckpt = args.model or run_dir / "model.pt"
-    if ckpt.is_file():
-        print(f"using {ckpt}")
-        return load_model(ckpt, device)
-    cfg = bench_config(args, run_dir)
-    if args.train_steps == 0:
-        torch.manual_seed(cfg.train.seed)
+    if not ckpt.is_file() and args.train_steps == 0:
+        cfg = bench_config(args, run_dir)
         corpus = load_corpus(cfg.data, run_dir, log=lambda s: None)
         src_tok, tgt_tok = corpus.src_tokenizer, corpus.tgt_tokenizer
-        dtype = precisions.get(cfg.train.precision).master
-        model = build_model(cfg.model, len(src_tok), len(tgt_tok), device=device, dtype=dtype)
+        models = {}
+        for name in names:
+            torch.manual_seed(cfg.train.seed)
+            master = precisions.get(cfg.train.precision).master
+            model = build_model(cfg.model, len(src_tok), len(tgt_tok), device=device, dtype=master)
+            model.to(precisions.get(name).compute)
+            store_output_weight_transposed(model)
+            models[name] = model.eval()
         print("untrained model (uniform initialisation +-0.1)")
-        return model.eval(), src_tok, tgt_tok
-    start = time.perf_counter()
-    train(cfg, run_dir, log=lambda s: print(f"  {s}"), progress=False)
-    print(f"trained {args.train_steps} steps in {time.perf_counter() - start:.0f} s")
-    return load_model(ckpt, device)
+        return models, src_tok, tgt_tok
+    if ckpt.is_file():
+        print(f"using {ckpt}")
+    else:
+        cfg = bench_config(args, run_dir)
+        start = time.perf_counter()
+        train(cfg, run_dir, log=lambda s: print(f"  {s}"), progress=False)
+        print(f"trained {args.train_steps} steps in {time.perf_counter() - start:.0f} s")
+    models = {}
+    for name in names:
+        models[name], src_tok, tgt_tok = load_model(ckpt, device, name)
+    return models, src_tok, tgt_tok
 
 
 def main() -> None:
@@ -128,13 +143,22 @@ def main() -> None:
         help="torch threads (0: torch default); 1 by default, as on a machine whose cores are "
         "busy with other work OpenMP threads mostly wait for each other",
     )
+    ap.add_argument(
+        "--precisions",
+        default="float32",
+        help="comma list of precisions the weights are rounded to (e.g. float32,bfloat16)",
+    )
     ap.add_argument("--device", default="cpu")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
 
+    names = args.precisions.split(",")
+    for name in names:
+        precisions.get(name)  # refuses an unknown name before anything trains
     with tempfile.TemporaryDirectory() as tmp:
-        model, src_tok, tgt_tok = get_model(args, args.run_dir or Path(tmp))
+        models, src_tok, tgt_tok = get_models(args, args.run_dir or Path(tmp), names)
+    model = next(iter(models.values()))
     lines = read_lines(args.data / "src-val.txt")[: args.lines]
     sources = [src_tok.encode(line) for line in lines]
     src_tokens = sum(len(s) for s in sources)
@@ -143,6 +167,8 @@ def main() -> None:
         f"{len(src_tok)} / {len(tgt_tok)}, {args.device}, {torch.get_num_threads()} threads, "
         f"torch {torch.__version__}"
     )
+    if args.device == "cpu" and names != ["float32"]:
+        print(describe_cpu())
     print(
         f"input: {len(lines)} lines of {args.data / 'src-val.txt'} ({src_tokens} tokens), "
         f"batch {args.batch_size}, max length {args.max_length}, "
@@ -150,9 +176,15 @@ def main() -> None:
     )
 
     rows = []
-    runs = [(int(b), g) for b in args.beams.split(",") for g in args.granularities.split(",")]
-    outputs: dict[int, list[list[int]]] = {}
-    for beam, granularity in runs:
+    runs = [
+        (int(b), g, p)
+        for b in args.beams.split(",")
+        for g in args.granularities.split(",")
+        for p in names
+    ]
+    outputs: dict[tuple[int, str], list[list[int]]] = {}
+    for beam, granularity, name in runs:
+        model = models[name]
         model.cfg = dataclasses.replace(model.cfg, granularity=granularity)
         options = SearchOptions(
             beam_size=beam, max_length=args.max_length, max_length_ratio=args.max_length_ratio
@@ -167,10 +199,11 @@ def main() -> None:
         seconds = time.perf_counter() - start
         best = [hyps[0] for hyps in found]
         out_tokens = sum(len(h.tokens) for h in best)
-        same = outputs.setdefault(beam, [h.tokens for h in best]) == [h.tokens for h in best]
+        tokens = [h.tokens for h in best]
+        same = outputs.setdefault((beam, name), tokens) == tokens
         rows.append(
             (
-                ("greedy" if beam == 1 else f"beam {beam}") + f", {granularity}",
+                ("greedy" if beam == 1 else f"beam {beam}") + f", {granularity}, {name}",
                 len(best) / seconds,
                 out_tokens / seconds,
                 out_tokens / len(best),
@@ -183,7 +216,7 @@ def main() -> None:
     print()
     print(
         "| search | sentences/s | target tokens/s | mean length | cut at limit | seconds "
-        "| outputs as the first run |"
+        "| outputs as the precision's first run |"
     )
     print("|---|---|---|---|---|---|---|")
     for name, sps, tps, mean, cut, seconds, same in rows:
