@@ -25,6 +25,7 @@ part that node granularity does not change, so it bounds what fused nodes can ga
     python scripts/bench_train.py --data data/ende-demo --steps 40 --device cuda
     python scripts/bench_train.py --rnn 500 --fixed-length 50 --steps 0 --count-ops
     python scripts/bench_train.py --set train.loss_chunk=8   # every variant's loss over 8
+    python scripts/bench_train.py --variants clones-fused --profile 5   # time by op
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from nmt.data.corpus import load_corpus
 from nmt.data.vocab import PAD
 from nmt.model import build_model
 from nmt.opcount import count
+from nmt.opprofile import op_shares, shares_table
 from nmt.train.executors import Executor, make_executor
 from nmt.train.scaling import LossScale
 from nmt.train.schedule import make_optimizer
@@ -201,6 +203,14 @@ def parse_args() -> argparse.Namespace:
         default=0,
         help="random batches of sentences this many words long (0: the data)",
     )
+    ap.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="N",
+        help="after timing, profile N more batches of each variant: each op's share of the "
+        "step's time",
+    )
     return ap.parse_args()
 
 
@@ -225,7 +235,8 @@ def main() -> None:
     base = from_dict(raw, "bench_train")
     corpus = load_corpus(base.data, None, log=lambda s: None)
     vocab = (len(corpus.src_tokenizer), len(corpus.tgt_tokenizer))
-    n = args.steps + 1 + bool(args.count_ops)  # + the warm-up batch, + the counted one
+    # + the warm-up batch, + the counted one, + the profiled ones
+    n = args.steps + 1 + bool(args.count_ops) + args.profile
     if args.fixed_length:
         batches = random_batches(n, args.batch, args.fixed_length, vocab)
         order = list(range(n))
@@ -259,9 +270,8 @@ def main() -> None:
 
     in_output_layer = time_output_layer(runners, sync) if args.output_layer_share else {}
     seconds = dict.fromkeys(runners, 0.0)
-    for batch, n_tokens in tqdm(
-        list(zip(batches, tokens, strict=True))[first:], desc="batches", leave=False
-    ):
+    timed = list(zip(batches, tokens, strict=True))[first : len(batches) - args.profile]
+    for batch, n_tokens in tqdm(timed, desc="batches", leave=False):
         for name, runner in runners.items():
             sync()
             t0 = time.perf_counter()
@@ -273,13 +283,28 @@ def main() -> None:
         if skipped:
             print(f"warning: {name} skipped {skipped} non-finite update(s)")
     if args.steps:
-        print_speeds(args, vocab, {name: sum(tokens[first:]) / s for name, s in seconds.items()})
+        n_tokens = sum(t for _, t in timed)
+        print_speeds(args, vocab, {name: n_tokens / s for name, s in seconds.items()})
         for name, spent in in_output_layer.items():
             share = spent[0] / seconds[name]
             print(
                 f"{name}: {share:.0%} of the step in the output layer and loss "
                 f"(faster nodes elsewhere gain at most {1 / share:.2f}x)"
             )
+    if args.profile:
+        profiled = list(zip(batches, tokens, strict=True))[-args.profile :]
+        print(f"\neach op's share of the step's time ({args.profile} batches, torch profiler):")
+        print(shares_table({name: profile_steps(r, profiled) for name, r in runners.items()}))
+
+
+def profile_steps(runner: Runner, batches: list[tuple[Batch, int]]) -> dict[str, float]:
+    """Each op's share of the time of `runner`'s steps over `batches`."""
+    it = iter(batches)
+
+    def one() -> None:
+        runner.step(*next(it))
+
+    return op_shares(one, len(batches))
 
 
 def time_output_layer(

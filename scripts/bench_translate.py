@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import tempfile
 import time
 from pathlib import Path
@@ -35,6 +36,7 @@ from nmt.data.corpus import load_corpus
 from nmt.data.reading import read_lines
 from nmt.data.tokenizers import Tokenizer
 from nmt.model import Seq2SeqAttn, build_model
+from nmt.opprofile import op_shares, shares_table
 from nmt.train.trainer import train
 from nmt.translate.run import load_model, store_output_weight_transposed
 from nmt.translate.translator import SearchOptions, translate_ids
@@ -148,6 +150,13 @@ def main() -> None:
         default="float32",
         help="comma list of precisions the weights are rounded to (e.g. float32,bfloat16)",
     )
+    ap.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="N",
+        help="after timing, profile each search on the first N lines: each op's share",
+    )
     ap.add_argument("--device", default="cpu")
     args = ap.parse_args()
     if args.threads:
@@ -183,6 +192,7 @@ def main() -> None:
         for p in names
     ]
     outputs: dict[tuple[int, str], list[list[int]]] = {}
+    profiles: dict[str, dict[str, float]] = {}
     for beam, granularity, name in runs:
         model = models[name]
         model.cfg = dataclasses.replace(model.cfg, granularity=granularity)
@@ -201,9 +211,15 @@ def main() -> None:
         out_tokens = sum(len(h.tokens) for h in best)
         tokens = [h.tokens for h in best]
         same = outputs.setdefault((beam, name), tokens) == tokens
+        label = ("greedy" if beam == 1 else f"beam {beam}") + f", {granularity}, {name}"
+        if args.profile:
+            search = functools.partial(
+                translate_ids, model, sources[: args.profile], options, args.batch_size
+            )
+            profiles[label] = op_shares(search)
         rows.append(
             (
-                ("greedy" if beam == 1 else f"beam {beam}") + f", {granularity}, {name}",
+                label,
                 len(best) / seconds,
                 out_tokens / seconds,
                 out_tokens / len(best),
@@ -221,6 +237,9 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     for name, sps, tps, mean, cut, seconds, same in rows:
         print(f"| {name} | {sps:.1f} | {tps:.0f} | {mean:.1f} | {cut} | {seconds:.1f} | {same} |")
+    if profiles:
+        print(f"\neach op's share of the search's time ({args.profile} lines, torch profiler):")
+        print(shares_table(profiles))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,43 @@
+"""Where a step's time goes: each aten op's share of the host time, by torch's profiler.
+
+A speed figure that misses its target comes with this table, so that the reason is read, not
+guessed: on a CPU the shares are the kernels' (the products, the softmax, the copies); on a
+GPU, the host's launch overhead per op. Shares are of the self time (an op's own time, not
+its callees'), so they add up to the whole.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from torch.profiler import ProfilerActivity, profile
+
+
+def op_shares(fn: Callable[[], object], repeats: int = 1) -> dict[str, float]:
+    """Each op's share of the self CPU time of `repeats` calls of `fn` (shares sum to 1)."""
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(repeats):
+            fn()
+    times = {e.key: float(e.self_cpu_time_total) for e in prof.key_averages()}
+    total = sum(times.values()) or 1.0
+    return {op: t / total for op, t in sorted(times.items(), key=lambda kv: -kv[1])}
+
+
+def shares_table(shares: Mapping[str, Mapping[str, float]], top: int = 12) -> str:
+    """A Markdown table: the `top` ops by their largest share in any column, one column per
+    name of `shares`, and the rest summed in an 'other ops' row."""
+    ops = sorted(
+        {op for by_op in shares.values() for op in by_op},
+        key=lambda op: -max(by_op.get(op, 0.0) for by_op in shares.values()),
+    )[:top]
+    names = list(shares)
+    lines = [
+        "| op | " + " | ".join(names) + " |",
+        "|---|" + "---|" * len(names),
+    ]
+    for op in ops:
+        cells = " | ".join(f"{shares[n].get(op, 0.0):.1%}" for n in names)
+        lines.append(f"| `{op}` | {cells} |")
+    rest = " | ".join(f"{1 - sum(shares[n].get(op, 0.0) for op in ops):.1%}" for n in names)
+    lines.append(f"| other ops | {rest} |")
+    return "\n".join(lines)
