@@ -266,3 +266,50 @@ def test_models_of_other_vocabularies_are_refused(toy_model, toy_test, tmp_path)
         f"error: {other}: cannot be ensembled with {toy_model}: the target vocabularies differ"
     )
     assert "Traceback" not in result.output
+
+
+# ---- subwords against tokenised references -----------------------------------------------------
+
+
+def test_subword_output_is_scored_in_the_references_tokenisation(tmp_path):
+    """With sentencepiece, a translation is the pieces decoded back to whitespace-separated
+    words, which is how the references are tokenised: a hypothesis holding a reference's
+    pieces is that reference, and --ref's BLEU of such hypotheses is 100."""
+    from nmt.data.tokenizers import SentencePieceTokenizer
+    from nmt.translate.metrics import bleu
+    from nmt.translate.run import Translator
+    from nmt.translate.search import Hypothesis
+    from tests.conftest import TOY
+
+    train = (TOY / "train.tgt").read_text(encoding="utf-8").splitlines()[:1500]
+    tok = SentencePieceTokenizer.train(train, 120, log=lambda _: None)
+    model = build_model(ModelConfig(num_layers=1, rnn_size=4, word_vec_size=4), 120, 120,
+                        device="cpu", dtype=torch.float32)  # fmt: skip
+    translator = Translator(model, tok, tok)
+    refs = (TOY / "test.tgt").read_text(encoding="utf-8").splitlines()[:40]
+    texts = []
+    for k, ref in enumerate(refs):
+        ids = tok.encode(ref)
+        assert len(ids) > len(ref.split())  # subwords, not words
+        hyp = Hypothesis(ids, 0.0, torch.zeros(len(ids) + 1, 1))
+        texts.append(translator._render(k, [], [], [hyp]).best)
+    assert texts == refs
+    assert bleu(texts, refs).score == pytest.approx(100.0)
+
+
+def test_the_multi30k_configs_carry_their_decoding_options():
+    from nmt.config import load_config
+    from tests.conftest import TOY
+
+    configs = TOY.parents[1] / "configs"
+    words = load_config(configs / "multi30k.yaml", require_data=False)
+    assert words.translate == TranslateConfig(length_penalty=1.0, replace_unk=True)
+    text = (configs / "multi30k.yaml").read_text(encoding="utf-8")
+    assert "--replace-unk" not in text and "--length-penalty 1.0" not in text
+    spm = load_config(configs / "multi30k-spm.yaml", require_data=False)
+    assert (spm.data.tokenizer, spm.data.joint_vocab, spm.data.src_vocab_size) == (
+        "sentencepiece",
+        True,
+        spm.data.tgt_vocab_size,
+    )
+    assert spm.model == words.model and not spm.translate.replace_unk
