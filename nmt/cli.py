@@ -151,15 +151,23 @@ def train(
         remove_if_empty(made)  # a failed run leaves no empty directory behind
 
 
+MODEL_DEFAULT = "default: the model's translate.{key}, else {default}"
+
+
 @command()
 def translate(
     model: Annotated[
-        Path,
+        list[Path],
         typer.Option(
             "--model",
             "-m",
+            metavar="CKPT",
             help="Checkpoint: a run's model.pt (its best validation score so far) or "
-            "last.pt (its latest step, the final model once training ends).",
+            "last.pt (its latest step, the final model once training ends). Repeat it to "
+            "decode with the ensemble of the models (mean of their output probabilities at "
+            "each step; replace-unk and --attention use the mean of their attention); they "
+            "must share the source and target vocabularies, and the first one's decoding "
+            "options (its translate: section) are the defaults.",
         ),
     ],
     src: Annotated[
@@ -178,14 +186,28 @@ def translate(
         Path | None,
         typer.Option(help="Reference file: print sacreBLEU BLEU and chrF to stderr."),
     ] = None,
-    beam_size: Annotated[int, typer.Option(help="Beam size (1 = greedy).")] = 5,
-    max_length: Annotated[int, typer.Option(help="Longest output in tokens.")] = 250,
-    max_length_ratio: Annotated[
-        float,
+    beam_size: Annotated[
+        int | None,
         typer.Option(
-            help="Also cap outputs at ceil(RATIO x source tokens), within --max-length (0: off)."
+            help="Beam size, 1 = greedy (" + MODEL_DEFAULT.format(key="beam_size", default=5) + ")."
         ),
-    ] = 0.0,
+    ] = None,
+    max_length: Annotated[
+        int | None,
+        typer.Option(
+            help="Longest output in tokens ("
+            + MODEL_DEFAULT.format(key="max_length", default=250)
+            + ")."
+        ),
+    ] = None,
+    max_length_ratio: Annotated[
+        float | None,
+        typer.Option(
+            help="Also cap outputs at ceil(RATIO x source tokens), within --max-length (0: off; "
+            + MODEL_DEFAULT.format(key="max_length_ratio", default=0)
+            + ")."
+        ),
+    ] = None,
     min_length: Annotated[
         int, typer.Option(help="Shortest output in tokens (</s> held back).")
     ] = 0,
@@ -197,20 +219,24 @@ def translate(
         ),
     ] = None,
     length_penalty: Annotated[
-        float,
+        float | None,
         typer.Option(
             help="GNMT length penalty alpha: rank finished hypotheses by "
-            "log P / ((5 + length) / 6) ** alpha (0: off, as seq2seq-attn)."
+            "log P / ((5 + length) / 6) ** alpha (0: off, as seq2seq-attn; "
+            + MODEL_DEFAULT.format(key="length_penalty", default=0)
+            + ")."
         ),
-    ] = 0.0,
+    ] = None,
     replace_unk: Annotated[
-        bool,
+        bool | None,
         typer.Option(
-            "--replace-unk",
+            "--replace-unk/--no-replace-unk",
             help="Word vocabularies: replace each output <unk> by the source word with the "
-            "highest attention (or its --phrase-table translation).",
+            "highest attention (or its --phrase-table translation) ("
+            + MODEL_DEFAULT.format(key="replace_unk", default="off")
+            + ").",
         ),
-    ] = False,
+    ] = None,
     phrase_table: Annotated[
         Path | None, typer.Option(help="'source|||target' lines used by --replace-unk.")
     ] = None,
@@ -242,34 +268,47 @@ def translate(
         bool, typer.Option("--progress/--no-progress", help="Show a progress bar on stderr.")
     ] = True,
 ) -> None:
-    """Translate with beam search and a trained checkpoint."""
+    """Translate with beam search and a trained checkpoint (or an ensemble of several). The
+    decoding options left out come from the (first) checkpoint's translate: section; one
+    line on stderr (with the progress bar) says which values were used and where each came from."""
+    from nmt.config import TranslateConfig
+    from nmt.translate import decoding
     from nmt.translate.run import TranslateOptions, translate_file
     from nmt.translate.search import SearchOptions
 
+    flags = {
+        "beam_size": beam_size,
+        "max_length": max_length,
+        "max_length_ratio": max_length_ratio,
+        "length_penalty": length_penalty,
+        "replace_unk": replace_unk,
+    }
+    values = decoding.from_flags(TranslateConfig(), flags)  # until the checkpoint says
     try:
         options = TranslateOptions(
             search=SearchOptions(
-                beam_size=beam_size,
-                max_length=max_length,
-                max_length_ratio=max_length_ratio,
+                beam_size=values.beam_size,
+                max_length=values.max_length,
+                max_length_ratio=values.max_length_ratio,
                 min_length=min_length,
                 n_best=1 if n_best is None else n_best,
-                length_penalty=length_penalty,
+                length_penalty=values.length_penalty,
             ),
             output=output,
             nbest=n_best is not None,
             attention=attention,
             ref=ref,
             score_gold=score_gold,
-            replace_unk=replace_unk,
+            replace_unk=values.replace_unk,
             phrase_table=phrase_table,
             max_src_length=max_src_length,
             batch_size=batch_size,
             device=device,
             precision=precision,
             progress=progress,
+            from_model=decoding.not_given(flags),
         )
-        translate_file(model, src, options)
+        translate_file(list(model), src, options)
     except NmtError as exc:
         raise _fail(exc) from None
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import os
 import re
 import types
@@ -316,11 +317,45 @@ class TrainConfig:
     )
 
 
+def _finite(value: float) -> str | None:
+    return None if math.isfinite(value) else f"must be a finite number, got {value!r}"
+
+
+@dataclass
+class TranslateConfig:
+    """The decoding options a model's validation tuning chooses. They travel in its
+    checkpoint: `nmt translate` uses them unless a flag gives another value (a checkpoint
+    without the section decodes with these defaults). Options of one use rather than of the
+    model (--n-best, --min-length, --batch-size, --phrase-table) stay flags only."""
+
+    beam_size: int = _opt(5, min=1, doc="nmt translate's beam size (1: greedy)")
+    max_length: int = _opt(250, min=1, doc="nmt translate's longest output, in tokens")
+    max_length_ratio: float = _opt(
+        0.0,
+        min=0.0,
+        check=_finite,
+        doc="nmt translate also caps an output at ceil(ratio x source tokens) (0: off)",
+    )
+    length_penalty: float = _opt(
+        0.0,
+        min=0.0,
+        check=_finite,
+        doc="nmt translate's GNMT length penalty alpha: finished hypotheses ranked by "
+        "log P / ((5 + length) / 6) ** alpha (0: off, as in seq2seq-attn)",
+    )
+    replace_unk: bool = _opt(
+        False,
+        doc="nmt translate replaces each output <unk> by the most attended source word "
+        "(word tokenizers only)",
+    )
+
+
 @dataclass
 class Config:
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    translate: TranslateConfig = field(default_factory=TranslateConfig)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         """A plain nested dict: what checkpoints store and what `from_dict` reads back."""
@@ -330,7 +365,12 @@ class Config:
         return yaml.safe_dump(self.to_dict(), sort_keys=False).rstrip()
 
 
-SECTIONS: dict[str, type] = {"data": DataConfig, "model": ModelConfig, "train": TrainConfig}
+SECTIONS: dict[str, type] = {
+    "data": DataConfig,
+    "model": ModelConfig,
+    "train": TrainConfig,
+    "translate": TranslateConfig,
+}
 DATA_FILE_KEYS = ("train_src", "train_tgt", "valid_src", "valid_tgt")
 # old key -> the key that replaced it: configs and --set using one are refused naming it
 REPLACED_KEYS = {
@@ -485,8 +525,8 @@ def check_layout(raw: Any, source: str) -> None:
     """The top level is a mapping of known sections, each a mapping (or empty)."""
     if not isinstance(raw, dict):
         raise NmtError(
-            f"{source}: the top level must be a mapping with sections data, model, train, "
-            f"not a {_kind(raw)}"
+            f"{source}: the top level must be a mapping with sections "
+            f"{', '.join(SECTIONS)}, not a {_kind(raw)}"
         )
     for section, values in raw.items():
         if section not in SECTIONS:
@@ -508,7 +548,9 @@ def from_dict(raw: Any, source: str = "config", from_set: Collection[str] = ()) 
         for name, cls in SECTIONS.items()
     }
     _check_train_keys(parts["train"], source, from_set)
-    return Config(**parts)
+    cfg = Config(**parts)
+    _check_translate_keys(cfg, source, from_set)
+    return cfg
 
 
 def upgrade_saved(raw: Any) -> Any:
@@ -546,6 +588,15 @@ def _check_train_keys(train: TrainConfig, source: str, from_set: Collection[str]
             f"validation BLEU, but {sample} is 0{given}"
         )
     _check_memory_keys(train, source)
+
+
+def _check_translate_keys(cfg: Config, source: str, from_set: Collection[str] = ()) -> None:
+    """Replace-unk copies source words: it needs word vocabularies."""
+    if cfg.translate.replace_unk and cfg.data.tokenizer != "word":
+        raise NmtError(
+            f"{_blame(source, from_set, 'translate.replace_unk')}: needs data.tokenizer word "
+            f"(copies whole source words), got {cfg.data.tokenizer}"
+        )
 
 
 def _check_memory_keys(train: TrainConfig, source: str) -> None:
@@ -765,7 +816,7 @@ def load_config(
     """Read a YAML config, apply overrides, validate types, ranges and data files."""
     raw = read_yaml(path)
     if raw is None:
-        raise NmtError(f"{path}: the config file is empty; expected sections data, model, train")
+        raise NmtError(f"{path}: the config file is empty; expected sections {', '.join(SECTIONS)}")
     return build_config(raw, str(path), overrides, require_data)
 
 

@@ -17,7 +17,7 @@ HEADER = (
     " edit the field docs there, not this file.*"
 )
 INTRO = (
-    "A config file is UTF-8 YAML with three sections; every key is optional except the four\n"
+    "A config file is UTF-8 YAML with four sections; every key is optional except the four\n"
     "data files, and a key given twice is refused (naming both lines). Any key can be\n"
     "overridden on the command line: `--set section.key=value`; a bad value given so is\n"
     "reported as `--set: key '...'`, one from the file naming the file. Relative data paths\n"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from nmt.config import ModelConfig, choices_of
+from nmt.config import ModelConfig, choices_of, from_dict
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -75,6 +75,60 @@ def model_structures() -> list:
 
 
 TOY = Path(__file__).resolve().parents[1] / "data" / "toy"
+N_TEST = 60  # toy test sentences the translation tests use (of 500), to keep them fast
+
+
+@pytest.fixture(scope="session")
+def toy_model(tmp_path_factory) -> Path:
+    """1 x 64, word vocabularies 60 / 80, Adam 3e-3, 300 steps: ~5 s, validation ppl ~3."""
+    from nmt.train.trainer import train  # the training floor: only for this fixture
+
+    tmp = tmp_path_factory.mktemp("toy_model")
+    for side in ("src", "tgt"):  # a small validation set: validation is not what is tested
+        lines = (TOY / f"valid.{side}").read_text(encoding="utf-8").splitlines(keepends=True)
+        (tmp / f"valid.{side}").write_text("".join(lines[:50]), encoding="utf-8")
+    cfg = from_dict(
+        {
+            "data": {
+                "train_src": str(TOY / "train.src"),
+                "train_tgt": str(TOY / "train.tgt"),
+                "valid_src": str(tmp / "valid.src"),
+                "valid_tgt": str(tmp / "valid.tgt"),
+                "tokenizer": "word",
+                "src_vocab_size": 60,
+                "tgt_vocab_size": 80,
+            },
+            "model": {"num_layers": 1, "rnn_size": 64, "word_vec_size": 64, "dropout": 0.0},
+            "train": {
+                "batch_size": 64,
+                "max_steps": 300,
+                "optimizer": "adam",
+                "learning_rate": 0.003,
+                "device": "cpu",
+                "executor": "autograd",
+            },
+        }
+    )
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matrices: a second thread only waits (or contends)
+    try:
+        train(cfg, tmp / "run", log=lambda _: None, progress=False)
+    finally:
+        torch.set_num_threads(threads)
+    return tmp / "run" / "model.pt"
+
+
+@pytest.fixture(scope="session")
+def toy_test(tmp_path_factory) -> tuple[Path, Path]:
+    """The first N_TEST lines of the toy test set: (source file, reference file)."""
+    tmp = tmp_path_factory.mktemp("toy_test")
+    paths = []
+    for side in ("src", "tgt"):
+        lines = (TOY / f"test.{side}").read_text(encoding="utf-8").splitlines(keepends=True)
+        path = tmp / f"test.{side}"
+        path.write_text("".join(lines[:N_TEST]), encoding="utf-8")
+        paths.append(path)
+    return paths[0], paths[1]
 
 
 def write_toy_config(path: Path, model: str, train: str, vocab: int = 60) -> Path:

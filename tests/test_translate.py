@@ -24,70 +24,23 @@ import torch
 from typer.testing import CliRunner
 
 from nmt.cli import app
-from nmt.config import from_dict
 from nmt.errors import NmtError
-from nmt.train.trainer import train
 from nmt.translate import run as run_module
 from nmt.translate.formats import read_attention
 from nmt.translate.metrics import bleu_line, chrf_line
-from nmt.translate.run import TranslateOptions, Translator, load_model, translate_file
+from nmt.translate.run import (
+    TranslateOptions,
+    Translator,
+    load_model,
+    load_translation,
+    translate_file,
+)
 from nmt.translate.scoring import gold_scores
 from nmt.translate.translator import SearchOptions, translate_ids
+from tests.conftest import N_TEST
 
 REPO = Path(__file__).resolve().parents[1]
 TOY = REPO / "data" / "toy"
-N_TEST = 60  # toy test sentences used (of 500), to keep the tests fast
-
-
-@pytest.fixture(scope="session")
-def toy_model(tmp_path_factory) -> Path:
-    """1 x 64, word vocabularies 60 / 80, Adam 3e-3, 300 steps: ~5 s, validation ppl ~3."""
-    tmp = tmp_path_factory.mktemp("toy_model")
-    for side in ("src", "tgt"):  # a small validation set: validation is not what is tested
-        lines = (TOY / f"valid.{side}").read_text(encoding="utf-8").splitlines(keepends=True)
-        (tmp / f"valid.{side}").write_text("".join(lines[:50]), encoding="utf-8")
-    cfg = from_dict(
-        {
-            "data": {
-                "train_src": str(TOY / "train.src"),
-                "train_tgt": str(TOY / "train.tgt"),
-                "valid_src": str(tmp / "valid.src"),
-                "valid_tgt": str(tmp / "valid.tgt"),
-                "tokenizer": "word",
-                "src_vocab_size": 60,
-                "tgt_vocab_size": 80,
-            },
-            "model": {"num_layers": 1, "rnn_size": 64, "word_vec_size": 64, "dropout": 0.0},
-            "train": {
-                "batch_size": 64,
-                "max_steps": 300,
-                "optimizer": "adam",
-                "learning_rate": 0.003,
-                "device": "cpu",
-                "executor": "autograd",
-            },
-        }
-    )
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny matrices: a second thread only waits (or contends)
-    try:
-        train(cfg, tmp / "run", log=lambda _: None, progress=False)
-    finally:
-        torch.set_num_threads(threads)
-    return tmp / "run" / "model.pt"
-
-
-@pytest.fixture(scope="session")
-def toy_test(tmp_path_factory) -> tuple[Path, Path]:
-    """The first N_TEST lines of the toy test set: (source file, reference file)."""
-    tmp = tmp_path_factory.mktemp("toy_test")
-    paths = []
-    for side in ("src", "tgt"):
-        lines = (TOY / f"test.{side}").read_text(encoding="utf-8").splitlines(keepends=True)
-        path = tmp / f"test.{side}"
-        path.write_text("".join(lines[:N_TEST]), encoding="utf-8")
-        paths.append(path)
-    return paths[0], paths[1]
 
 
 def lines_of(path: Path) -> list[str]:
@@ -299,11 +252,11 @@ def test_replace_unk_and_attention_file(toy_model, toy_test, tmp_path):
 
 def test_replace_unk_needs_word_vocabularies(toy_model, toy_test, monkeypatch):
     def as_sentencepiece(path, device, precision=None):
-        model, src_tok, tgt_tok = load_model(path, device, precision)
-        tgt_tok.kind = "sentencepiece"
-        return model, src_tok, tgt_tok
+        loaded = load_translation(path, device, precision)
+        loaded.tgt_tok.kind = "sentencepiece"
+        return loaded
 
-    monkeypatch.setattr(run_module, "load_model", as_sentencepiece)
+    monkeypatch.setattr(run_module, "load_translation", as_sentencepiece)
     with pytest.raises(NmtError, match="--replace-unk needs word vocabularies"):
         options = TranslateOptions(replace_unk=True, device="cpu", progress=False)
         translate_file(toy_model, toy_test[0], options)

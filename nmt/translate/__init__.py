@@ -2,6 +2,8 @@
 
 search      greedy and beam search over a padded, masked batch, and their SearchOptions
 translator  length-sorted batching, eval/inference mode
+ensemble    several models decoding as one: their probabilities averaged
+decoding    the checkpoint's translate: section, each value overridden by its flag
 scoring     gold scoring: teacher-forced log-likelihood of references
 unk         replace-unk and its phrase table
 formats     n-best lines, attention JSON records, gold-score lines

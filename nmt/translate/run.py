@@ -18,6 +18,7 @@ Everything besides translations (warnings, reports, the progress bar) goes to st
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import sys
 from collections.abc import Callable, Iterable, Iterator
@@ -32,6 +33,7 @@ from tqdm import tqdm
 
 from nmt import precisions
 from nmt.checkpoint import checkpoint_parts, load_checkpoint
+from nmt.config import TranslateConfig
 from nmt.data.reading import read_lines, stream_lines
 from nmt.data.tokenizers import Tokenizer
 from nmt.devices import resolve_device
@@ -39,7 +41,8 @@ from nmt.errors import NmtError
 from nmt.model import Seq2SeqAttn, build_model, check_weights
 from nmt.out_of_memory import ran_out, reported
 from nmt.threads import limit_threads
-from nmt.translate import unk
+from nmt.translate import decoding, unk
+from nmt.translate.ensemble import Ensemble, check_vocabularies
 from nmt.translate.formats import attention_record, gold_lines, nbest_line
 from nmt.translate.metrics import bleu_line, chrf_line
 from nmt.translate.scoring import GoldScores, gold_scores
@@ -72,13 +75,54 @@ class TranslateOptions:
     device: str = "auto"
     precision: str | None = None  # the weights' dtype: None, the precision trained in
     progress: bool = True
+    # the decoding options (`decoding.FLAGS`) whose flag was not given: the checkpoint's
+    # `translate:` section gives them (`with_model`); until then `search` and `replace_unk`
+    # hold TranslateConfig's defaults for them
+    from_model: frozenset[str] = frozenset()
 
     @property
     def writes_nbest(self) -> bool:
         return self.nbest or self.search.n_best > 1
 
+    def decoding(self) -> TranslateConfig:
+        """The decoding options as they stand (those of `from_model` once `with_model` ran)."""
+        s = self.search
+        return TranslateConfig(
+            beam_size=s.beam_size,
+            max_length=s.max_length,
+            max_length_ratio=s.max_length_ratio,
+            length_penalty=s.length_penalty,
+            replace_unk=self.replace_unk,
+        )
+
+    def with_model(self, model: TranslateConfig) -> TranslateOptions:
+        """These options with the checkpoint's values for the options of `from_model` (left
+        empty: every value is decided), checked again: --n-best against the model's beam
+        size, --phrase-table against its replace-unk."""
+        given = dataclasses.asdict(self.decoding())
+        values = decoding.from_flags(
+            model, {k: v for k, v in given.items() if k not in self.from_model}
+        )
+        search = dataclasses.replace(
+            self.search,
+            beam_size=values.beam_size,
+            max_length=values.max_length,
+            max_length_ratio=values.max_length_ratio,
+            length_penalty=values.length_penalty,
+        )
+        resolved = dataclasses.replace(
+            self, search=search, replace_unk=values.replace_unk, from_model=frozenset()
+        )
+        resolved.check()
+        return resolved
+
     def check(self) -> None:
-        self.search.check()
+        """Refuse what cannot work whatever the checkpoint says: a value that the model may
+        still give (`from_model`) is checked once it has (`with_model`)."""
+        search = self.search
+        if "beam_size" in self.from_model:  # --n-best is checked against the model's beam
+            search = dataclasses.replace(search, beam_size=max(search.beam_size, search.n_best))
+        search.check()
         if self.precision is not None and self.precision not in precisions.names():
             raise NmtError(
                 f"--precision must be one of {', '.join(precisions.names())}, got "
@@ -92,13 +136,49 @@ class TranslateOptions:
             )
         if self.score_gold and self.ref is None:
             raise NmtError("--score-gold needs --ref: the references to score")
-        if self.phrase_table is not None and not self.replace_unk:
+        undecided = "replace_unk" in self.from_model  # the model may turn it on
+        if self.phrase_table is not None and not self.replace_unk and not undecided:
             raise NmtError("--phrase-table is used by --replace-unk; pass both")
+
+
+@dataclass
+class Loaded:
+    """What translation takes from a checkpoint."""
+
+    model: Seq2SeqAttn | Ensemble  # an ensemble stands in for a model wherever one decodes
+    src_tok: Tokenizer
+    tgt_tok: Tokenizer
+    decoding: TranslateConfig  # its `translate:` section (defaults when it has none)
 
 
 def load_model(
     path: Path, device: torch.device, precision: str | None = None
 ) -> tuple[Seq2SeqAttn, Tokenizer, Tokenizer]:
+    """Rebuild the model and its tokenizers from a checkpoint (`load_translation`)."""
+    loaded = load_translation(path, device, precision)
+    return loaded.model, loaded.src_tok, loaded.tgt_tok
+
+
+def load_models(paths: list[Path], device: torch.device, precision: str | None = None) -> Loaded:
+    """One checkpoint's model, or several checkpoints' as one `Ensemble` (each in its own
+    precision unless `precision` says one), with the first one's tokenizers and decoding
+    options; a model whose vocabularies are not the first one's is refused, naming both."""
+    if not paths:
+        raise NmtError("--model: give at least one checkpoint")
+    first = load_translation(paths[0], device, precision)
+    if len(paths) == 1:
+        return first
+    models = [first.model]
+    for path in paths[1:]:
+        other = load_translation(path, device, precision)
+        check_vocabularies(
+            paths[0], (first.src_tok, first.tgt_tok), path, (other.src_tok, other.tgt_tok)
+        )
+        models.append(other.model)
+    return Loaded(Ensemble(models).eval(), first.src_tok, first.tgt_tok, first.decoding)
+
+
+def load_translation(path: Path, device: torch.device, precision: str | None = None) -> Loaded:
     """Rebuild the model and its tokenizers from a checkpoint, in eval mode, its weights in
     `precision`'s compute dtype (None: the precision it was trained in). Translation keeps
     no masters: a bfloat16 or float16 model is the checkpoint's weights rounded once."""
@@ -113,7 +193,7 @@ def load_model(
         raise NmtError(f"{path}: model weights do not match the stored config") from None
     model.to(precisions.get(precision or cfg.train.precision).compute)
     store_output_weight_transposed(model)
-    return model.eval(), src_tok, tgt_tok
+    return Loaded(model.eval(), src_tok, tgt_tok, cfg.translate)
 
 
 def store_output_weight_transposed(model: Seq2SeqAttn) -> None:
@@ -419,15 +499,23 @@ def _open(stack: ExitStack, path: Path, flag: str) -> TextIO:
 
 
 def translate_file(
-    model_path: Path, src: Path | str, options: TranslateOptions = TranslateOptions()
+    model_path: Path | list[Path],
+    src: Path | str,
+    options: TranslateOptions = TranslateOptions(),
 ) -> list[str]:
-    """Translate `src` (a file, or `-` for stdin) as `options` say; the best translation of
-    each line is returned, and written (or the n-best lists) to `options.output` or stdout."""
+    """Translate `src` (a file, or `-` for stdin) as `options` say, with one checkpoint or
+    the ensemble of several; the best translation of each line is returned, and written (or
+    the n-best lists) to `options.output` or stdout. The decoding options of
+    `options.from_model` come from the (first) checkpoint."""
     options.check()
     check_outputs(src, options)
     threads = limit_threads()
     device = resolve_device(options.device, "--device")
-    model, src_tok, tgt_tok = load_model(model_path, device, options.precision)
+    paths = model_path if isinstance(model_path, list) else [model_path]
+    loaded = load_models(paths, device, options.precision)
+    model, src_tok, tgt_tok = loaded.model, loaded.src_tok, loaded.tgt_tok
+    from_model = options.from_model
+    options = options.with_model(loaded.decoding)
     translator = Translator(model, src_tok, tgt_tok, options)
     refs = read_lines(options.ref) if options.ref is not None else None
     source = read_source(src, options.batch_size)
@@ -462,6 +550,7 @@ def translate_file(
         )
         for lines in source.batches:
             if not best and options.progress:  # with the bar; empty stdin says nothing
+                _stderr(decoding.describe(options.decoding(), from_model))
                 _stderr(f"threads: {threads}")
             done = translator.translate(lines, len(best), source.name, on_batch=bar.update)
             for writer in writers:
