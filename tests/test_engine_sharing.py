@@ -41,6 +41,21 @@ def random_corpus(n: int, vocab: int, seed: int, max_src: int = 7, max_tgt: int 
     return batches
 
 
+def sgd_run(start, batches, executor_of) -> tuple[list[float], list[torch.Tensor], torch.Tensor]:
+    """SGD steps on a copy of `start` with the executor `executor_of(model)` builds: the
+    losses, the parameters after and the global RNG state (the dropout masks drawn)."""
+    model = copy.deepcopy(start)
+    executor = executor_of(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    torch.manual_seed(42)
+    losses = []
+    for batch in batches:
+        opt.zero_grad(set_to_none=False)
+        losses.append(float(executor.forward_backward(batch)))
+        opt.step()
+    return losses, [p.detach().clone() for p in model.parameters()], rng_state(TEST_DEVICE)
+
+
 @pytest.mark.parametrize("structure", model_structures())
 def test_policies_give_bitwise_identical_parameters(structure: dict, deterministic) -> None:
     """Every structure the config allows: training under each registered policy (recompute's
@@ -51,19 +66,16 @@ def test_policies_give_bitwise_identical_parameters(structure: dict, determinist
     start = Seq2SeqAttn(cfg, 11, 11).to(TEST_DEVICE).train()
     batches = [b.to(TEST_DEVICE) for b in random_corpus(3, 11, seed=2, max_src=5, max_tgt=4)]
     assert len({(b.src.shape, b.tgt_in.shape) for b in batches}) == 3  # buffers must resize
-    results = {}
-    for policy in policies.names():
-        model = copy.deepcopy(start)
-        executor = CloneExecutor(model, ExecutorSpec(cfg, 3, 3), planner.plan(cfg, policy))
-        opt = torch.optim.SGD(model.parameters(), lr=0.5)
-        torch.manual_seed(42)
-        losses = []
-        for batch in batches:
-            opt.zero_grad(set_to_none=False)
-            losses.append(float(executor.forward_backward(batch)))
-            opt.step()
-        params = [p.detach().clone() for p in model.parameters()]
-        results[policy] = (losses, params, rng_state(TEST_DEVICE))
+    results = {
+        policy: sgd_run(
+            start,
+            batches,
+            lambda m, policy=policy: CloneExecutor(
+                m, ExecutorSpec(cfg, 3, 3), planner.plan(cfg, policy)
+            ),
+        )
+        for policy in policies.names()
+    }
     ref_losses, ref_params, ref_rng = results["none"]
     assert any(not torch.equal(a, b) for a, b in zip(ref_params, start.parameters(), strict=True))
     for policy in policies.names():
@@ -299,16 +311,7 @@ def test_partial_recompute_is_bitwise_none(structure: dict, deterministic) -> No
     batches = [b.to(TEST_DEVICE) for b in random_corpus(3, 11, seed=4, max_src=5, max_tgt=4)]
 
     def train(spec: ExecutorSpec) -> tuple[list[float], list[torch.Tensor], torch.Tensor]:
-        model = copy.deepcopy(start)
-        executor = planner.planned_executor(model, spec)
-        opt = torch.optim.SGD(model.parameters(), lr=0.5)
-        torch.manual_seed(42)
-        losses = []
-        for batch in batches:
-            opt.zero_grad(set_to_none=False)
-            losses.append(float(executor.forward_backward(batch)))
-            opt.step()
-        return losses, [p.detach().clone() for p in model.parameters()], rng_state(TEST_DEVICE)
+        return sgd_run(start, batches, lambda m: planner.planned_executor(m, spec))
 
     base = ExecutorSpec(cfg, 5, 4, policy="none")
     ref_losses, ref_params, ref_rng = train(base)

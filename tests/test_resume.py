@@ -30,6 +30,19 @@ def config(tmp_path: Path) -> Path:
     )
 
 
+def straight_and_resumed(tmp_path: Path, keys: list[str]) -> tuple[dict, dict]:
+    """The last checkpoints of 40 straight steps and of 20 steps resumed to 40, with `keys`."""
+    quiet = {"log": lambda _: None, "progress": False}
+    straight = load_config(config(tmp_path), [*keys, "train.max_steps=40"])
+    train(straight, tmp_path / "straight", **quiet)
+    first = load_config(config(tmp_path), [*keys, "train.max_steps=20"])
+    train(first, tmp_path / "run", **quiet)
+    train(straight, tmp_path / "run", resume=tmp_path / "run" / "last.pt", **quiet)
+    a = torch.load(tmp_path / "straight" / "last.pt", weights_only=True)
+    b = torch.load(tmp_path / "run" / "last.pt", weights_only=True)
+    return a, b
+
+
 def start(*args: str, env: dict | None = None) -> subprocess.Popen:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})}
     return subprocess.Popen(
@@ -85,17 +98,11 @@ def test_resume_is_exact_with_the_fused_granularity(tmp_path):
     stop, resume to 40 ends bitwise where 40 straight steps end (dropout on, so the masks
     must come out of the restored RNG in the same order), the output layer over 3 positions
     at a time (train.loss_chunk)."""
-    quiet = {"log": lambda _: None, "progress": False}
     keys = ["model.granularity=fused", "train.loss_chunk=3"]
     keys += ["train.valid_every=10", "train.log_every=100"]
-    straight = load_config(config(tmp_path), [*keys, "train.max_steps=40"])
+    straight = load_config(config(tmp_path), keys)
     assert straight.model.dropout > 0 and straight.train.executor == "clones"
-    train(straight, tmp_path / "straight", **quiet)
-    first = load_config(config(tmp_path), [*keys, "train.max_steps=20"])
-    train(first, tmp_path / "run", **quiet)
-    train(straight, tmp_path / "run", resume=tmp_path / "run" / "last.pt", **quiet)
-    a = torch.load(tmp_path / "straight" / "last.pt", weights_only=True)
-    b = torch.load(tmp_path / "run" / "last.pt", weights_only=True)
+    a, b = straight_and_resumed(tmp_path, keys)
     assert a["step"] == b["step"] == 40 and a["config"]["model"]["granularity"] == "fused"
     for key, value in a["model"].items():
         assert torch.equal(value, b["model"][key]), key
@@ -108,16 +115,9 @@ def test_resume_is_exact_in_mixed_precision(tmp_path, precision):
     """The float32 masters, the optimizer state and (float16) the loss scale are all a run
     keeps: 20 steps, stop, resume to 40 is bitwise 40 straight steps; the checkpoint holds
     float32 weights and loads with weights_only."""
-    quiet = {"log": lambda _: None, "progress": False}
     keys = [f"train.precision={precision}", "train.valid_every=10", "train.log_every=100"]
     keys += ["train.valid_bleu_sample=0"]
-    straight = load_config(config(tmp_path), [*keys, "train.max_steps=40"])
-    train(straight, tmp_path / "straight", **quiet)
-    first = load_config(config(tmp_path), [*keys, "train.max_steps=20"])
-    train(first, tmp_path / "run", **quiet)
-    train(straight, tmp_path / "run", resume=tmp_path / "run" / "last.pt", **quiet)
-    a = torch.load(tmp_path / "straight" / "last.pt", weights_only=True)
-    b = torch.load(tmp_path / "run" / "last.pt", weights_only=True)
+    a, b = straight_and_resumed(tmp_path, keys)
     assert a["step"] == b["step"] == 40
     assert all(v.dtype == torch.float32 for v in a["model"].values())
     for key, value in a["model"].items():

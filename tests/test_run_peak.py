@@ -40,11 +40,11 @@ def _run(*args: str, timeout: int = 600) -> str:
     return done.stdout
 
 
-@pytest.fixture(scope="module")
-def config(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("run_peak")
+def write_config(root: Path, length: int, model: str, train: str) -> Path:
+    """A config on a fresh synthetic corpus of `length`-token sentences (VOCAB words), with
+    the model and train sections given as YAML flow mappings."""
     corpus = root / "corpus"
-    _run("corpus", str(corpus), "--vocab", str(VOCAB), "--length", str(LENGTH))
+    _run("corpus", str(corpus), "--vocab", str(VOCAB), "--length", str(length))
     path = root / "config.yaml"
     path.write_text(
         f"""data:
@@ -54,14 +54,24 @@ def config(tmp_path_factory) -> Path:
   valid_tgt: {corpus / "valid.tgt"}
   src_vocab_size: {VOCAB}
   tgt_vocab_size: {VOCAB}
-  max_src_len: {LENGTH}
-  max_tgt_len: {LENGTH}
-model: {{num_layers: 1, rnn_size: 64, word_vec_size: 64, dropout: 0.3}}
-train: {{batch_size: 64, max_steps: 2, device: cpu}}
+  max_src_len: {length}
+  max_tgt_len: {length}
+model: {model}
+train: {train}
 """,
         encoding="utf-8",
     )
     return path
+
+
+@pytest.fixture(scope="module")
+def config(tmp_path_factory) -> Path:
+    return write_config(
+        tmp_path_factory.mktemp("run_peak"),
+        LENGTH,
+        "{num_layers: 1, rnn_size: 64, word_vec_size: 64, dropout: 0.3}",
+        "{batch_size: 64, max_steps: 2, device: cpu}",
+    )
 
 
 @pytest.mark.parametrize(
@@ -93,26 +103,12 @@ BUDGET_LENGTH = 20  # 2 x 256 at lengths 20: the clones' buffers weigh beside th
 
 @pytest.fixture(scope="module")
 def budget_config(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("run_budget")
-    corpus = root / "corpus"
-    _run("corpus", str(corpus), "--vocab", str(VOCAB), "--length", str(BUDGET_LENGTH))
-    path = root / "config.yaml"
-    path.write_text(
-        f"""data:
-  train_src: {corpus / "train.src"}
-  train_tgt: {corpus / "train.tgt"}
-  valid_src: {corpus / "valid.src"}
-  valid_tgt: {corpus / "valid.tgt"}
-  src_vocab_size: {VOCAB}
-  tgt_vocab_size: {VOCAB}
-  max_src_len: {BUDGET_LENGTH}
-  max_tgt_len: {BUDGET_LENGTH}
-model: {{num_layers: 2, rnn_size: 256, word_vec_size: 64, dropout: 0.3}}
-train: {{batch_size: 64, max_steps: 2, device: cpu, prealloc: auto, memory_budget: 1GiB}}
-""",
-        encoding="utf-8",
+    return write_config(
+        tmp_path_factory.mktemp("run_budget"),
+        BUDGET_LENGTH,
+        "{num_layers: 2, rnn_size: 256, word_vec_size: 64, dropout: 0.3}",
+        "{batch_size: 64, max_steps: 2, device: cpu, prealloc: auto, memory_budget: 1GiB}",
     )
-    return path
 
 
 @pytest.mark.parametrize(
