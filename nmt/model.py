@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from nmt import cells, granularities, randomness
+from nmt import cells, granularities, precisions, randomness
 from nmt.attention import LEGACY_NAMES, Attention, build_attention
 from nmt.cells import RecurrentLayer, State
 from nmt.config import ModelConfig
@@ -201,7 +201,7 @@ class Seq2SeqAttn(nn.Module):
         loss, perplexity and beam scores summed from it would round to 8 or 11 bits; CUDA's
         autocast does the same, the CPU's would not)."""
         logits = self.generator(out)
-        if logits.dtype in (torch.bfloat16, torch.float16):
+        if precisions.is_low(logits.dtype):
             logits = logits.float()
         return F.log_softmax(logits, dim=-1)
 

@@ -82,5 +82,14 @@ def of_dtype(dtype: torch.dtype) -> Precision:
     raise NmtError(f"no precision runs everything in {dtype}")
 
 
+_LOW = frozenset(p.compute for p in REGISTRY.values() if p.mixed)
+
+
+def is_low(dtype: torch.dtype) -> bool:
+    """Whether `dtype` is a mixed precision's compute dtype: the one whose rounding a
+    normalisation over the vocabulary must not inherit (it runs in float32)."""
+    return dtype in _LOW
+
+
 def describe(sep: str = "; ") -> str:
     return sep.join(f"{p.name}: {p.description}" for p in REGISTRY.values())

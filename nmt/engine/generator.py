@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 from torch.nn import Parameter
 
+from nmt import precisions
 from nmt.data.vocab import PAD
 from nmt.loss import smoothing_value
 from nmt.model import Seq2SeqAttn
@@ -115,7 +116,7 @@ class OutputLoss(_Fused):
         super().__init__(name, device, dtype)
         self.rows_target = torch.empty(0, device=device, dtype=torch.long)
         self.flat_target = torch.empty(0, device=device, dtype=torch.long)
-        self.low_precision = dtype in (torch.bfloat16, torch.float16)
+        self.low_precision = precisions.is_low(dtype)
         self.softmax_float = torch.empty(0, device=device, dtype=torch.float32)
 
     def step(
