@@ -194,6 +194,16 @@ class ModelConfig:
     param_init: float = _opt(
         0.1, min=0.0, graph="none", doc="uniform initialisation range +-param_init"
     )
+    tie_embeddings: str = _opt(
+        "none",
+        choices=("none", "decoder", "all"),
+        graph="none",
+        shape=True,
+        doc="one weight matrix for several roles: decoder = the target embedding is the "
+        "output layer's weight (OpenNMT-py's share_decoder_embeddings, JoeyNMT's "
+        "tied_softmax; needs word_vec_size = rnn_size), all = the source embedding too "
+        "(needs data.joint_vocab)",
+    )
 
 
 @dataclass
@@ -550,6 +560,7 @@ def from_dict(raw: Any, source: str = "config", from_set: Collection[str] = ()) 
     _check_train_keys(parts["train"], source, from_set)
     cfg = Config(**parts)
     _check_translate_keys(cfg, source, from_set)
+    _check_tied_embeddings(cfg, source, from_set)
     return cfg
 
 
@@ -596,6 +607,23 @@ def _check_translate_keys(cfg: Config, source: str, from_set: Collection[str] = 
         raise NmtError(
             f"{_blame(source, from_set, 'translate.replace_unk')}: needs data.tokenizer word "
             f"(copies whole source words), got {cfg.data.tokenizer}"
+        )
+
+
+def _check_tied_embeddings(cfg: Config, source: str, from_set: Collection[str] = ()) -> None:
+    """A tied matrix must fit every role: V x E as an embedding, V x H as the output layer,
+    and one vocabulary on both sides to serve the source too."""
+    tie, m, d = cfg.model.tie_embeddings, cfg.model, cfg.data
+    where = _blame(source, from_set, "model.tie_embeddings")
+    if tie != "none" and m.word_vec_size != m.rnn_size:
+        raise NmtError(
+            f"{where}: {tie} makes the target embedding the output layer's weight, so "
+            f"model.word_vec_size ({m.word_vec_size}) must equal model.rnn_size ({m.rnn_size})"
+        )
+    if tie == "all" and not (d.joint_vocab and d.tokenizer == "sentencepiece"):
+        raise NmtError(
+            f"{where}: all shares the source embedding with the target's, so it needs one "
+            "vocabulary for both: data.tokenizer sentencepiece with data.joint_vocab true"
         )
 
 

@@ -95,8 +95,27 @@ class Seq2SeqAttn(nn.Module):
         self.decoder = RNNStack(cell, dec_in, H, L, cfg.dropout)
         self.attention: Attention = build_attention(cfg.attention, H)
         self.generator = nn.Linear(H, tgt_vocab_size)
+        self.tie_weights()
         self.reset_parameters()
         self.register_load_state_dict_pre_hook(_rename_legacy_keys)
+
+    def tie_weights(self) -> None:
+        """`model.tie_embeddings`: the output layer's weight (V x H) is the target embedding
+        (V x E, E = H), and with `all` the source embedding is too (one joint vocabulary).
+        One Parameter serves each role, so every executor sums its gradients from all roles
+        into one `.grad` and the optimizer, clipping and checkpoints see it once. Called again
+        by `build_model` after the weights move, should a move ever make new Parameters."""
+        tie = self.cfg.tie_embeddings
+        if tie in ("decoder", "all"):
+            self.generator.weight = self.tgt_embedding.weight
+        if tie == "all":
+            if self.src_embedding.num_embeddings != self.tgt_embedding.num_embeddings:
+                raise NmtError(
+                    "model.tie_embeddings all: the source and target vocabularies differ "
+                    f"({self.src_embedding.num_embeddings} and "
+                    f"{self.tgt_embedding.num_embeddings} entries)"
+                )
+            self.src_embedding.weight = self.tgt_embedding.weight
 
     def reset_parameters(self) -> None:
         for p in self.parameters():
@@ -235,13 +254,18 @@ def build_model(
     their default initialisation does not draw from the global one either."""
     if torch.device(device).type == "meta":
         with torch.device("meta"):
-            return Seq2SeqAttn(model_cfg, src_vocab, tgt_vocab).to(dtype=dtype)
-    if PRIVATE_RNG.get() is None:
-        return Seq2SeqAttn(model_cfg, src_vocab, tgt_vocab).to(device=device, dtype=dtype)
-    with torch.device("meta"):
-        model = Seq2SeqAttn(model_cfg, src_vocab, tgt_vocab)
-    model.to_empty(device="cpu").reset_parameters()
-    return model.to(device=device, dtype=dtype)
+            model = Seq2SeqAttn(model_cfg, src_vocab, tgt_vocab).to(dtype=dtype)
+    elif PRIVATE_RNG.get() is None:
+        model = Seq2SeqAttn(model_cfg, src_vocab, tgt_vocab).to(device=device, dtype=dtype)
+    else:
+        with torch.device("meta"):
+            model = Seq2SeqAttn(model_cfg, src_vocab, tgt_vocab)
+        model.to_empty(device="cpu")
+        model.tie_weights()
+        model.reset_parameters()
+        model = model.to(device=device, dtype=dtype)
+    model.tie_weights()
+    return model
 
 
 def weights_problem(weights: Any, cfg: ModelConfig, src_vocab: int, tgt_vocab: int) -> str | None:

@@ -43,7 +43,9 @@ class ComputeWeights:
             p.requires_grad_(False)
             p.grad = torch.zeros_like(p)
         self._grads = [p.grad for p in self._compute]
-        masters = dict(model.named_parameters())
+        # every name, a tied weight's included: the output layer's compute copy is its own
+        # matrix, its gradient added into the embedding it is tied to (`model.tie_embeddings`)
+        masters = dict(model.named_parameters(remove_duplicate=False))
         self._masters = [masters[n] for n in self._names]
 
     def begin(self) -> None:
