@@ -402,6 +402,28 @@ def test_force_after_a_vocabulary_change_trains_a_new_sentencepiece_model(tmp_pa
     assert (out / "spm.src.model").read_bytes() != first
 
 
+def test_force_starts_the_log_and_the_checkpoints_afresh(tmp_path):
+    """A longer run's logs, metrics and step checkpoints do not outlive --force: a stale
+    ckpt_step8.pt would outrank the new run's in pruning and in nmt average."""
+    from nmt.train.runlog import read_metrics
+
+    cfg = write_config(tmp_path)
+    out = tmp_path / "r"
+    base = ["train", "--config", str(cfg), "--out", str(out), "--no-progress"]
+    base += ["--set", "train.valid_every=2", "--set", "train.valid_bleu_sample=0"]
+    base += ["--set", "train.keep_checkpoints=3"]
+    assert run(*base, "--set", "train.max_steps=8").exit_code == 0
+    assert (out / "ckpt_step8.pt").exists()
+    result = run(*base, "--force", "--set", "train.max_steps=4")
+    assert result.exit_code == 0, result.output
+    assert "removed the previous run's last.pt, model.pt, ckpt_step" in result.stdout
+    assert sorted(p.name for p in out.glob("ckpt_step*.pt")) == ["ckpt_step2.pt", "ckpt_step4.pt"]
+    assert max(r["step"] for r in read_metrics(out)) == 4
+    log = (out / "train.log").read_text(encoding="utf-8")
+    assert log.count("training for") == 1 and "up to step 4" in log
+    assert torch.load(out / "last.pt", weights_only=True)["step"] == 4
+
+
 def test_out_naming_a_file_is_one_line_and_leaves_it(tmp_path):
     cfg = write_config(tmp_path)
     taken = write(tmp_path / "notes.txt", "my notes\n")

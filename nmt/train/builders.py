@@ -34,7 +34,7 @@ from nmt.threads import limit_threads
 from nmt.train import distributed as dd
 from nmt.train.executors import Executor, make_executor
 from nmt.train.memory import Budget, MemoryPlan, Planner, kept_plan, needs_plan, resolve_budget
-from nmt.train.runlog import RunLog
+from nmt.train.runlog import RunLog, clear_previous_run
 from nmt.train.scaling import LossScale
 from nmt.train.schedule import LearningRateSchedule, make_optimizer
 from nmt.train.stopping import EarlyStopping
@@ -214,7 +214,7 @@ def build_run(
         budget = dataclasses.replace(budget, bytes=dd.all_reduce_min(budget.bytes, dist, device))
     if not dist.is_main:  # one voice: rank 0 logs, shows progress, writes files
         log, progress = (lambda message: None), False
-    run_log = RunLog(out_dir if dist.is_main else None, log)
+    run_log = RunLog(out_dir if dist.is_main else None, log, fresh=resume is None)
     torch.manual_seed(t.seed)
     checkpoint, tokenizers = resume_state(cfg, resume)
     corpus = build_corpus(cfg, out_dir, dist, run_log, tokenizers)
@@ -236,6 +236,8 @@ def build_run(
     loss_scale = LossScale(device) if precisions.get(t.precision).loss_scaling else None
     if loss_scale is not None:  # the executor scales the loss, the update unscales
         executor.loss_scale = loss_scale.scale
+    if resume is None and dist.is_main and (removed := clear_previous_run(out_dir)):
+        run_log(f"a new run in {out_dir}: removed the previous run's {', '.join(removed)}")
     return Run(
         cfg=cfg,
         out_dir=out_dir,

@@ -1,7 +1,10 @@
 """The run directory, and what a run leaves beside its checkpoints: `train.log` (the log
 lines) and `metrics.jsonl` (one JSON object per progress point and per validation), so that a
 run can be read or plotted afterwards (`scripts/plot_training.py RUN_DIR`). Resumed runs
-append. A write that fails (a full disk) is one NmtError naming the file."""
+append; a new run in a directory that held one (`--force`) starts both files afresh and
+removes the old run's checkpoints once it has built every part, so that nothing of the two
+runs mixes (a stale `ckpt_step*.pt` of a longer run would outlive the new run's in pruning
+and in `nmt average`). A write that fails (a full disk) is one NmtError naming the file."""
 
 from __future__ import annotations
 
@@ -11,14 +14,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from nmt.checkpoint import step_checkpoints
 from nmt.errors import NmtError
 
 
 class RunLog:
     """Tees log lines into `DIR/train.log` and appends metric records to `DIR/metrics.jsonl`."""
 
-    def __init__(self, out_dir: Path | None, echo: Callable[[str], None]):
+    def __init__(self, out_dir: Path | None, echo: Callable[[str], None], fresh: bool = False):
         self.out_dir, self.echo = out_dir, echo
+        self._unstarted = {"train.log", "metrics.jsonl"} if fresh else set()
 
     def __call__(self, message: str) -> None:
         self.echo(message)
@@ -37,8 +42,10 @@ class RunLog:
         path = self.out_dir / name
         try:
             self.out_dir.mkdir(parents=True, exist_ok=True)
-            with open(path, "a", encoding="utf-8") as handle:
+            mode = "w" if name in self._unstarted else "a"  # a new run's first line
+            with open(path, mode, encoding="utf-8") as handle:
                 handle.write(line + "\n")
+            self._unstarted.discard(name)
         except OSError as exc:
             raise NmtError(f"{path}: cannot write ({exc.strerror or exc})") from None
 
@@ -64,6 +71,16 @@ def prepare_run_dir(out_dir: Path, *, resume: Path | None, force: bool) -> list[
         remove_if_empty(made)
         raise NmtError(f"--out {out_dir}: the run directory is not writable")
     return made
+
+
+def clear_previous_run(out_dir: Path) -> list[str]:
+    """Remove the checkpoints a previous run left in `out_dir` (`last.pt`, `model.pt`,
+    `ckpt_step*.pt`), for a new run there; returns the names removed."""
+    found = [out_dir / "last.pt", out_dir / "model.pt", *step_checkpoints(out_dir)]
+    removed = [path.name for path in found if path.is_file()]
+    for name in removed:
+        (out_dir / name).unlink(missing_ok=True)
+    return removed
 
 
 def remove_if_empty(made: list[Path]) -> None:
