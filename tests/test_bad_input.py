@@ -624,3 +624,16 @@ def test_average_into_one_of_its_inputs_is_refused(tmp_path):
     result = run("average", str(out / "model.pt"), str(out / "last.pt"), "-o", str(out / "last.pt"))
     assert_one_line_error(result, f"--output {out / 'last.pt'}: is one of the checkpoints")
     assert (out / "last.pt").read_bytes() == before
+
+
+def test_average_over_a_file_that_is_no_checkpoint_is_refused(tmp_path):
+    """A typo in -o must not write over someone's file; an old checkpoint may be replaced."""
+    _, out = trained_run(tmp_path)
+    notes = write(tmp_path / "notes.txt", "my notes\n")
+    result = run("average", str(out / "model.pt"), str(out / "last.pt"), "-o", notes)
+    assert_one_line_error(result, f"--output {notes}: exists and is not a checkpoint")
+    assert Path(notes).read_text(encoding="utf-8") == "my notes\n"
+    again = out / "avg.pt"
+    for _ in range(2):
+        result = run("average", str(out / "model.pt"), str(out / "last.pt"), "-o", str(again))
+        assert result.exit_code == 0, result.output

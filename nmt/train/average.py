@@ -103,13 +103,23 @@ def average_checkpoints(paths: list[Path]) -> dict[str, Any]:
 
 def average_files(paths: list[Path], output: Path) -> dict[str, Any]:
     """Average `paths` into `output` (written atomically); returns what was written. The
-    output may not be one of the inputs: that checkpoint would be lost."""
+    output may not be one of the inputs (that checkpoint would be lost), a directory, or an
+    existing file that is not a checkpoint (a typo would write over it)."""
     for path in paths:
         if output.resolve() == path.resolve():
             raise NmtError(
                 f"--output {output}: is one of the checkpoints being averaged ({path}); "
                 "it would be written over"
             )
+    if output.is_dir():
+        raise NmtError(f"--output {output}: is a directory; name the checkpoint file to write")
+    if output.exists():
+        try:
+            load_checkpoint(output)
+        except NmtError:
+            raise NmtError(
+                f"--output {output}: exists and is not a checkpoint; it would be written over"
+            ) from None
     state = average_checkpoints(paths)
     save_checkpoint(state, output)
     return state
