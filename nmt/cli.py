@@ -68,8 +68,17 @@ SetOpt = Annotated[
 
 
 def _train_command(config: Path | None, sets: list[str], preallocate: bool | None) -> list[str]:
-    """The `nmt train` options that gave this run its config: what a resume hint repeats."""
-    command = ["nmt", "train"] + (["--config", str(config)] if config is not None else [])
+    """The `nmt train` options that gave this run its config: what a resume hint repeats;
+    under torchrun, as torchrun starts it (its rendezvous options for several machines are
+    not known here: the hint names the node count only)."""
+    command = ["nmt", "train"]
+    world, local = int(os.environ.get("WORLD_SIZE", "1")), os.environ.get("LOCAL_WORLD_SIZE")
+    if world > 1:
+        per_node = int(local or world)
+        command = ["torchrun", "--nproc_per_node", str(per_node), "-m", *command]
+        if world > per_node:
+            command[1:1] = ["--nnodes", str(world // per_node)]
+    command += ["--config", str(config)] if config is not None else []
     for text in sets:
         command += ["--set", text]
     if preallocate is not None:

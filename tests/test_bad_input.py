@@ -637,3 +637,25 @@ def test_average_over_a_file_that_is_no_checkpoint_is_refused(tmp_path):
     for _ in range(2):
         result = run("average", str(out / "model.pt"), str(out / "last.pt"), "-o", str(again))
         assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize(
+    ("world", "local", "start"),
+    [
+        ("1", None, ["nmt", "train"]),
+        ("4", "4", ["torchrun", "--nproc_per_node", "4", "-m", "nmt", "train"]),
+        ("16", "8", ["torchrun", "--nnodes", "2", "--nproc_per_node", "8", "-m", "nmt", "train"]),
+    ],
+)
+def test_the_resume_hint_starts_the_run_as_it_was_started(monkeypatch, world, local, start):
+    """Under torchrun the hint is a torchrun command: `nmt train` alone refuses a checkpoint
+    written by several ranks."""
+    from nmt.cli import _train_command
+
+    monkeypatch.setenv("WORLD_SIZE", world)
+    if local is None:
+        monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    else:
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", local)
+    got = _train_command(Path("c.yaml"), ["train.seed=1"], None)
+    assert got == [*start, "--config", "c.yaml", "--set", "train.seed=1"]
