@@ -17,10 +17,12 @@ from tests.conftest import write_toy_config
 
 @pytest.fixture
 def threads(monkeypatch):
-    """Torch's thread count restored after the test; no thread variable set; one allowed core."""
+    """Torch's thread count restored after the test; no thread variable set; one allowed
+    core; a quiet machine."""
     for name in THREAD_VARIABLES:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.1, 0.1, 0.1))
     before = torch.get_num_threads()
     yield
     torch.set_num_threads(before)
@@ -41,6 +43,22 @@ def test_a_thread_count_the_user_chose_is_kept(threads, monkeypatch):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
     assert limit_threads() == "3 (set in this process; 4 cores available)"  # fewer: kept
     assert torch.get_num_threads() == 3
+
+
+def test_a_busy_machine_is_named_and_the_count_kept(threads, monkeypatch):
+    """Other jobs keep the cores busy: several threads are warned of, one thread is not."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(os, "getloadavg", lambda: (1.93, 1.5, 1.2))
+    torch.set_num_threads(2)
+    assert limit_threads() == (
+        "2 (the cores this process may run on); the machine is busy (load 1.93 over the last "
+        "minute on 2 cores): threads that share cores with other jobs wait on each other, "
+        "OMP_NUM_THREADS=1 may run several times faster"
+    )
+    assert torch.get_num_threads() == 2
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
+    assert limit_threads() == "1 (OMP_NUM_THREADS=1)"
 
 
 def test_without_affinity_the_machine_cores_count(monkeypatch):
