@@ -117,3 +117,8 @@ class Ensemble(nn.Module):
             dtype = torch.promote_types(dtype, lp.dtype)
         stacked = torch.stack([lp.to(dtype) for lp in logps])
         return torch.logsumexp(stacked, dim=0) - math.log(len(logps))
+
+
+# what the searches, the translator and gold scoring decode with: one model, or an ensemble
+# standing in for one
+Decodable = Seq2SeqAttn | Ensemble

@@ -42,7 +42,7 @@ from nmt.model import Seq2SeqAttn, build_model, check_weights
 from nmt.out_of_memory import ran_out, reported
 from nmt.threads import limit_threads
 from nmt.translate import decoding, unk
-from nmt.translate.ensemble import Ensemble, check_vocabularies
+from nmt.translate.ensemble import Decodable, Ensemble, check_vocabularies
 from nmt.translate.formats import attention_record, gold_lines, nbest_line
 from nmt.translate.metrics import bleu_line, chrf_line
 from nmt.translate.scoring import GoldScores, gold_scores
@@ -145,7 +145,7 @@ class TranslateOptions:
 class Loaded:
     """What translation takes from a checkpoint."""
 
-    model: Seq2SeqAttn | Ensemble  # an ensemble stands in for a model wherever one decodes
+    model: Decodable  # an ensemble stands in for a model wherever one decodes
     src_tok: Tokenizer
     tgt_tok: Tokenizer
     decoding: TranslateConfig  # its `translate:` section (defaults when it has none)
@@ -280,7 +280,7 @@ class Translator:
 
     def __init__(
         self,
-        model: Seq2SeqAttn,
+        model: Decodable,
         src_tok: Tokenizer,
         tgt_tok: Tokenizer,
         options: TranslateOptions = TranslateOptions(),
@@ -451,7 +451,7 @@ class ReferenceReport:
 
 
 def _gold_scorer(
-    model: Seq2SeqAttn, tgt_tok: Tokenizer, refs: list[str], batch_size: int
+    model: Decodable, tgt_tok: Tokenizer, refs: list[str], batch_size: int
 ) -> Callable[[list[list[int]]], GoldScores]:
     """Sources -> the references' teacher-forced scores (`scoring.gold_scores`)."""
 

@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from nmt.data.vocab import BOS, EOS, PAD
 from nmt.loss import gold_log_probs
-from nmt.model import Seq2SeqAttn
 from nmt.translate.translator import evaluating, length_batches, pad_sources
+
+if TYPE_CHECKING:
+    from nmt.translate.ensemble import Decodable
 
 
 @dataclass(frozen=True)
@@ -38,7 +41,7 @@ class GoldScores:
 
 
 def gold_scores(
-    model: Seq2SeqAttn,
+    model: Decodable,
     sources: list[list[int]],
     targets: list[list[int]],
     batch_size: int = 32,

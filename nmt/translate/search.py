@@ -15,13 +15,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from nmt.data.vocab import BOS, EOS, PAD
 from nmt.errors import NmtError
-from nmt.model import DecoderState, Seq2SeqAttn
+from nmt.model import DecoderState
+
+if TYPE_CHECKING:
+    from nmt.translate.ensemble import Decodable
 
 NEG_INF = float("-inf")
 SCORES = torch.float32  # hypotheses' log-probability sums, whatever the model computes in
@@ -100,7 +104,7 @@ def _limits(options: SearchOptions, lengths: list[int]) -> list[int]:
     return [options.limit(n - 2) for n in lengths]
 
 
-def next_log_probs(model: Seq2SeqAttn, out: Tensor, forbid_eos: bool) -> Tensor:
+def next_log_probs(model: Decodable, out: Tensor, forbid_eos: bool) -> Tensor:
     """Log-probabilities of the next token, with the tokens that may not come set to -inf."""
     logp = model.log_probs(out)
     logp[:, PAD] = NEG_INF
@@ -111,7 +115,7 @@ def next_log_probs(model: Seq2SeqAttn, out: Tensor, forbid_eos: bool) -> Tensor:
 
 
 def greedy_search(
-    model: Seq2SeqAttn,
+    model: Decodable,
     src: Tensor,
     src_mask: Tensor | None,
     options: SearchOptions = SearchOptions(beam_size=1),
@@ -220,7 +224,7 @@ class Beam:
 
 
 def beam_search(
-    model: Seq2SeqAttn,
+    model: Decodable,
     src: Tensor,
     src_mask: Tensor | None,
     options: SearchOptions = SearchOptions(),

@@ -9,15 +9,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 from torch import Tensor
 
 from nmt.data.vocab import BOS, EOS, PAD
 from nmt.errors import NmtError
-from nmt.model import Seq2SeqAttn
 from nmt.translate.search import Hypothesis, SearchOptions, beam_search, greedy_search
+
+if TYPE_CHECKING:
+    from nmt.translate.ensemble import Decodable
 
 
 class TextTokenizer(Protocol):
@@ -40,7 +42,7 @@ def pad_sources(seqs: list[list[int]], device: torch.device | str) -> tuple[Tens
 
 
 @contextmanager
-def evaluating(model: Seq2SeqAttn) -> Iterator[None]:
+def evaluating(model: Decodable) -> Iterator[None]:
     """Dropout off and no autograd inside; the model's training flag is restored after."""
     was_training = model.training
     model.eval()
@@ -60,7 +62,7 @@ def length_batches(lengths: list[int], batch_size: int) -> list[list[int]]:
 
 
 def translate_ids(
-    model: Seq2SeqAttn,
+    model: Decodable,
     sources: list[list[int]],
     options: SearchOptions = SearchOptions(),
     batch_size: int = 32,
@@ -90,7 +92,7 @@ def translate_ids(
 
 
 def translate_lines(
-    model: Seq2SeqAttn,
+    model: Decodable,
     src_tokenizer: TextTokenizer,
     tgt_tokenizer: TextTokenizer,
     lines: list[str],
