@@ -155,3 +155,28 @@ def test_a_tied_run_saves_loads_and_translates(tmp_path) -> None:
     src.write_text("a b c\n", encoding="utf-8")
     got = runner.invoke(app, ["translate", "-m", str(ckpt), "--src", str(src)])
     assert got.exit_code == 0, got.output
+
+
+@pytest.mark.parametrize("precision", ["float32", "bfloat16"])
+def test_memreport_accounts_a_tied_model_exactly(tmp_path, precision: str) -> None:
+    """A real CPU step of a tied model holds what the accounting says, and the report's
+    model line names the tie."""
+    from nmt.config import load_config
+    from nmt.memreport.live import real_step
+    from nmt.memreport.measure import Setting, measure
+    from nmt.memreport.report import build_report
+    from nmt.memreport.text import render
+    from tests.test_memreport import TINY
+
+    path = tmp_path / "tiny.yaml"
+    path.write_text(TINY, encoding="utf-8")
+    sets = ["model.word_vec_size=8", "model.tie_embeddings=decoder"]
+    sets += [f"train.precision={precision}"]
+    cfg = load_config(path, sets, require_data=False)
+    setting = Setting.from_config(cfg)
+    accounted = measure(setting, "all")
+    live = real_step(setting, "all", accounted, "cpu")
+    assert live.error == "" and live.ok
+    assert live.live_bytes == live.accounted_bytes > 0
+    report = build_report(cfg, str(path), device="meta", detail="all", top=3)
+    assert "embeddings tied (decoder)" in render(report).splitlines()[1]

@@ -46,6 +46,8 @@ def _model_line(s: Setting) -> str:
         extras.append(f"{m.attention} attention")
     if m.dropout:
         extras.append(f"dropout {m.dropout:g}")
+    if m.tie_embeddings != "none":
+        extras.append(f"embeddings tied ({m.tie_embeddings})")
     extras.append(f"{m.granularity} granularity")
     return (
         f"model {m.num_layers} x {m.rnn_size} {m.rnn_type.upper()} ({', '.join(extras)}), "
