@@ -16,6 +16,7 @@ import torch
 
 from nmt import granularities, policies, precisions
 from nmt.config import ModelConfig, load_config
+from nmt.data.vocab import PAD
 from nmt.engine import planner
 from nmt.engine.generator import Generator
 from nmt.engine.spec import ExecutorSpec
@@ -156,9 +157,10 @@ def test_train_dtype_names_its_successor(tmp_path) -> None:
     assert upgrade_saved(saved)["train"] == {"batch_size": 4, "precision": "float64"}
 
 
+@pytest.mark.parametrize("eps", [0.0, 0.12])  # 0.12: q at the target 0.869, 0.867 in bf16
 @pytest.mark.parametrize("granularity", granularities.names())
 @pytest.mark.parametrize("precision", MIXED)
-def test_the_output_layer_rounds_d_loss_d_logits_once(precision: str, granularity: str) -> None:
+def test_the_output_layer_rounds_d_loss_d_logits_once(precision: str, granularity: str, eps):
     """A confident softmax (p(target) near 1): d loss / d logits = p - onehot is computed in
     float32 from the logits and rounded to the compute dtype once, so each entry is within
     one of its ulps of float64's from the same logits - p rounded first would leave p - 1
@@ -167,7 +169,7 @@ def test_the_output_layer_rounds_d_loss_d_logits_once(precision: str, granularit
     cfg = ModelConfig(num_layers=1, rnn_size=8, word_vec_size=8, granularity=granularity)
     torch.manual_seed(3)
     model = Seq2SeqAttn(cfg, 11, 13).to(dtype).requires_grad_(False)
-    gen = Generator(model, torch.device("cpu"), dtype)
+    gen = Generator(model, torch.device("cpu"), dtype, label_smoothing=eps)
     for p in model.parameters():
         p.grad = torch.zeros_like(p)
     target = torch.tensor([[5]])
@@ -177,7 +179,10 @@ def test_the_output_layer_rounds_d_loss_d_logits_once(precision: str, granularit
     gen.step(out, target, weight, logp, torch.zeros(1, 8, dtype=dtype))
     lin = model.generator
     want = torch.softmax(torch.addmm(lin.bias, out, lin.weight.t()).double(), 1)[0]
-    want[5] -= 1  # with one row, the bias gradient is d loss / d logits itself
-    assert -want[5] < 0.02
+    # minus q (nmt.loss): 1 - eps at the target, 0 at PAD, eps / (V - 2) elsewhere
+    q = torch.full((13,), eps / 11, dtype=torch.float64)
+    q[PAD], q[5] = 0.0, 1.0 - eps
+    want -= q  # with one row, the bias gradient is d loss / d logits itself
+    assert -want[5] < 0.02 + eps
     got = lin.bias.grad.double()
     assert ((got - want).abs() / want.abs()).max() <= torch.finfo(dtype).eps
