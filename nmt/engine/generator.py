@@ -37,13 +37,9 @@ class LogSoftMaxNLL(Node):
     `nmt.loss`'s q (1 - eps on the reference, 0 on PAD, s = eps / (V - 2) elsewhere)
     and the gradient w * (softmax - q) = w * (softmax - s) + w s onehot(PAD)
     - w (1 - eps - s) onehot(target), still computed in the same buffer.
-
-    In bfloat16 or float16 `output` is float32, as the fused `OutputLoss`'s log-softmax is
-    (its docstring says why), and the gradient is rounded once into `grad_low`, in the
-    compute dtype the generator's products run in.
     """
 
-    ROLES = {"output": "output", "flat_target": "flat_target", "grad_low": "grad_low"}
+    ROLES = {"output": "output", "flat_target": "flat_target"}
     BWD_READS_OUTPUT = True
     BWD_SCRATCH_ROLES = ("flat_target",)
 
@@ -53,18 +49,12 @@ class LogSoftMaxNLL(Node):
         self.label_smoothing = label_smoothing
         super().__init__(name, device, dtype)
         self.flat_target = torch.empty(0, device=device, dtype=torch.long)
-        self.low_precision = precisions.is_low(dtype)
-        if self.low_precision:
-            self.output = torch.empty(0, device=device, dtype=torch.float32)
-            self._bind()
 
     def forward(self, logits: Tensor) -> Tensor:
-        out = resized(self.output, logits.shape)
-        return torch.log_softmax(logits, 1, dtype=out.dtype, out=out)
+        return torch.log_softmax(logits, 1, out=resized(self.output, logits.shape))
 
     def backward(self, target_weight: tuple[Tensor, Tensor], g: None = None) -> Tensor:
         target, weight = target_weight  # B x 1 int64, B x 1 (1/B for real tokens, 0 for PAD)
-        weight = weight.to(self.output.dtype)
         eps = self.label_smoothing
         if eps == 0:
             grad = self.output.exp_().mul_(weight)
@@ -74,8 +64,6 @@ class LogSoftMaxNLL(Node):
             grad = self.output.exp_().sub_(s).mul_(weight)
             grad[:, PAD : PAD + 1].add_(weight, alpha=s)
             add_at(grad, target, weight.mul(-(1.0 - eps - s)), self.flat_target)
-        if self.low_precision:
-            grad = resized(self.grad_low, grad.shape).copy_(grad)
         self.grad_input = grad
         return grad
 
@@ -249,10 +237,7 @@ class Generator:
             self.fused.step(out, target, weight, target_logp, grad_out)
             return
         logp = self.criterion.forward(self.linear.forward(out))
-        if logp.dtype == target_logp.dtype:
-            torch.gather(logp, 1, target, out=target_logp)
-        else:  # a low precision's float32 log-probabilities
-            target_logp.copy_(torch.gather(logp, 1, target))
+        torch.gather(logp, 1, target, out=target_logp)
         grad_logits = self.criterion.backward((target, weight))
         grad_out.add_(self.linear.backward(out, grad_logits))
 
