@@ -96,7 +96,6 @@ class OutputLoss(_Fused):
         "rows_grad": "rows_grad",
         "flat_target": "flat_target",
         "softmax_float": "softmax_float",  # a low precision's float32 log-softmax and gradient
-        "rows_scaled": "rows_scaled",  # float32: g W, then the rows of out times their weight
     }
 
     def __init__(
@@ -137,7 +136,7 @@ class OutputLoss(_Fused):
         not `accumulate`). target: R x 1 token ids; weight: R x 1, 1 / batch size at real
         tokens, else 0."""
         w, b = self.weight, self.bias
-        (R, H), V = out.shape, w.shape[0]
+        R, V = out.shape[0], w.shape[0]
         logits = torch.addmm(b, out, w.t(), out=self._rows("output", (R, V)))
         if self.low_precision:  # float32 from the logits to the gradient (class docstring)
             logp = self._rows("softmax_float", (R, V))
@@ -153,26 +152,15 @@ class OutputLoss(_Fused):
             grad[:, PAD : PAD + 1].add_(s)
         minus_q = self._constant("minus_target_q", (R, 1), -self.target_q)
         add_at(grad, target, minus_q, self.flat_target)
+        grad.mul_(weight)
         if self.low_precision:
-            # times the row weight (float16: the loss scale, before the rounding it protects
-            # the small probabilities from) and back to the compute dtype, in one pass
-            grad = torch.mul(grad, weight, out=logits)
-            if accumulate:
-                grad_out.addmm_(grad, w)
-            else:
-                torch.mm(grad, w, out=grad_out)
-            w.grad.addmm_(grad.t(), out)
-            b.grad.addmv_(grad.t(), self._constant("ones", (R,), 1.0))
-            return
-        # float32: the row weights go on the R x H side of each product, never a pass over
-        # the R x V gradient: d out = weight * (g W), d W += g^T (weight * out), d b += g^T weight
-        g_out = torch.mm(grad, w, out=self._rows("rows_scaled", (R, H)))
+            grad = logits.copy_(grad)  # back to the compute dtype for the products
         if accumulate:
-            grad_out.addcmul_(g_out, weight)
+            grad_out.addmm_(grad, w)
         else:
-            torch.mul(g_out, weight, out=grad_out)
-        w.grad.addmm_(grad.t(), torch.mul(out, weight, out=g_out))
-        b.grad.addmv_(grad.t(), weight.reshape(R))
+            torch.mm(grad, w, out=grad_out)
+        w.grad.addmm_(grad.t(), out)
+        b.grad.addmv_(grad.t(), self._constant("ones", (R,), 1.0))
 
     def step_positions(
         self,
