@@ -107,7 +107,7 @@ allocated() {  # cuda: each policy's allocated-vs-accounted verdict; cpu: the by
 speed() { grep -oE '^(ratios vs|step time recompute / all).*' "$1" | paste -sd ';' -; }
 
 run_engine() {
-    NMT_TEST_DEVICE=$device "$py" -m pytest -q -p no:cacheprovider \
+    NMT_TEST_DEVICE=$device "$py" -m pytest -q -n 0 -p no:cacheprovider \
         tests/test_engine_equivalence.py tests/test_engine_sharing.py tests/test_nn_rnn.py \
         "${engine_sel[@]}"
 }

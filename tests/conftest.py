@@ -11,6 +11,14 @@ import pytest
 import torch
 
 from nmt.config import ModelConfig, choices_of, from_dict
+from nmt.threads import allowed_cores
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """`-n auto` (pyproject.toml's addopts): one test process per core this process may run
+    on, as training counts them (a container's cpuset, not the host's cores), at most 8: the
+    tests that start training subprocesses need memory beside each worker."""
+    return min(allowed_cores(), 8)
 
 
 @pytest.fixture(scope="session", autouse=True)
