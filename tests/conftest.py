@@ -14,6 +14,7 @@ from nmt.config import ModelConfig, choices_of, from_dict
 from nmt.threads import allowed_cores
 
 
+@pytest.hookimpl(optionalhook=True)  # xdist's hook: unknown to pytest without the plugin
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """`-n auto` (pyproject.toml's addopts): one test process per core this process may run
     on, as training counts them (a container's cpuset, not the host's cores), at most 8: the
