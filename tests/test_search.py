@@ -23,6 +23,7 @@ from nmt.translate.search import (
     Hypothesis,
     beam_search,
     best_distinct,
+    candidates,
     greedy_search,
     length_penalty_factor,
 )
@@ -465,3 +466,24 @@ def test_translate_lines_copies_with_the_copy_model(copy_model):
     ]
     assert out == expected
     assert sum(o == line for o, line in zip(out, lines, strict=True)) >= 3  # it learnt to copy
+
+
+@pytest.mark.parametrize(("n", "K", "vocab"), [(3, 4, 50), (1, 5, 7), (2, 3, 4)])
+def test_candidates_rank_as_the_whole_K_x_V_ranking(n, K, vocab):
+    """Ranking each row first and then the K x 2K survivors gives the 2K best of all K x V
+    extensions of a sentence - scores, parent rows and tokens - also when a row's vocabulary
+    is smaller than 2K and when hypotheses are missing (-inf rows, as at the first step)."""
+    g = torch.Generator().manual_seed(n * 100 + K * 10 + vocab)
+    scores = torch.randn(n, K, generator=g, dtype=torch.float64)
+    scores[0, 1:] = float("-inf")
+    logp = torch.log_softmax(torch.randn(n * K, vocab, generator=g, dtype=torch.float64), 1)
+    cand_scores, cand_rows, cand_tokens = candidates(scores, logp)
+    total = (scores.view(-1, 1) + logp).view(n, K * vocab)
+    expected, flat = total.topk(min(2 * K, K * vocab), dim=1)
+    assert torch.equal(cand_scores, expected)
+    finite = torch.isfinite(expected)  # among -inf candidates any order is a right one
+    rows = flat // vocab + torch.arange(n).unsqueeze(1) * K
+    assert torch.equal(cand_rows[finite], rows[finite])
+    assert torch.equal(cand_tokens[finite], (flat % vocab)[finite])
+    picked = (scores.view(-1)[cand_rows] + logp[cand_rows, cand_tokens])[finite]
+    assert torch.equal(picked, cand_scores[finite])

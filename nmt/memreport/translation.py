@@ -4,10 +4,11 @@ Beam search decides as it goes (which hypotheses end, which sentences leave the 
 it cannot run where no value exists. Its peak, though, is reached in a known state: every
 sentence of the batch still searching, at the last position its limit allows, with the
 longest history. `beam_peak` replays the search's loop body in that state with the search's
-own pieces (`Beam`, `next_log_probs`, `decode_step`), two iterations in one scope so that
-what the previous iteration leaves referenced (its log-probabilities and scores) is live
-while the next one computes, as in `beam_search`. What depends on values - hypotheses that
-end, sentences that leave - only ever makes the batch smaller and is left out.
+own pieces (`Beam`, `next_log_probs`, `candidates`, `live_candidates`, `decode_step`), two
+iterations in one scope so that what the previous iteration leaves referenced (its log-
+probabilities and scores) is live while the next one computes, as in `beam_search`. What
+depends on values - hypotheses that end, sentences that leave - only ever makes the batch
+smaller and is left out.
 tests/test_memreport_phases.py holds the replay to a real CPU search under the same tracker.
 """
 
@@ -17,11 +18,11 @@ from dataclasses import dataclass
 
 import torch
 
-from nmt.data.vocab import BOS, EOS
+from nmt.data.vocab import BOS
 from nmt.errors import NmtError
 from nmt.memreport.tracker import StorageTracker
 from nmt.model import Seq2SeqAttn
-from nmt.translate.search import SCORES, Beam, next_log_probs
+from nmt.translate.search import SCORES, Beam, candidates, live_candidates, next_log_probs
 
 DEFAULT_BATCH = 32  # nmt translate's --batch-size default
 DEFAULT_MAX_LENGTH = 250  # nmt translate's --max-length default
@@ -83,22 +84,15 @@ def beam_peak(model: Seq2SeqAttn, source_length: int, t: Translation) -> int:
                     y, beam.state, beam.context, beam.src_mask
                 )
                 logp = next_log_probs(model, out, forbid_eos=False)
-                V = logp.size(1)
-                total = (beam.scores.view(-1, 1) + logp).view(B, K * V)
-                cand_scores, cand = total.topk(min(2 * K, K * V), dim=1)
-                cand_rows = cand // V + torch.arange(B, device=device).unsqueeze(1) * K
-                cand_tokens = cand % V
-                is_eos = cand_tokens == EOS
-                width = torch.arange(cand.size(1), device=device)
-                order = (is_eos.long() * (2 * K) + width).argsort(1)[:, :K]
-                live_scores = cand_scores.gather(1, order)
-                live_rows = cand_rows.gather(1, order)
-                live_tokens = cand_tokens.gather(1, order)
+                cand_scores, cand_rows, cand_tokens = candidates(beam.scores, logp)
+                live_scores, live_rows, live_tokens = live_candidates(
+                    cand_scores, cand_rows, cand_tokens, K
+                )
                 beam = beam.select(
-                    live_rows.reshape(-1), live_scores, live_tokens.reshape(-1), attn, beam.alive
+                    live_rows.reshape(-1), live_scores, live_tokens.reshape(-1), attn
                 )
                 y = beam.tokens[:, -1]
-            del context, final, beam, out, attn, logp, total
+            del context, final, beam, out, attn, logp
     finally:
         model.train(was_training)
     return tracker.peak

@@ -80,6 +80,8 @@ def translate_ids(
     with evaluating(model):
         for batch in length_batches([len(s) for s in sources], batch_size):
             src, mask = pad_sources([sources[i] for i in batch], device)
+            if bool(mask.all()):  # no padding (one sentence, or equal lengths): nothing to
+                mask = None  # mask, and the encoder and attention skip their masking ops
             if options.beam_size == 1:
                 found = [[h] for h in greedy_search(model, src, mask, options)]
             else:
