@@ -13,6 +13,7 @@ own source length (the mask), so a sentence's result does not depend on its batc
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -107,11 +108,14 @@ def _limits(options: SearchOptions, lengths: list[int]) -> list[int]:
 def next_log_probs(model: Decodable, out: Tensor, forbid_eos: bool) -> Tensor:
     """Log-probabilities of the next token, with the tokens that may not come set to -inf."""
     logp = model.log_probs(out)
-    logp[:, PAD] = NEG_INF
-    logp[:, BOS] = NEG_INF
-    if forbid_eos:
-        logp[:, EOS] = NEG_INF
-    return logp
+    return logp.index_fill_(1, _never(logp.device, forbid_eos), NEG_INF)
+
+
+@functools.cache
+def _never(device: torch.device, forbid_eos: bool) -> Tensor:
+    """The ids `next_log_probs` sets to -inf, as an index on `device` (made once: one op a
+    step instead of one per id)."""
+    return torch.tensor([PAD, BOS, EOS] if forbid_eos else [PAD, BOS], device=device)
 
 
 def candidates(scores: Tensor, logp: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -125,7 +129,7 @@ def candidates(scores: Tensor, logp: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     n, K = scores.shape
     row_logp, row_tokens = logp.topk(min(2 * K, logp.size(1)), dim=1)  # nK x W
     W = row_logp.size(1)
-    total = (scores.view(-1, 1) + row_logp).view(n, K * W)
+    total = (scores.reshape(-1, 1) + row_logp).view(n, K * W)
     cand_scores, cand = total.topk(min(2 * K, K * W), dim=1)  # sorted, best first
     cand_rows = cand // W + torch.arange(n, device=scores.device).unsqueeze(1) * K
     return cand_scores, cand_rows, row_tokens.view(n, K * W).gather(1, cand)
@@ -323,10 +327,11 @@ def beam_search(
         logp = next_log_probs(model, out, forbid_eos=t < min_length)
         cand_scores, cand_rows, cand_tokens = candidates(beam.scores, logp)
         is_eos = cand_tokens == EOS
+        any_eos = bool(is_eos.any())
 
         # Finished: </s> among the top K candidates of its sentence.
-        ends = is_eos[:, :K] & torch.isfinite(cand_scores[:, :K])
-        if bool(ends.any()):
+        ends = is_eos[:, :K] & torch.isfinite(cand_scores[:, :K]) if any_eos else None
+        if ends is not None and bool(ends.any()):
             rows = cand_rows[:, :K][ends]
             ended_attn = torch.cat(
                 [beam.attns.index_select(0, rows), attn.index_select(0, rows).unsqueeze(1)], 1
@@ -342,9 +347,16 @@ def beam_search(
                 lp = length_penalty_factor(len(toks) + 1, alpha)
                 found[orig].append(Hypothesis(toks, score / lp, a[:, : lengths[orig]]))
 
-        live_scores, live_rows, live_tokens = live_candidates(
-            cand_scores, cand_rows, cand_tokens, K
-        )
+        if any_eos:
+            live_scores, live_rows, live_tokens = live_candidates(
+                cand_scores, cand_rows, cand_tokens, K
+            )
+        else:  # what live_candidates gives when no candidate ends: the first K
+            live_scores, live_rows, live_tokens = (
+                cand_scores[:, :K],
+                cand_rows[:, :K],
+                cand_tokens[:, :K],
+            )
 
         done = _sentences_done(
             found,
@@ -409,7 +421,7 @@ def _take_live(beam: Beam, found: list[list[Hypothesis]], lengths: list[int], al
     K = beam.scores.size(1)
     attns, alive = beam.attns.cpu(), beam.alive.tolist()
     for row, (score, toks) in enumerate(
-        zip(beam.scores.view(-1).tolist(), beam.tokens.tolist(), strict=True)
+        zip(beam.scores.reshape(-1).tolist(), beam.tokens.tolist(), strict=True)
     ):
         if score == NEG_INF:
             continue
