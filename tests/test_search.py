@@ -26,6 +26,7 @@ from nmt.translate.search import (
     candidates,
     greedy_search,
     length_penalty_factor,
+    next_log_probs,
 )
 from nmt.translate.translator import SearchOptions, pad_sources, translate_ids, translate_lines
 
@@ -487,3 +488,20 @@ def test_candidates_rank_as_the_whole_K_x_V_ranking(n, K, vocab):
     assert torch.equal(cand_tokens[finite], (flat % vocab)[finite])
     picked = (scores.view(-1)[cand_rows] + logp[cand_rows, cand_tokens])[finite]
     assert torch.equal(picked, cand_scores[finite])
+
+
+def test_ids_never_generated_are_masked_in_and_out_of_inference_mode(copy_model):
+    """The cached index of PAD / BOS (/ EOS) is made once; made first inside inference mode it
+    still serves where autograd records (an inference tensor may not be saved for backward,
+    which index_fill_ would do), and the ids it names come out -inf."""
+    from nmt.translate import search
+
+    search._never.cache_clear()
+    out = torch.randn(3, 32, dtype=torch.float64)
+    with torch.inference_mode():
+        masked = next_log_probs(copy_model, out, forbid_eos=True)
+    logp = next_log_probs(copy_model, out.requires_grad_(), forbid_eos=True)  # recorded
+    assert logp.requires_grad
+    for m in (masked, logp.detach()):
+        assert torch.isinf(m[:, [PAD, BOS, EOS]]).all()
+        assert torch.isfinite(m[:, EOS + 1 :]).all()

@@ -114,8 +114,10 @@ def next_log_probs(model: Decodable, out: Tensor, forbid_eos: bool) -> Tensor:
 @functools.cache
 def _never(device: torch.device, forbid_eos: bool) -> Tensor:
     """The ids `next_log_probs` sets to -inf, as an index on `device` (made once: one op a
-    step instead of one per id)."""
-    return torch.tensor([PAD, BOS, EOS] if forbid_eos else [PAD, BOS], device=device)
+    step instead of one per id; a normal tensor even when first made in inference mode, so
+    that a search with autograd on may use it too)."""
+    with torch.inference_mode(False):
+        return torch.tensor([PAD, BOS, EOS] if forbid_eos else [PAD, BOS], device=device)
 
 
 def candidates(scores: Tensor, logp: Tensor) -> tuple[Tensor, Tensor, Tensor]:
