@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from nmt.data.vocab import BOS
+from nmt.data.vocab import BOS, EOS
 from nmt.errors import NmtError
 from nmt.memreport.tracker import StorageTracker
 from nmt.model import Seq2SeqAttn
@@ -86,7 +86,7 @@ def beam_peak(model: Seq2SeqAttn, source_length: int, t: Translation) -> int:
                 logp = next_log_probs(model, out, forbid_eos=False)
                 cand_scores, cand_rows, cand_tokens = candidates(beam.scores, logp)
                 live_scores, live_rows, live_tokens = live_candidates(
-                    cand_scores, cand_rows, cand_tokens, K
+                    cand_scores, cand_rows, cand_tokens, K, cand_tokens == EOS
                 )
                 beam = beam.select(
                     live_rows.reshape(-1), live_scores, live_tokens.reshape(-1), attn

@@ -138,12 +138,16 @@ def candidates(scores: Tensor, logp: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 
 
 def live_candidates(
-    cand_scores: Tensor, cand_rows: Tensor, cand_tokens: Tensor, K: int
+    cand_scores: Tensor, cand_rows: Tensor, cand_tokens: Tensor, K: int, is_eos: Tensor | None
 ) -> tuple[Tensor, Tensor, Tensor]:
     """The K best candidates that do not end in </s> (there are at least K among 2K), in
-    their order: the hypotheses that go on, scores, parent rows and tokens, each n x K."""
+    their order: the hypotheses that go on, scores, parent rows and tokens, each n x K.
+    `is_eos` is `cand_tokens == EOS`, or None when the caller knows no candidate ends (then
+    they are the first K, taken without sorting)."""
+    if is_eos is None:
+        return cand_scores[:, :K], cand_rows[:, :K], cand_tokens[:, :K]
     width = torch.arange(cand_tokens.size(1), device=cand_tokens.device)
-    order = ((cand_tokens == EOS).long() * cand_tokens.size(1) + width).argsort(1)[:, :K]
+    order = (is_eos.long() * cand_tokens.size(1) + width).argsort(1)[:, :K]
     return cand_scores.gather(1, order), cand_rows.gather(1, order), cand_tokens.gather(1, order)
 
 
@@ -349,16 +353,9 @@ def beam_search(
                 lp = length_penalty_factor(len(toks) + 1, alpha)
                 found[orig].append(Hypothesis(toks, score / lp, a[:, : lengths[orig]]))
 
-        if any_eos:
-            live_scores, live_rows, live_tokens = live_candidates(
-                cand_scores, cand_rows, cand_tokens, K
-            )
-        else:  # what live_candidates gives when no candidate ends: the first K
-            live_scores, live_rows, live_tokens = (
-                cand_scores[:, :K],
-                cand_rows[:, :K],
-                cand_tokens[:, :K],
-            )
+        live_scores, live_rows, live_tokens = live_candidates(
+            cand_scores, cand_rows, cand_tokens, K, is_eos if any_eos else None
+        )
 
         done = _sentences_done(
             found,
