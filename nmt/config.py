@@ -173,6 +173,15 @@ class ModelConfig:
         probe=0.5,
         doc="dropout between layers and on the output",
     )
+    embedding_dropout: float = _opt(
+        0.0,
+        min=0.0,
+        max=0.99,
+        graph="rate",
+        probe=0.5,
+        doc="dropout on the word embeddings of encoder and decoder (JoeyNMT's emb_dropout; "
+        "the input feed is the output, dropped by dropout)",
+    )
     input_feed: bool = _opt(
         True, shape=True, doc="feed the previous attentional output to the decoder"
     )

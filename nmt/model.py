@@ -147,7 +147,7 @@ class Seq2SeqAttn(nn.Module):
         tops: list[Tensor | None] = [None] * emb.size(1)
         fused = self.fused()
         for t in order:
-            new = stack(emb[:, t], states, fused)
+            new = stack(self._drop_embedding(emb[:, t]), states, fused)
             if src_mask is not None:  # padded positions keep the previous state
                 keep = src_mask[:, t].unsqueeze(1)
                 new = [
@@ -157,6 +157,14 @@ class Seq2SeqAttn(nn.Module):
             states = new
             tops[t] = states[-1][0]
         return tops, states
+
+    def _drop_embedding(self, x: Tensor) -> Tensor:
+        """`model.embedding_dropout` on one position's embeddings (B x E), drawn position by
+        position in the order the clones run: each direction of the encoder its own masks."""
+        p = self.cfg.embedding_dropout
+        if self.training and p > 0:
+            x = x * dropout_mask(x.shape, p, x)
+        return x
 
     def encode(self, src: Tensor, src_mask: Tensor | None = None) -> tuple[Tensor, list[State]]:
         """src: B x S token ids -> context B x S x H and the final state of every layer.
@@ -194,7 +202,7 @@ class Seq2SeqAttn(nn.Module):
         self, y: Tensor, state: DecoderState, context: Tensor, src_mask: Tensor | None = None
     ) -> tuple[Tensor, DecoderState, Tensor]:
         """One target position: y (B,) -> attentional output B x H, next state, attention."""
-        x = self.tgt_embedding(y)
+        x = self._drop_embedding(self.tgt_embedding(y))
         if self.cfg.input_feed:
             x = torch.cat([x, state.input_feed], dim=1)
         layers = self.decoder(x, state.layers, self.fused())

@@ -12,9 +12,10 @@ call.
 
 Dropout: the kernel would draw its own inter-layer masks, all at once, which no other
 executor could reproduce. So with dropout each layer is one kernel call, and the input of
-every layer above the first is multiplied by the masks `RNNStack` would have drawn - the same
-draws from the same generator in the same order (`nmt.model.dropout_masks`), so the decoder's
-masks after them are the same too. The loss and gradients equal the cells' to rounding,
+every layer above the first (and the embeddings, with `model.embedding_dropout`) is
+multiplied by the masks the cells would have drawn - the same draws from the same generator
+in the same order (`nmt.randomness.dropout_masks`), so the decoder's masks after them are the
+same too. The loss and gradients equal the cells' to rounding,
 dropout on or off (float64: 1e-10 against the clone executor). Without dropout all layers run
 in one call.
 """
@@ -65,17 +66,23 @@ class KernelEncoder:
         layers, S, B = list(stack.layers), x.size(0), x.size(1)
         H, cell = self.model.cfg.rnn_size, stack.cell
         train = torch.is_grad_enabled()  # cuDNN keeps what its backward needs only if asked
-        if not (stack.training and stack.dropout > 0 and len(layers) > 1):
+        p_emb = self.model.cfg.embedding_dropout if stack.training else 0.0
+        between = stack.training and stack.dropout > 0 and len(layers) > 1
+        # the masks the cells draw, position by position: the embeddings', then every layer's
+        # above the first
+        kinds = [((B, x.size(2)), p_emb)] if p_emb > 0 else []
+        kinds += [((B, H), stack.dropout)] * (len(layers) - 1) if between else []
+        masks = dropout_masks(S, kinds, x) if kinds else []  # each S x B x (E or H)
+        if p_emb > 0:
+            x = x * masks.pop(0)
+        if not between:
             zeros = x.new_zeros(len(layers), B, H)
             return cell.kernel(x, zeros, self._weights(layers), len(layers), train)
-        # the masks RNNStack draws: position by position, for every layer above the first
-        masks = dropout_masks(S * (len(layers) - 1), (B, H), stack.dropout, x)
-        masks = masks.view(S, len(layers) - 1, B, H)
         zeros = x.new_zeros(1, B, H)
         final: list[State] = []
         for idx, layer in enumerate(layers):
             if idx > 0:
-                x = x * masks[:, idx - 1]
+                x = x * masks[idx - 1]
             x, (state,) = cell.kernel(x, zeros, self._weights([layer]), 1, train)
             final.append(state)
         return x, final

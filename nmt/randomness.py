@@ -9,7 +9,7 @@ by `train.seed` alone - as they were.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 
@@ -59,14 +59,18 @@ def dropout_mask(shape: tuple[int, ...], p: float, like: Tensor) -> Tensor:
     return keep_mask_(mask, p).div_(1.0 - p)
 
 
-def dropout_masks(n: int, shape: tuple[int, ...], p: float, like: Tensor) -> Tensor:
-    """n x shape: slice k is the mask the k-th of n successive `dropout_mask(shape, p, like)`
-    calls would draw (the same draws from the same generator, in order), divided once."""
-    masks = torch.empty((n, *shape), dtype=like.dtype, device=like.device)
-    gen = generator(masks.device)
-    for mask in masks:
-        mask.bernoulli_(1.0 - p, generator=gen)
-    return masks.div_(1.0 - p)
+def dropout_masks(
+    n: int, kinds: Sequence[tuple[tuple[int, ...], float]], like: Tensor
+) -> list[Tensor]:
+    """n rounds of successive `dropout_mask(shape, p, like)` calls, one per (shape, p) of
+    `kinds` in order (the same draws from the same generator), as one n x shape tensor per
+    kind, each divided once: slice k of the j-th is what the j-th call of round k draws."""
+    masks = [torch.empty((n, *shape), dtype=like.dtype, device=like.device) for shape, _ in kinds]
+    gen = generator(like.device)
+    for k in range(n):
+        for mask, (_, p) in zip(masks, kinds, strict=True):
+            mask[k].bernoulli_(1.0 - p, generator=gen)
+    return [mask.div_(1.0 - p) for mask, (_, p) in zip(masks, kinds, strict=True)]
 
 
 def mask_rng_state(device: torch.device) -> Tensor | None:

@@ -64,7 +64,8 @@ OTHER_LAYERS = (1, 3)
 
 def model_structures() -> list:
     """Every structure the config allows, as pytest params of ModelConfig keyword arguments:
-    layers x input feed x bidirectional x dropout on/off x every `model.attention` choice x
+    layers x input feed x bidirectional x dropout on/off (with the input feed, the
+    embeddings' too) x every `model.attention` choice x
     every `model.granularity` x every `model.rnn_type` (choices read from the registries, so
     a new cell, attention type or granularity joins the sweeps by itself; layers from
     SWEPT_LAYERS)."""
@@ -74,7 +75,9 @@ def model_structures() -> list:
         for attention in _choices("attention"):
             for layers, feed, bi, dropout in itertools.product(layer_counts, *[(False, True)] * 3):
                 kw = {"num_layers": layers, "input_feed": feed, "bidirectional": bi}
+                # with the input feed, dropout includes the embeddings' (before the join)
                 kw.update(dropout=0.3 if dropout else 0.0, attention=attention)
+                kw.update(embedding_dropout=0.2 if dropout and feed else 0.0)
                 kw.update(granularity=granularity, rnn_type=rnn_type)
                 name = f"{attention}-L{layers}{'-feed' * feed}{'-bi' * bi}{'-drop' * dropout}"
                 prefix = "" if granularity == "nngraph" else f"{granularity}-"

@@ -99,6 +99,22 @@ def test_variants_without_input_feed(training: bool) -> None:
     assert loss == pytest.approx(ref_loss, rel=1e-12)
 
 
+@pytest.mark.parametrize("input_feed", [True, False])
+def test_embedding_dropout_drops_the_embeddings_in_both_executors(input_feed: bool) -> None:
+    """`model.embedding_dropout` alone (no other dropout) changes the training loss, not the
+    eval one, and the clones draw the masks the autograd model draws."""
+    kw = {"num_layers": 1, "dropout": 0.0, "bidirectional": True, "input_feed": input_feed}
+    on, off = make_model(**kw, embedding_dropout=0.5), make_model(**kw)
+    batch = make_batch(seed=4)
+    ref_loss, ref = autograd_grads(on, batch)
+    assert ref_loss != pytest.approx(autograd_grads(off, batch)[0], rel=1e-6)
+    loss, grads = clone_grads(on, batch, "all")
+    assert max_rel_err(grads, ref) < 1e-10
+    assert loss == pytest.approx(ref_loss, rel=1e-12)
+    on.eval(), off.eval()
+    assert autograd_grads(on, batch)[0] == autograd_grads(off, batch)[0]
+
+
 def test_the_executor_follows_the_state_the_graphs_declare(monkeypatch) -> None:
     """The executor takes the state layout from the graphs (`Graph.state`), not from an LSTM
     layout of its own: declared in another order the gradients stay exact; declaring the

@@ -35,10 +35,14 @@ def test_equals_the_clones_in_float64(structure: dict) -> None:
     assert loss == pytest.approx(ref_loss, rel=1e-12)
 
 
-@pytest.mark.parametrize("rnn_type", ["lstm", "gru"])
-def test_the_decoder_draws_the_same_masks_after_it(rnn_type: str) -> None:
+@pytest.mark.parametrize(
+    ("rnn_type", "embedding_dropout"), [("lstm", 0.0), ("gru", 0.0), ("lstm", 0.2)]
+)
+def test_the_decoder_draws_the_same_masks_after_it(rnn_type: str, embedding_dropout: float) -> None:
     """The encoder leaves the generator where the cells leave it, so what follows matches."""
-    model = make_model(num_layers=3, bidirectional=True, rnn_type=rnn_type)
+    model = make_model(
+        num_layers=3, bidirectional=True, rnn_type=rnn_type, embedding_dropout=embedding_dropout
+    )
     src = make_batch().src
     after = {}
     for name, encode in (("cells", model.encode), ("kernel", KernelEncoder(model))):
@@ -53,13 +57,19 @@ def test_the_decoder_draws_the_same_masks_after_it(rnn_type: str) -> None:
             torch.testing.assert_close(t1, t2, rtol=1e-12, atol=1e-14)
 
 
+def successive_draws(like: torch.Tensor) -> list[torch.Tensor]:
+    """6 rounds of two `dropout_mask` calls, stacked per call."""
+    rounds = [(dropout_mask((4, 5), 0.3, like), dropout_mask((2, 3), 0.5, like)) for _ in range(6)]
+    return [torch.stack([r[j] for r in rounds]) for j in range(2)]
+
+
 @pytest.mark.parametrize("private", [False, True])
-def test_dropout_masks_are_successive_dropout_mask_draws(private: bool) -> None:
+def test_dropout_masks_are_rounds_of_successive_dropout_mask_draws(private: bool) -> None:
     like = torch.empty(3, dtype=torch.float32, device=TEST_DEVICE)
     draws = []
     for draw in (
-        lambda: torch.stack([dropout_mask((4, 5), 0.3, like) for _ in range(6)]),
-        lambda: dropout_masks(6, (4, 5), 0.3, like),
+        lambda: successive_draws(like),
+        lambda: dropout_masks(6, [((4, 5), 0.3), ((2, 3), 0.5)], like),
     ):
         torch.manual_seed(11)
         if private:
@@ -69,8 +79,10 @@ def test_dropout_masks_are_successive_dropout_mask_draws(private: bool) -> None:
             masks = draw()
         draws.append((masks, torch.rand(4, device=TEST_DEVICE)))
     (a, after_a), (b, after_b) = draws
-    assert torch.equal(a, b) and torch.equal(after_a, after_b)
-    assert a.unique().tolist() == [0.0, pytest.approx(1 / 0.7)]
+    assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True)) and len(a) == 2
+    assert torch.equal(after_a, after_b)
+    assert a[0].unique().tolist() == [0.0, pytest.approx(1 / 0.7)]
+    assert a[1].unique().tolist() == [0.0, 2.0]
 
 
 def test_float32_runs_the_fused_kernel_and_fewer_ops() -> None:

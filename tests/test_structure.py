@@ -58,6 +58,12 @@ def graph_kind(name: str) -> str:
     return ModelConfig.__dataclass_fields__[name].metadata.get("graph", "structure")
 
 
+def rates_on(cfg: ModelConfig) -> ModelConfig:
+    """`cfg` with every rate on (0.3 where it is off): a rate's value is not structure."""
+    off = [f.name for f in dataclasses.fields(cfg) if graph_kind(f.name) == "rate"]
+    return dataclasses.replace(cfg, **{n: 0.3 for n in off if getattr(cfg, n) == 0})
+
+
 def clone_graph_layout(cfg: ModelConfig) -> list:
     """What the clone executor builds for `cfg`: every clone's nodes (type, name) and its
     graph's inputs; tensor sizes left out."""
@@ -79,7 +85,7 @@ def param_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 @pytest.mark.parametrize("name", MODEL_FIELDS)
 def test_every_model_field_is_in_the_planner_key_or_marked(name: str) -> None:
-    base = ModelConfig()
+    base = rates_on(ModelConfig())
     key = planner.structure_key(base)
     changed = planner.structure_key(varied(base, name))
     kind = graph_kind(name)
@@ -100,7 +106,7 @@ def test_every_model_field_is_in_the_planner_key_or_marked(name: str) -> None:
 def test_fields_marked_outside_the_key_do_not_change_the_clone_graphs(name: str) -> None:
     """The marks are honest: the field varied (sizes and fields of no bearing down to their
     minimum too, rates only while on), the executor builds the same clones."""
-    base = dataclasses.replace(SMALL, num_layers=2)  # inter-layer dropout exists
+    base = rates_on(dataclasses.replace(SMALL, num_layers=2))  # inter-layer dropout exists
     f = ModelConfig.__dataclass_fields__[name]
     values = [other_value(f, getattr(base, name))]
     if graph_kind(name) != "rate" and f.metadata.get("min") is not None:
@@ -113,8 +119,9 @@ def test_fields_marked_outside_the_key_do_not_change_the_clone_graphs(name: str)
 def test_the_graph_comparison_can_fail() -> None:
     for name in ("num_layers", "input_feed", "bidirectional"):
         assert clone_graph_layout(varied(SMALL, name)) != clone_graph_layout(SMALL), name
-    no_dropout = dataclasses.replace(SMALL, num_layers=2, dropout=0.0)
-    assert clone_graph_layout(no_dropout) != clone_graph_layout(varied(no_dropout, "dropout"))
+    no_dropout = dataclasses.replace(SMALL, num_layers=2, dropout=0.0, embedding_dropout=0.0)
+    for name in ("dropout", "embedding_dropout"):
+        assert clone_graph_layout(no_dropout) != clone_graph_layout(varied(no_dropout, name))
 
 
 def test_a_new_field_is_in_the_key_until_marked() -> None:

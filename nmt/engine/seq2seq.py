@@ -1,10 +1,11 @@
 """The seq2seq-attn clone graphs, built from a `Seq2SeqAttn`'s own parameters and layers.
 
-The arithmetic mirrors `nmt.model` exactly: the layers of each recurrent stack, dropout on
-the input of every layer above the first, the attention on the decoder's top state, dropout
-on its output. Each layer wires itself (`RecurrentLayer.wire`, `Attention.wire`) or runs as
-one fused node, as the model's granularity says (`nmt.granularities`); this module only
-puts the layers in order and declares what the graph carries.
+The arithmetic mirrors `nmt.model` exactly: dropout on the embeddings, the layers of each
+recurrent stack, dropout on the input of every layer above the first, the attention on the
+decoder's top state, dropout on its output. Each layer wires itself (`RecurrentLayer.wire`,
+`Attention.wire`) or runs as one fused node, as the model's granularity says
+(`nmt.granularities`); this module only puts the layers in order and declares what the graph
+carries.
 
 Node names are per layer, not per clone ("l1.i2h", "attn.mm1"): the planner shares buffers by
 name, so the encoder, backward-encoder and decoder nodes of one name may share one buffer.
@@ -50,6 +51,12 @@ def _stack(g: GraphBuilder, model: Seq2SeqAttn, stack: RNNStack, x: Value) -> di
     return nxt
 
 
+def _drop_embedding(g: GraphBuilder, model: Seq2SeqAttn, emb: Value) -> Value:
+    """`model.embedding_dropout` on the looked-up embeddings (before the input feed joins)."""
+    p = model.cfg.embedding_dropout
+    return model.granularity.wire_dropout(g, "emb.dropout", p, emb) if p > 0 else emb
+
+
 def _outputs(g: GraphBuilder, states: dict[str, Value]) -> None:
     """The next state, as the first outputs, in the order the cell declared."""
     assert g.state is not None
@@ -68,7 +75,9 @@ def encoder_graph(
     model whose training flag dropout follows (default `model`; a compute copy's master)."""
     g = GraphBuilder(device, dtype, owner=owner or model)
     x = g.input("x", needs_grad=False)
-    emb = g.add(LookupTable, "lookup", x, weight=model.src_embedding.weight)
+    emb = _drop_embedding(
+        g, model, g.add(LookupTable, "lookup", x, weight=model.src_embedding.weight)
+    )
     _outputs(g, _stack(g, model, stack, emb))
     return g.build()
 
@@ -85,7 +94,9 @@ def decoder_graph(
     y = g.input("x", needs_grad=False)
     feed = g.input("feed") if cfg.input_feed else None
     context = g.input("context")
-    x = g.add(LookupTable, "lookup", y, weight=model.tgt_embedding.weight)
+    x = _drop_embedding(
+        g, model, g.add(LookupTable, "lookup", y, weight=model.tgt_embedding.weight)
+    )
     if feed is not None:
         x = g.add(Join, "feed_join", x, feed)
     states = _stack(g, model, model.decoder, x)

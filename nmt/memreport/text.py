@@ -46,6 +46,8 @@ def _model_line(s: Setting) -> str:
         extras.append(f"{m.attention} attention")
     if m.dropout:
         extras.append(f"dropout {m.dropout:g}")
+    if m.embedding_dropout:
+        extras.append(f"embedding dropout {m.embedding_dropout:g}")
     if m.tie_embeddings != "none":
         extras.append(f"embeddings tied ({m.tie_embeddings})")
     extras.append(f"{m.granularity} granularity")
