@@ -19,11 +19,8 @@ from nmt.checkpoint import checkpoint_parts, load_checkpoint, save_checkpoint
 from nmt.errors import NmtError
 from nmt.model import check_weights
 
-IGNORED_MODEL_KEYS = (
-    "dropout",
-    "embedding_dropout",
-    "param_init",
-)  # settings that leave the weights' meaning alone
+# settings that leave the weights' meaning alone
+IGNORED_MODEL_KEYS = ("dropout", "embedding_dropout", "param_init")
 
 
 def _same(a: Any, b: Any) -> bool:
