@@ -179,8 +179,8 @@ class ModelConfig:
         max=0.99,
         graph="rate",
         probe=0.5,
-        doc="dropout on the word embeddings of encoder and decoder (JoeyNMT's emb_dropout; "
-        "the input feed is the output, dropped by dropout)",
+        doc="dropout on the word embeddings of encoder and decoder, JoeyNMT's emb_dropout "
+        "(the input feed, the attentional output, is dropped by dropout)",
     )
     input_feed: bool = _opt(
         True, shape=True, doc="feed the previous attentional output to the decoder"

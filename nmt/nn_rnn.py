@@ -15,9 +15,8 @@ executor could reproduce. So with dropout each layer is one kernel call, and the
 every layer above the first (and the embeddings, with `model.embedding_dropout`) is
 multiplied by the masks the cells would have drawn - the same draws from the same generator
 in the same order (`nmt.randomness.dropout_masks`), so the decoder's masks after them are the
-same too. The loss and gradients equal the cells' to rounding,
-dropout on or off (float64: 1e-10 against the clone executor). Without dropout all layers run
-in one call.
+same too. The loss and gradients equal the cells' to rounding, dropout on or off (float64:
+1e-10 against the clone executor). Without dropout between layers all layers run in one call.
 """
 
 from __future__ import annotations
