@@ -37,7 +37,7 @@ MIXED = [p for p in precisions.names() if precisions.get(p).mixed]
 CLOSE, RATIO = 4, 3
 STRUCTURES = [
     {"num_layers": 2, "dropout": 0.3, "bidirectional": True},
-    {"num_layers": 2, "dropout": 0.3, "granularity": "fused"},
+    {"num_layers": 2, "dropout": 0.3, "granularity": "fused", "embedding_dropout": 0.2},
     {"num_layers": 2, "dropout": 0.0, "rnn_type": "gru", "attention": "mlp"},
     {"num_layers": 1, "dropout": 0.3, "rnn_type": "gru", "granularity": "fused"},
 ]
