@@ -65,10 +65,9 @@ OTHER_LAYERS = (1, 3)
 def model_structures() -> list:
     """Every structure the config allows, as pytest params of ModelConfig keyword arguments:
     layers x input feed x bidirectional x dropout on/off (with the input feed, the
-    embeddings' too) x every `model.attention` choice x
-    every `model.granularity` x every `model.rnn_type` (choices read from the registries, so
-    a new cell, attention type or granularity joins the sweeps by itself; layers from
-    SWEPT_LAYERS)."""
+    embeddings' too) x every `model.attention` choice x every `model.granularity` x every
+    `model.rnn_type` (choices read from the registries, so a new cell, attention type or
+    granularity joins the sweeps by itself; layers from SWEPT_LAYERS)."""
     params = []
     for rnn_type, granularity in itertools.product(_choices("rnn_type"), _choices("granularity")):
         layer_counts = SWEPT_LAYERS.get((rnn_type, granularity), OTHER_LAYERS)

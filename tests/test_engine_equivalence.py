@@ -111,7 +111,8 @@ def test_embedding_dropout_drops_the_embeddings_in_both_executors(input_feed: bo
     loss, grads = clone_grads(on, batch, "all")
     assert max_rel_err(grads, ref) < 1e-10
     assert loss == pytest.approx(ref_loss, rel=1e-12)
-    on.eval(), off.eval()
+    on.eval()
+    off.eval()
     assert autograd_grads(on, batch)[0] == autograd_grads(off, batch)[0]
 
 
