@@ -254,6 +254,15 @@ class TrainConfig:
     keep_checkpoints: int = _opt(
         0, min=0, doc="also keep the last N validations' checkpoints ckpt_step{STEP}.pt"
     )
+    ema_decay: float = _opt(
+        0.0,
+        min=0.0,
+        max=0.9999,
+        doc="keep an exponential moving average of the weights (OpenNMT-py's average_decay, "
+        "Polyak averaging): after every update avg = d * avg + (1 - d) * weights, with d = "
+        "min(ema_decay, (1 + n) / (10 + n)) at update n; validation, model.pt and every "
+        "checkpoint's model are the average (0: off)",
+    )
     max_bad_steps: int = _opt(
         5, min=1, doc="stop after this many consecutive steps with a non-finite loss or gradient"
     )

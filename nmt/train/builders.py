@@ -34,6 +34,7 @@ from nmt.threads import limit_threads
 from nmt.train import distributed as dd
 from nmt.train.executors import Executor, make_executor
 from nmt.train.memory import Budget, MemoryPlan, Planner, kept_plan, needs_plan, resolve_budget
+from nmt.train.moving_average import WeightAverage
 from nmt.train.runlog import RunLog, clear_previous_run
 from nmt.train.scaling import LossScale
 from nmt.train.schedule import LearningRateSchedule, make_optimizer
@@ -236,6 +237,7 @@ def build_run(
     loss_scale = LossScale(device) if precisions.get(t.precision).loss_scaling else None
     if loss_scale is not None:  # the executor scales the loss, the update unscales
         executor.loss_scale = loss_scale.scale
+    average = WeightAverage(params, t.ema_decay) if t.ema_decay > 0 else None
     if resume is None and dist.is_main and (removed := clear_previous_run(out_dir)):
         run_log(f"a new run in {out_dir}: removed the previous run's {', '.join(removed)}")
     return Run(
@@ -250,7 +252,7 @@ def build_run(
         optimizer=optimizer,
         schedule=LearningRateSchedule.from_config(t),
         executor=executor,
-        update=DeviceUpdate(params, optimizer, t.max_grad_norm, loss_scale),
+        update=DeviceUpdate(params, optimizer, t.max_grad_norm, loss_scale, average),
         train_batches=make_batches(corpus.train, t.batch_size),
         validation=build_validation(cfg, corpus),
         stopping=EarlyStopping(t.early_stopping_metric, t.early_stopping),

@@ -175,6 +175,11 @@ class Trainer:
             f"executor {self._executor_name()}, device {self.device}"
         )
         self.log(f"threads: {self.threads}")
+        if self.update.average is not None:
+            self.log(
+                f"moving average of the weights (train.ema_decay {self.update.average.decay:g}): "
+                "validation, model.pt and the checkpoints' models are the average"
+            )
         valid_text = self.corpus.valid_text
         bleu = (
             f"; BLEU (greedy) on {len(self.bleu_set.sources)} of the file's {len(valid_text)}"
@@ -200,9 +205,15 @@ class Trainer:
     # ---- checkpoints -----------------------------------------------------------------------
 
     def checkpoint_state(self) -> dict:
-        s = self.state
+        """The checkpoint's contents; `model` holds the weights to translate with: with
+        `train.ema_decay` their moving average, the weights themselves in `training_weights`."""
+        s, average = self.state, self.update.average
         state = {
-            "model": self.model.state_dict(),
+            "model": (
+                self.model.state_dict()
+                if average is None
+                else average.averaged_state_dict(self.model)
+            ),
             "config": self.cfg.to_dict(),
             "src_tokenizer": self.corpus.src_tokenizer.state_dict(),
             "tgt_tokenizer": self.corpus.tgt_tokenizer.state_dict(),
@@ -224,6 +235,9 @@ class Trainer:
         }
         if self.update.loss_scale is not None:  # float16's: a resumed run goes on from it
             state["loss_scale"] = self.update.loss_scale.state_dict()
+        if average is not None:
+            state["training_weights"] = self.model.state_dict()
+            state["average"] = average.state_dict()
         return state
 
     def save(self, best: bool, step_checkpoint: bool = False) -> None:
@@ -242,7 +256,7 @@ class Trainer:
 
     def _restore(self, ckpt: dict, path: Path | None) -> None:
         try:
-            self.model.load_state_dict(ckpt["model"])
+            self.model.load_state_dict(ckpt.get("training_weights", ckpt["model"]))
         except RuntimeError as exc:
             first = str(exc).splitlines()[1].strip() if "\n" in str(exc) else str(exc)
             raise NmtError(
@@ -253,6 +267,7 @@ class Trainer:
         except (ValueError, KeyError, TypeError, RuntimeError) as exc:
             first = str(exc).splitlines()[0] if str(exc) else exc.__class__.__name__
             raise NmtError(f"{path}: the optimizer state does not fit the model: {first}") from None
+        self._restore_average(ckpt)
         if self.update.loss_scale is not None and "loss_scale" in ckpt:
             self.update.loss_scale.load_state_dict(ckpt["loss_scale"])
         self.schedule.load_state_dict(ckpt["schedule"])
@@ -290,6 +305,18 @@ class Trainer:
             f"(epoch {self.state.epoch}, batch {self.state.position})"
         )
 
+    def _restore_average(self, ckpt: dict) -> None:
+        """The moving average as saved; from a checkpoint without one, it starts afresh at
+        the restored weights."""
+        average = self.update.average
+        if average is None:
+            return
+        if "average" in ckpt:
+            average.load(ckpt["model"], self.model, int(ckpt["average"]["updates"]))
+        else:
+            average.load(self.model.state_dict(), self.model, 0)
+            self.log("train.ema_decay: the checkpoint has no moving average; it starts here")
+
     # ---- the loop --------------------------------------------------------------------------
 
     def validate(self) -> float:
@@ -301,18 +328,7 @@ class Trainer:
         if s.valid_step == s.step:
             return s.last_valid_ppl
         start = time.perf_counter()
-        v = self.validation
-        ppl = perplexity(self.model, v.batches, self.device, self.dist, self.failures, v.rows)
-        bleu = math.nan
-        if self.bleu_set is not None:
-            bleu = greedy_bleu(
-                self.model,
-                self.bleu_set,
-                self.corpus.tgt_tokenizer,
-                self.bleu_search,
-                v.batch_size,
-                self.dist,
-            )
+        ppl, bleu = self._measure()
         ppl, bleu = dd.broadcast_values([ppl, bleu], self.dist, self.device)
         s.last_valid_ppl, s.last_valid_bleu, s.valid_step = ppl, bleu, s.step
         s.best_valid_ppl = min(s.best_valid_ppl, ppl)
@@ -340,6 +356,29 @@ class Trainer:
                 f"{stopping.bad} validations (train.early_stopping {stopping.patience})"
             )
         return ppl
+
+    def _measure(self) -> tuple[float, float]:
+        """Validation perplexity and greedy BLEU (nan: off) of the model - of the moving
+        average of its weights when training keeps one."""
+        v, average = self.validation, self.update.average
+        if average is not None:
+            average.swap()
+        try:
+            ppl = perplexity(self.model, v.batches, self.device, self.dist, self.failures, v.rows)
+            bleu = math.nan
+            if self.bleu_set is not None:
+                bleu = greedy_bleu(
+                    self.model,
+                    self.bleu_set,
+                    self.corpus.tgt_tokenizer,
+                    self.bleu_search,
+                    v.batch_size,
+                    self.dist,
+                )
+        finally:
+            if average is not None:
+                average.swap()
+        return ppl, bleu
 
     def train_step(self, batch: Batch, n_tokens: int) -> None:
         """One update, queued on the device and skipped there when the loss or the gradient

@@ -9,8 +9,10 @@ kernels `GradScaler` drives) skip their whole update - parameters, moments, Adam
 where their `found_inf` tensor is set. An optimizer without that kernel reads the flag back
 instead (one synchronisation a step).
 
-The loss, the target tokens and the skip counts of the applied updates accumulate in one device
-tensor; `drain()` reads it back in one synchronisation when the trainer needs the figures.
+The moving average of the weights (`train.ema_decay`) follows each applied update, on the
+device too. The loss, the target tokens and the skip counts of the applied updates
+accumulate in one device tensor; `drain()` reads it back in one synchronisation when the
+trainer needs the figures.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from nmt.train.moving_average import WeightAverage
 from nmt.train.scaling import LossScale
 
 LOSS, TOKENS, SKIPPED, RUN, WORST, OVERFLOWS, LAST = range(7)
@@ -48,9 +51,10 @@ class DeviceUpdate:
         optimizer: torch.optim.Optimizer,
         max_norm: float,
         loss_scale: LossScale | None = None,
+        average: WeightAverage | None = None,
     ):
         self.params, self.optimizer, self.max_norm = params, optimizer, max_norm
-        self.loss_scale = loss_scale
+        self.loss_scale, self.average = loss_scale, average
         device = params[0].device
         self.stats = torch.zeros(7, dtype=torch.float64, device=device)
         self.found_inf = torch.zeros((), dtype=torch.float32, device=device)
@@ -78,6 +82,8 @@ class DeviceUpdate:
         torch.logical_not(ok, out=self.found_inf)
         if self.fused or not self.found_inf.item():  # others have no kernel that can skip
             self.optimizer.step()
+        if self.average is not None:  # follows the weights, or stays where they stayed
+            self.average.update(self.found_inf)
         s = self.stats
         # a bad step: a non-finite loss; or, without a loss scale, a non-finite gradient norm
         bad = self.found_inf if self.loss_scale is None else torch.logical_not(loss_ok)
