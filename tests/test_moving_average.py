@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from nmt.config import load_config
+from nmt.memreport.measure import Setting, optimizer_bytes
 from nmt.train.moving_average import WeightAverage
 from nmt.train.trainer import Trainer
 from nmt.train.validation import perplexity
@@ -84,3 +85,14 @@ def test_resume_with_the_average_is_exact(tmp_path):
     for part in ("model", "training_weights"):
         for key, value in a[part].items():
             assert torch.equal(value, b[part][key]), (part, key)
+
+
+def test_memreport_counts_the_average_with_the_optimizer_state(tmp_path):
+    """Adam's two moments and, with train.ema_decay, one more copy of the parameters."""
+    cfg = load_config(config(tmp_path), [])
+    plain = Setting.from_config(cfg)
+    averaged = Setting.from_config(load_config(config(tmp_path), ["train.ema_decay=0.999"]))
+    assert not plain.weight_average and averaged.weight_average
+    param_bytes = sum(p.numel() * 4 for p in plain.build_model("meta").parameters())
+    assert optimizer_bytes(plain) == 2 * param_bytes
+    assert optimizer_bytes(averaged) == 3 * param_bytes

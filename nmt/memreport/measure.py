@@ -61,7 +61,8 @@ class Setting:
     precision; its policy is each row's own), vocabularies, the optimizer and, when asked, a
     beam search. `valid_batch_size`: the sentences a validation pass runs at once (None: the
     spec's batch; under torchrun every rank validates whole batches); `accum_steps`: the
-    micro-batches a batch runs as (`train.accum_steps`)."""
+    micro-batches a batch runs as (`train.accum_steps`); `weight_average`: training keeps a
+    moving average of the weights (`train.ema_decay`), counted with the optimizer state."""
 
     spec: ExecutorSpec
     src_vocab: int
@@ -70,6 +71,7 @@ class Setting:
     translation: Translation | None = None  # a beam search's phase, when asked
     valid_batch_size: int | None = None
     accum_steps: int = 1
+    weight_average: bool = False
 
     @classmethod
     def from_config(cls, cfg: Config, translation: Translation | None = None) -> Setting:
@@ -86,6 +88,7 @@ class Setting:
             t.optimizer,
             translation,
             accum_steps=t.accum_steps,
+            weight_average=t.ema_decay > 0,
         )
 
     def replace(self, **changes: object) -> Setting:
@@ -265,17 +268,20 @@ def row_loss_chunk(setting: Setting, row: str) -> int:
 
 def optimizer_bytes(setting: Setting) -> int:
     """Bytes of optimizer state after one step (SGD without momentum: none; Adam: two
-    parameter-sized moments), measured on meta; scalar step counters are ignored."""
+    parameter-sized moments), measured on meta; scalar step counters are ignored. With
+    `weight_average`, the moving average of the weights: one more copy of the parameters."""
     model = setting.build_model("meta")
     params = list(model.parameters())
     optimizer = make_optimizer(TrainConfig(optimizer=setting.optimizer), params)
     optimizer.step()
-    return sum(
+    state = sum(
         t.untyped_storage().nbytes()
         for state in optimizer.state.values()
         for t in state.values()
         if isinstance(t, Tensor) and t.dim() > 0
     )
+    average = sum(p.untyped_storage().nbytes() for p in params) if setting.weight_average else 0
+    return state + average
 
 
 def measure_clones(

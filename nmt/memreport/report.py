@@ -530,6 +530,7 @@ def to_json(report: Report) -> dict:
         "precision": s.precision,
         "element_bytes": s.element_bytes,
         "optimizer": s.optimizer,
+        "weight_average": s.weight_average,
         "loss_chunk": s.loss_chunk,
         "translation": None if s.translation is None else dataclasses.asdict(s.translation),
         "device": report.device,

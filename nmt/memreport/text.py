@@ -57,6 +57,7 @@ def _model_line(s: Setting) -> str:
         f"{s.src_vocab} / {s.tgt_vocab}, batch {s.batch_size}, max lengths {s.max_src_len} / "
         f"{s.max_tgt_len} -> {s.encoder_clones} encoder / {s.decoder_clones} decoder clones, "
         f"{s.precision}, optimizer {s.optimizer}"
+        + (" (+ the weights' moving average)" if s.weight_average else "")
     )
 
 
