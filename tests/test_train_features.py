@@ -324,7 +324,8 @@ def test_keep_checkpoints_then_average_and_translate(tmp_path):
     assert [step_of(p) for p in kept] == [9, 12]
 
     averaged = tmp_path / "avg.pt"
-    result = invoke("average", *map(str, kept), "--output", str(averaged))
+    # listed out of step order, as a shell's glob lists ckpt_step12 before ckpt_step9
+    result = invoke("average", *map(str, kept[::-1]), "--output", str(averaged))
     assert result.exit_code == 0, result.stderr
     assert "averaged 2 checkpoints (steps 9, 12)" in result.stdout
     weights = [torch.load(p, weights_only=True)["model"] for p in kept]

@@ -4,7 +4,7 @@ Averaging the last few checkpoints of a run (OpenNMT-py's `average_models`, Vasw
 2017) usually translates a little better than any one of them. The checkpoints must hold
 the same network: the same parameter names and shapes, the same vocabularies and the same
 model settings (dropout and initialisation aside); anything else is refused with one line
-naming the two files. The output keeps the first checkpoint's config and tokenizers and
+naming the two files. The output keeps the earliest checkpoint's config and tokenizers and
 lists its inputs; it holds no optimizer state, so it is for `nmt translate`, not `--resume`.
 """
 
@@ -76,18 +76,18 @@ def _load(path: Path) -> dict[str, Any]:
 
 
 def average_checkpoints(paths: list[Path]) -> dict[str, Any]:
-    """The averaged checkpoint of `paths` (summed in float64, stored in the first's dtypes)."""
+    """The averaged checkpoint of `paths` (summed in float64, stored in the first's dtypes),
+    taken in step order, whatever order the shell listed them in: the sum and the listing of
+    the inputs do not depend on it."""
     if not paths:
         raise NmtError("average: no checkpoints given")
-    first = _load(paths[0])
+    loaded = sorted(((p, _load(p)) for p in paths), key=lambda pc: pc[1].get("step", -1))
+    (first_path, first), rest = loaded[0], loaded[1:]
     sums = {k: v.to(torch.float64) for k, v in first["model"].items()}
-    steps = [first.get("step")]
-    for path in paths[1:]:
-        ckpt = _load(path)
-        _check_compatible(paths[0], first, path, ckpt)
+    for path, ckpt in rest:
+        _check_compatible(first_path, first, path, ckpt)
         for name, value in ckpt["model"].items():
             sums[name] += value.to(torch.float64)
-        steps.append(ckpt.get("step"))
     n = len(paths)
     weights = {k: (v / n).to(first["model"][k].dtype) for k, v in sums.items()}
     return {
@@ -95,10 +95,7 @@ def average_checkpoints(paths: list[Path]) -> dict[str, Any]:
         "config": first["config"],
         "src_tokenizer": first["src_tokenizer"],
         "tgt_tokenizer": first["tgt_tokenizer"],
-        "averaged": [
-            {"path": str(p), "step": -1 if s is None else int(s)}
-            for p, s in zip(paths, steps, strict=True)
-        ],
+        "averaged": [{"path": str(p), "step": int(c.get("step", -1))} for p, c in loaded],
     }
 
 
