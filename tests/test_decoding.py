@@ -302,11 +302,11 @@ def test_the_multi30k_configs_carry_their_decoding_options():
     from tests.conftest import TOY
 
     configs = TOY.parents[1] / "configs"
-    words = load_config(configs / "multi30k.yaml", require_data=False)
+    words = load_config(configs / "multi30k-word.yaml", require_data=False)
     assert words.translate == TranslateConfig(length_penalty=1.0, replace_unk=True)
-    text = (configs / "multi30k.yaml").read_text(encoding="utf-8")
+    text = (configs / "multi30k-word.yaml").read_text(encoding="utf-8")
     assert "--replace-unk" not in text and "--length-penalty 1.0" not in text
-    spm = load_config(configs / "multi30k-spm.yaml", require_data=False)
+    spm = load_config(configs / "multi30k.yaml", require_data=False)
     assert (spm.data.tokenizer, spm.data.joint_vocab, spm.data.src_vocab_size) == (
         "sentencepiece",
         True,
