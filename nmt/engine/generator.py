@@ -139,8 +139,9 @@ class OutputLoss(_Fused):
         R, V = out.shape[0], w.shape[0]
         logits = torch.addmm(b, out, w.t(), out=self._rows("output", (R, V)))
         if self.low_precision:  # float32 from the logits to the gradient (class docstring)
-            logp = self._rows("softmax_float", (R, V))
-            torch.log_softmax(logits, 1, dtype=torch.float32, out=logp)
+            # lifted into the float32 buffer, then normalised there in place: no temporary
+            logp = self._rows("softmax_float", (R, V)).copy_(logits)
+            torch.log_softmax(logp, 1, out=logp)
             target_logp.copy_(torch.gather(logp, 1, target))
         else:
             logp = torch.log_softmax(logits, 1, out=logits)  # row by row: safe in place
