@@ -228,14 +228,9 @@ class Seq2SeqAttn(nn.Module):
         loss, perplexity and beam scores summed from it would round to 8 or 11 bits; CUDA's
         autocast does the same, the CPU's would not)."""
         logits = self.generator(out)
-        if not precisions.is_low(logits.dtype):
-            return F.log_softmax(logits, dim=-1)
-        lifted = logits.float()
-        if lifted.requires_grad:
-            return F.log_softmax(lifted, dim=-1)
-        # no gradient (search, validation): normalised in place, no second vocabulary-sized
-        # float32 tensor to allocate and fault in
-        return torch.log_softmax(lifted, -1, out=lifted)
+        if precisions.is_low(logits.dtype):
+            logits = logits.float()
+        return F.log_softmax(logits, dim=-1)
 
     def nll(
         self, src: Tensor, tgt_in: Tensor, tgt_out: Tensor, encode: Encode | None = None
