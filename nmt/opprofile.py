@@ -12,13 +12,23 @@ from collections.abc import Callable, Mapping
 
 from torch.profiler import ProfilerActivity, profile
 
+Shapes = list[list[int]]  # an op's input shapes as the profiler records them
+RowOf = Callable[[str, Shapes], str]  # (op, its input shapes) -> the row it is summed into
 
-def op_shares(fn: Callable[[], object], repeats: int = 1) -> dict[str, float]:
-    """Each op's share of the self CPU time of `repeats` calls of `fn` (shares sum to 1)."""
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+
+def op_shares(
+    fn: Callable[[], object], repeats: int = 1, row_of: RowOf | None = None
+) -> dict[str, float]:
+    """Each op's share of the self CPU time of `repeats` calls of `fn` (shares sum to 1).
+    `row_of` sums ops into rows by their name and input shapes (recorded only then): a
+    product of the output layer told from one of an LSTM layer."""
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=row_of is not None) as prof:
         for _ in range(repeats):
             fn()
-    times = {e.key: float(e.self_cpu_time_total) for e in prof.key_averages()}
+    times: dict[str, float] = {}
+    for e in prof.key_averages(group_by_input_shape=row_of is not None):
+        row = e.key if row_of is None else row_of(e.key, e.input_shapes)
+        times[row] = times.get(row, 0.0) + float(e.self_cpu_time_total)
     total = sum(times.values()) or 1.0
     return {op: t / total for op, t in sorted(times.items(), key=lambda kv: -kv[1])}
 

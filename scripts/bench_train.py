@@ -26,6 +26,8 @@ part that node granularity does not change, so it bounds what fused nodes can ga
     python scripts/bench_train.py --rnn 500 --fixed-length 50 --steps 0 --count-ops
     python scripts/bench_train.py --set train.loss_chunk=8   # every variant's loss over 8
     python scripts/bench_train.py --variants clones-fused --profile 5   # time by op
+    python scripts/bench_train.py --variants clones-fused --profile 5 --profile-roles
+        # the products by what they compute: output layer, LSTM forward / gradients / weights
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ from nmt.data.corpus import load_corpus
 from nmt.data.vocab import PAD
 from nmt.model import build_model
 from nmt.opcount import count
-from nmt.opprofile import op_shares, shares_table
+from nmt.opprofile import RowOf, Shapes, op_shares, shares_table
 from nmt.train.executors import Executor, make_executor
 from nmt.train.scaling import LossScale
 from nmt.train.schedule import make_optimizer
@@ -211,6 +213,13 @@ def parse_args() -> argparse.Namespace:
         help="after timing, profile N more batches of each variant: each op's share of the "
         "step's time",
     )
+    ap.add_argument(
+        "--profile-roles",
+        action="store_true",
+        help="with --profile: the products by what they compute (the output layer's, the "
+        "LSTM layers' forward, gradient and weight-gradient products, the attention's) "
+        "instead of by op",
+    )
     return ap.parse_args()
 
 
@@ -294,17 +303,55 @@ def main() -> None:
     if args.profile:
         profiled = list(zip(batches, tokens, strict=True))[-args.profile :]
         print(f"\neach op's share of the step's time ({args.profile} batches, torch profiler):")
-        print(shares_table({name: profile_steps(r, profiled) for name, r in runners.items()}))
+        row_of = product_roles(args.rnn, vocab[1]) if args.profile_roles else None
+        print(
+            shares_table(
+                {name: profile_steps(r, profiled, row_of) for name, r in runners.items()},
+                top=16,
+            )
+        )
 
 
-def profile_steps(runner: Runner, batches: list[tuple[Batch, int]]) -> dict[str, float]:
+def profile_steps(
+    runner: Runner, batches: list[tuple[Batch, int]], row_of: RowOf | None = None
+) -> dict[str, float]:
     """Each op's share of the time of `runner`'s steps over `batches`."""
     it = iter(batches)
 
     def one() -> None:
         runner.step(*next(it))
 
-    return op_shares(one, len(batches))
+    return op_shares(one, len(batches), row_of)
+
+
+PRODUCTS = {"aten::mm", "aten::addmm", "aten::addmm_", "aten::bmm", "aten::baddbmm"}
+
+
+def product_roles(rnn_size: int, tgt_vocab: int) -> RowOf:
+    """Sums the products by what they compute, told apart by their shapes: the output layer's
+    have the target vocabulary, an LSTM layer's the gates' 4 H; the 3-D ones are the
+    attention's. Every other op keeps its own row."""
+    gates = 4 * rnn_size
+
+    def row_of(op: str, shapes: Shapes) -> str:
+        if op not in PRODUCTS:
+            return op
+        dims = [d for shape in shapes for d in shape]
+        if tgt_vocab in dims:
+            return "products: output layer"
+        if gates in dims:
+            if op == "aten::addmm_" and shapes[0][0] == gates:
+                return "products: LSTM weight gradients"
+            if op == "aten::mm":
+                return "products: LSTM gradients of input and state"
+            if op == "aten::addmm":
+                return "products: LSTM input (forward)"
+            return "products: LSTM recurrent (forward)"
+        if any(len(shape) == 3 for shape in shapes):
+            return "products: attention scores and context"
+        return "products: other (attention W_a, W_c)"
+
+    return row_of
 
 
 def time_output_layer(

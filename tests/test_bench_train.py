@@ -106,3 +106,18 @@ def test_output_layer_share_of_the_clone_variants(tmp_path):
         assert 0 < int(percent) < 100
         # the bound is 1 / share; the share is printed rounded to a whole percent
         assert float(bound) * int(percent) / 100 == pytest.approx(1, abs=0.5 / int(percent) + 0.01)
+
+
+def test_profile_by_what_the_products_compute(tmp_path):
+    out = run_bench(
+        tmp_path, "--steps", "1", "--profile", "1", "--profile-roles", "--variants", "clones-fused"
+    )
+    profile = out.split("each op's share of the step's time")[1]
+    shares = {
+        name.strip("`"): float(cells[0].rstrip("%"))
+        for name, cells in rows(profile).items()
+        if name != "op"
+    }
+    for role in ("output layer", "LSTM weight gradients", "LSTM input (forward)"):
+        assert f"products: {role}" in shares, out
+    assert sum(shares.values()) == pytest.approx(100, abs=0.5)  # rows, rest included

@@ -16,6 +16,20 @@ def test_shares_sum_to_one_and_name_the_ops_that_ran() -> None:
     assert list(shares.values()) == sorted(shares.values(), reverse=True)
 
 
+def test_rows_by_name_and_shapes_sum_the_ops_they_gather() -> None:
+    a, b, c = torch.randn(64, 32), torch.randn(32, 96), torch.randn(32, 16)
+    seen: list[tuple[str, list]] = []
+
+    def row_of(op: str, shapes: list) -> str:
+        seen.append((op, shapes))
+        return "wide product" if op == "aten::mm" and [32, 96] in shapes else "the rest"
+
+    shares = op_shares(lambda: (torch.mm(a, b).relu(), torch.mm(a, c)), repeats=2, row_of=row_of)
+    assert set(shares) == {"wide product", "the rest"}
+    assert abs(sum(shares.values()) - 1.0) < 1e-9
+    assert ("aten::mm", [[64, 32], [32, 16]]) in seen  # the shapes were recorded
+
+
 def test_the_table_has_the_top_ops_and_the_rest() -> None:
     table = shares_table({"x": {"a": 0.5, "b": 0.3, "c": 0.2}, "y": {"c": 0.9, "a": 0.1}}, top=2)
     lines = table.splitlines()
