@@ -81,6 +81,7 @@ def test_out_of_memory_on_one_rank_stops_every_rank_at_once(tmp_path):
             "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": port,
             "OMP_NUM_THREADS": "1",
+            "PYTHONFAULTHANDLER": "1",  # an abort (SIGABRT) prints where each thread was
         }
         cmd = [sys.executable, "-c", RANK, str(rank), str(cfg), str(out)]
         procs.append(
@@ -90,9 +91,10 @@ def test_out_of_memory_on_one_rank_stops_every_rank_at_once(tmp_path):
         )
     results = []
     try:
-        for proc in procs:
+        for rank, proc in enumerate(procs):
             stdout, stderr = proc.communicate(timeout=120)
-            assert proc.returncode == 0, stderr
+            said = f"rank {rank} exited {proc.returncode}\nstdout: {stdout}\nstderr: {stderr}"
+            assert proc.returncode == 0, said
             results.append(json.loads(stdout.strip().splitlines()[-1]))
     finally:
         for proc in procs:
