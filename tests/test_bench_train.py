@@ -118,6 +118,27 @@ def test_profile_by_what_the_products_compute(tmp_path):
         for name, cells in rows(profile).items()
         if name != "op"
     }
-    for role in ("output layer", "LSTM weight gradients", "LSTM input (forward)"):
-        assert f"products: {role}" in shares, out
+    # which rows make the top 16 depends on timing at these sizes: that some product rows do
+    assert any(name.startswith("products: ") for name in shares), out
     assert sum(shares.values()) == pytest.approx(100, abs=0.5)  # rows, rest included
+
+
+def test_product_roles_by_shape():
+    """A 2 x 256 model, target vocabulary 35,820: each product's row from its shapes as the
+    profiler records them (the fused cell's, the output layer's, the attention's)."""
+    row_of = bench_module().product_roles(256, 35820)
+    B, G = 64, 1024
+    assert row_of("aten::addmm", [[35820], [512, 256], [256, 35820]]) == "products: output layer"
+    assert row_of("aten::addmm", [[G], [B, 512], [512, G]]) == "products: LSTM input (forward)"
+    assert row_of("aten::addmm_", [[B, G], [B, 256], [256, G]]) == (
+        "products: LSTM recurrent (forward)"
+    )
+    assert row_of("aten::mm", [[B, G], [G, 256]]) == "products: LSTM gradients of input and state"
+    assert row_of("aten::addmm_", [[G, 256], [G, B], [B, 256]]) == (
+        "products: LSTM weight gradients"
+    )
+    assert row_of("aten::bmm", [[B, 1, 25], [B, 25, 256]]) == (
+        "products: attention scores and context"
+    )
+    assert row_of("aten::mm", [[B, 512], [512, 256]]) == "products: other (attention W_a, W_c)"
+    assert row_of("aten::mul_", [[B, G], [B, G]]) == "aten::mul_"  # not a product: its own row
