@@ -33,7 +33,7 @@ def parse_args() -> argparse.Namespace:
     return ap.parse_args()
 
 
-def best_seconds(fn: Callable[[], None], sync: Callable[[], None], calls: int = 10) -> float:
+def seconds_per_call(fn: Callable[[], None], sync: Callable[[], None], calls: int = 10) -> float:
     """The time of one call of `fn`: the mean over `calls` calls, after a warm-up."""
     fn()
     sync()
@@ -94,8 +94,8 @@ def main() -> None:
     for name, (per_position, at_once) in forms.items():
         apart, together = [], []
         for _ in range(args.repeats):
-            apart.append(best_seconds(per_position, sync))
-            together.append(best_seconds(at_once, sync))
+            apart.append(seconds_per_call(per_position, sync))
+            together.append(seconds_per_call(at_once, sync))
         a, b = min(apart), min(together)
         print(f"| {name} | {a * 1e3:.2f} | {b * 1e3:.2f} | {a / b:.2f}x |")
 
