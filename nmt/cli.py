@@ -270,7 +270,8 @@ def translate(
         str | None,
         typer.Option(
             help="The weights' dtype: float32, bfloat16, float16 or float64 (default: the "
-            "precision the model was trained in). Scores and log-softmax stay float32."
+            "precision the model was trained in, or float32 where the device has no units "
+            "for it). Scores and log-softmax stay float32."
         ),
     ] = None,
     progress: Annotated[

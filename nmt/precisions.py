@@ -16,7 +16,22 @@ from dataclasses import dataclass
 
 import torch
 
+from nmt.cpu_features import cpu_flags
 from nmt.errors import NmtError
+
+# What runs a low compute dtype's products at speed: any one of these CPU instructions, or a
+# GPU of at least this compute capability (tensor cores: float16 from Volta, bfloat16 from
+# Ampere). Without them torch emulates the dtype: on a 2-core AVX2 CPU, products of the
+# sizes a 2 x 256 model multiplies ran 20-90x slower in bfloat16 or float16 than in float32
+# (docs/precision.md).
+CPU_UNITS: dict[torch.dtype, tuple[str, ...]] = {
+    torch.bfloat16: ("amx_bf16", "avx512_bf16"),
+    torch.float16: ("amx_fp16", "avx512_fp16"),
+}
+CUDA_CAPABILITY: dict[torch.dtype, tuple[int, int]] = {
+    torch.bfloat16: (8, 0),
+    torch.float16: (7, 0),
+}
 
 
 @dataclass(frozen=True)
@@ -36,6 +51,29 @@ class Precision:
     def element_bytes(self) -> int:
         """Bytes of one element of the compute dtype (the clone buffers')."""
         return torch.empty(0, dtype=self.compute).element_size()
+
+    def missing_units(self, device: torch.device) -> str | None:
+        """What `device` lacks to run this precision's products at speed, e.g. 'this CPU
+        has none of amx_bf16, avx512_bf16' (None: nothing, or nothing known: float32 and
+        float64 need no units, and a CPU whose flags cannot be read is given the benefit)."""
+        if self.compute not in CPU_UNITS:
+            return None
+        if device.type == "cuda":
+            need = CUDA_CAPABILITY[self.compute]
+            have = torch.cuda.get_device_capability(device)
+            if have >= need:
+                return None
+            return (
+                f"{torch.cuda.get_device_name(device)} is compute capability "
+                f"{have[0]}.{have[1]}, below the {need[0]}.{need[1]} whose tensor cores run "
+                f"{self.name}"
+            )
+        if device.type != "cpu":
+            return None
+        units, flags = CPU_UNITS[self.compute], cpu_flags()
+        if not flags or not flags.isdisjoint(units):
+            return None
+        return f"this CPU has none of {', '.join(units)}"
 
 
 REGISTRY: dict[str, Precision] = {

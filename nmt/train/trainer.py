@@ -30,6 +30,7 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
+from nmt import precisions
 from nmt.checkpoint import prune_step_checkpoints, save_checkpoint
 from nmt.config import Config
 from nmt.data.batching import Batch, epoch_order, on_device
@@ -175,6 +176,13 @@ class Trainer:
             f"executor {self._executor_name()}, device {self.device}"
         )
         self.log(f"threads: {self.threads}")
+        precision = self.cfg.train.precision
+        if missing := precisions.get(precision).missing_units(self.device):
+            self.log(
+                f"warning: train.precision {precision}, but {missing}: torch emulates its "
+                "products, many times slower than float32 (docs/precision.md); --set "
+                "train.precision=float32 trains at float32's speed"
+            )
         if self.update.average is not None:
             self.log(
                 f"moving average of the weights (train.ema_decay {self.update.average.decay:g}): "

@@ -149,6 +149,7 @@ class Loaded:
     src_tok: Tokenizer
     tgt_tok: Tokenizer
     decoding: TranslateConfig  # its `translate:` section (defaults when it has none)
+    precision: str  # the dtype the weights run in, and what chose it (`chosen_precision`)
 
 
 def load_model(
@@ -168,20 +169,22 @@ def load_models(paths: list[Path], device: torch.device, precision: str | None =
     first = load_translation(paths[0], device, precision)
     if len(paths) == 1:
         return first
-    models = [first.model]
+    models, chosen = [first.model], [first.precision]
     for path in paths[1:]:
         other = load_translation(path, device, precision)
         check_vocabularies(
             paths[0], (first.src_tok, first.tgt_tok), path, (other.src_tok, other.tgt_tok)
         )
         models.append(other.model)
-    return Loaded(Ensemble(models).eval(), first.src_tok, first.tgt_tok, first.decoding)
+        chosen += [other.precision] if other.precision not in chosen else []
+    ensemble = Ensemble(models).eval()
+    return Loaded(ensemble, first.src_tok, first.tgt_tok, first.decoding, "; ".join(chosen))
 
 
 def load_translation(path: Path, device: torch.device, precision: str | None = None) -> Loaded:
     """Rebuild the model and its tokenizers from a checkpoint, in eval mode, its weights in
-    `precision`'s compute dtype (None: the precision it was trained in). Translation keeps
-    no masters: a bfloat16 or float16 model is the checkpoint's weights rounded once."""
+    `precision`'s compute dtype (None: `chosen_precision`'s). Translation keeps no masters:
+    a bfloat16 or float16 model is the checkpoint's weights rounded once."""
     ckpt = load_checkpoint(path)
     cfg, src_tok, tgt_tok = checkpoint_parts(ckpt, path)
     check_weights(ckpt["model"], cfg.model, len(src_tok), len(tgt_tok), path)
@@ -191,9 +194,33 @@ def load_translation(path: Path, device: torch.device, precision: str | None = N
         model.load_state_dict(ckpt["model"])
     except RuntimeError:
         raise NmtError(f"{path}: model weights do not match the stored config") from None
-    model.to(precisions.get(precision or cfg.train.precision).compute)
+    compute, chosen = chosen_precision(precision, cfg.train.precision, device)
+    model.to(compute.compute)
     store_output_weight_transposed(model)
-    return Loaded(model.eval(), src_tok, tgt_tok, cfg.translate)
+    return Loaded(model.eval(), src_tok, tgt_tok, cfg.translate, chosen)
+
+
+def chosen_precision(
+    flag: str | None, trained: str, device: torch.device
+) -> tuple[precisions.Precision, str]:
+    """The precision to translate in, and a description of it for the log: the flag's if
+    given (with a warning where `device` would emulate it); else the one the model was
+    trained in, the arithmetic its weights were fitted under - unless `device` has no units
+    for it: then float32, since an emulated bfloat16 or float16 beam search is many times
+    slower (docs/precision.md) and float32 translates such a model as well."""
+    if flag is not None:
+        given = precisions.get(flag)
+        missing = given.missing_units(device)
+        emulated = f"; {missing}: emulated, many times slower than float32" if missing else ""
+        return given, f"{given.name} (flag{emulated})"
+    model = precisions.get(trained)
+    missing = model.missing_units(device)
+    if missing is None:
+        return model, f"{model.name} (model)"
+    return precisions.get("float32"), (
+        f"float32 (the model trained in {model.name}, but {missing}: emulated, it would be "
+        f"many times slower; --precision {model.name} uses it anyway)"
+    )
 
 
 def store_output_weight_transposed(model: Seq2SeqAttn) -> None:
@@ -552,6 +579,7 @@ def translate_file(
             if not best and options.progress:  # with the bar; empty stdin says nothing
                 _stderr(decoding.describe(options.decoding(), from_model))
                 _stderr(f"threads: {threads}")
+                _stderr(f"precision: {loaded.precision}")
             done = translator.translate(lines, len(best), source.name, on_batch=bar.update)
             for writer in writers:
                 _write(writer, done)

@@ -1,0 +1,103 @@
+"""A low precision where the hardware has no units for it: torch emulates its products, many
+times slower than float32, so training says so and translation falls back to float32.
+
+The CPU's flags are patched in, so that these tests say the same on every machine.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from nmt import precisions
+from nmt.cli import app
+from nmt.translate.run import chosen_precision
+from tests.conftest import write_toy_config
+
+CPU = torch.device("cpu")
+AVX2 = {"fpu", "sse2", "avx2", "fma"}  # an x86 CPU without bfloat16 or float16 units
+
+
+def with_flags(monkeypatch: pytest.MonkeyPatch, flags: set[str]) -> None:
+    monkeypatch.setattr(precisions, "cpu_flags", lambda: set(flags))
+
+
+@pytest.mark.parametrize(
+    ("flags", "missing"),
+    [
+        (AVX2, {"bfloat16": "amx_bf16, avx512_bf16", "float16": "amx_fp16, avx512_fp16"}),
+        (AVX2 | {"avx512f", "avx512_bf16"}, {"float16": "amx_fp16, avx512_fp16"}),
+        (AVX2 | {"amx_bf16", "amx_fp16"}, {}),
+        (set(), {}),  # flags not readable (not Linux): no claim is made
+    ],
+)
+def test_what_a_cpu_lacks_for_each_precision(monkeypatch, flags, missing) -> None:
+    with_flags(monkeypatch, flags)
+    for name in precisions.names():
+        got = precisions.get(name).missing_units(CPU)
+        if name in missing:
+            assert got == f"this CPU has none of {missing[name]}"
+        else:
+            assert got is None, name
+
+
+def test_what_a_gpu_lacks_is_its_compute_capability(monkeypatch) -> None:
+    """A T4 (7.5) has float16 tensor cores, not bfloat16 ones; an A100 (8.0) has both."""
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla T4")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
+    gpu = torch.device("cuda:0")
+    assert precisions.get("bfloat16").missing_units(gpu) == (
+        "Tesla T4 is compute capability 7.5, below the 8.0 whose tensor cores run bfloat16"
+    )
+    assert precisions.get("float16").missing_units(gpu) is None
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    assert precisions.get("bfloat16").missing_units(gpu) is None
+
+
+def test_translation_keeps_the_trained_precision_where_the_cpu_runs_it(monkeypatch) -> None:
+    with_flags(monkeypatch, AVX2 | {"avx512_bf16"})
+    chosen, said = chosen_precision(None, "bfloat16", CPU)
+    assert chosen.name == "bfloat16" and said == "bfloat16 (model)"
+    with_flags(monkeypatch, AVX2)
+    chosen, said = chosen_precision(None, "bfloat16", CPU)
+    assert chosen.name == "float32"
+    assert said.startswith("float32 (the model trained in bfloat16, but this CPU has none of")
+    assert said.endswith("--precision bfloat16 uses it anyway)")
+    chosen, said = chosen_precision("bfloat16", "float32", CPU)  # a flag is obeyed, with why
+    assert chosen.name == "bfloat16"
+    assert said.startswith("bfloat16 (flag; this CPU has none of amx_bf16, avx512_bf16")
+    assert chosen_precision(None, "float32", CPU)[1] == "float32 (model)"
+
+
+def test_a_bfloat16_run_on_a_cpu_without_units_warns_and_translates_in_float32(
+    tmp_path, monkeypatch
+) -> None:
+    cfg = write_toy_config(
+        tmp_path / "c.yaml",
+        "num_layers: 1, rnn_size: 16, word_vec_size: 16",
+        "batch_size: 32, max_steps: 2, device: cpu, valid_bleu_sample: 0, precision: bfloat16",
+    )
+    src = tmp_path / "src.txt"
+    src.write_text("a b c\n", encoding="utf-8")
+    runner = CliRunner()
+    lines = {}
+    for name, flags in (("avx2", AVX2), ("amx", AVX2 | {"amx_bf16"})):
+        with_flags(monkeypatch, flags)
+        out = tmp_path / name
+        trained = runner.invoke(app, ["train", "--config", str(cfg), "--out", str(out)])
+        assert trained.exit_code == 0, trained.output
+        got = runner.invoke(app, ["translate", "-m", str(out / "model.pt"), "--src", str(src)])
+        assert got.exit_code == 0, got.output
+        lines[name] = [
+            line
+            for line in (trained.output + got.output).replace("\r", "\n").splitlines()
+            if line.startswith(("warning: train.precision", "precision: "))
+        ]
+    warning, precision = lines["avx2"]
+    assert warning.startswith(
+        "warning: train.precision bfloat16, but this CPU has none of amx_bf16, avx512_bf16: "
+    )
+    assert "--set train.precision=float32" in warning
+    assert precision.startswith("precision: float32 (the model trained in bfloat16, but")
+    assert lines["amx"] == ["precision: bfloat16 (model)"]
