@@ -194,10 +194,10 @@ def load_translation(path: Path, device: torch.device, precision: str | None = N
         model.load_state_dict(ckpt["model"])
     except RuntimeError:
         raise NmtError(f"{path}: model weights do not match the stored config") from None
-    compute, chosen = chosen_precision(precision, cfg.train.precision, device)
-    model.to(compute.compute)
+    chosen, said = chosen_precision(precision, cfg.train.precision, device)
+    model.to(chosen.compute)
     store_output_weight_transposed(model)
-    return Loaded(model.eval(), src_tok, tgt_tok, cfg.translate, chosen)
+    return Loaded(model.eval(), src_tok, tgt_tok, cfg.translate, said)
 
 
 def chosen_precision(
