@@ -17,6 +17,13 @@ import torch
 
 FLAGS = ("amx_bf16", "amx_fp16", "amx_tile", "avx512_bf16", "avx512_fp16", "avx512f")
 
+# The instructions that run a low precision's products at speed (any one suffices); without
+# them torch emulates the dtype, many times slower than float32 (docs/precision.md).
+LOW_PRECISION_UNITS: dict[torch.dtype, tuple[str, ...]] = {
+    torch.bfloat16: ("amx_bf16", "avx512_bf16"),
+    torch.float16: ("amx_fp16", "avx512_fp16"),
+}
+
 
 def cpu_flags() -> set[str]:
     """The CPU's feature flags (Linux: /proc/cpuinfo; elsewhere none)."""

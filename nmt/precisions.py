@@ -16,18 +16,14 @@ from dataclasses import dataclass
 
 import torch
 
-from nmt.cpu_features import cpu_flags
+from nmt.cpu_features import LOW_PRECISION_UNITS, cpu_flags
 from nmt.errors import NmtError
 
-# What runs a low compute dtype's products at speed: any one of these CPU instructions, or a
-# GPU of at least this compute capability (tensor cores: float16 from Volta, bfloat16 from
-# Ampere). Without them torch emulates the dtype: on a 2-core AVX2 CPU, products of the
-# sizes a 2 x 256 model multiplies ran 20-90x slower in bfloat16 or float16 than in float32
-# (docs/precision.md).
-CPU_UNITS: dict[torch.dtype, tuple[str, ...]] = {
-    torch.bfloat16: ("amx_bf16", "avx512_bf16"),
-    torch.float16: ("amx_fp16", "avx512_fp16"),
-}
+# What runs a low compute dtype's products at speed: one of the CPU's instructions
+# (`LOW_PRECISION_UNITS`), or a GPU of at least this compute capability (tensor cores: float16
+# from Volta, bfloat16 from Ampere). Without them torch emulates the dtype: on a 2-core AVX2
+# CPU, products of the sizes a 2 x 256 model multiplies ran 20-90x slower in bfloat16 or
+# float16 than in float32 (docs/precision.md).
 CUDA_CAPABILITY: dict[torch.dtype, tuple[int, int]] = {
     torch.bfloat16: (8, 0),
     torch.float16: (7, 0),
@@ -56,7 +52,7 @@ class Precision:
         """What `device` lacks to run this precision's products at speed, e.g. 'this CPU
         has none of amx_bf16, avx512_bf16' (None: nothing, or nothing known: float32 and
         float64 need no units, and a CPU whose flags cannot be read is given the benefit)."""
-        if self.compute not in CPU_UNITS:
+        if self.compute not in LOW_PRECISION_UNITS:
             return None
         if device.type == "cuda":
             need = CUDA_CAPABILITY[self.compute]
@@ -70,7 +66,7 @@ class Precision:
             )
         if device.type != "cpu":
             return None
-        units, flags = CPU_UNITS[self.compute], cpu_flags()
+        units, flags = LOW_PRECISION_UNITS[self.compute], cpu_flags()
         if not flags or not flags.isdisjoint(units):
             return None
         return f"this CPU has none of {', '.join(units)}"
