@@ -383,7 +383,8 @@ def test_search_stops_when_every_sentence_is_done(copy_model, monkeypatch, alpha
     beams = run(beam_search, copy_model, sources, beam_size=3, max_length=100, length_penalty=alpha)
     assert all(b[0].finished for b in beams)
     assert len(rows) <= 6 + 4  # the longest source and a few steps more, not 100
-    assert rows[0] == 2 * 3 and rows[-1] == 3  # the short sentence left the batch
+    assert rows[0] == 2  # the first step: one row (<s>) per sentence, not K copies
+    assert rows[1] == 2 * 3 and rows[-1] == 3  # then K each; the short sentence left
     rows.clear()
     greedy = run(greedy_search, copy_model, sources, max_length=100)
     assert len(rows) == len(greedy[1].tokens) + 1 and rows[-1] == 1
@@ -478,7 +479,7 @@ def test_candidates_rank_as_the_whole_K_x_V_ranking(n, K, vocab):
     scores = torch.randn(n, K, generator=g, dtype=torch.float64)
     scores[0, 1:] = float("-inf")
     logp = torch.log_softmax(torch.randn(n * K, vocab, generator=g, dtype=torch.float64), 1)
-    cand_scores, cand_rows, cand_tokens = candidates(scores, logp)
+    cand_scores, cand_rows, cand_tokens = candidates(scores, logp, 2 * K)
     total = (scores.view(-1, 1) + logp).view(n, K * vocab)
     expected, flat = total.topk(min(2 * K, K * vocab), dim=1)
     assert torch.equal(cand_scores, expected)
@@ -488,6 +489,26 @@ def test_candidates_rank_as_the_whole_K_x_V_ranking(n, K, vocab):
     assert torch.equal(cand_tokens[finite], (flat % vocab)[finite])
     picked = (scores.view(-1)[cand_rows] + logp[cand_rows, cand_tokens])[finite]
     assert torch.equal(picked, cand_scores[finite])
+
+
+@pytest.mark.parametrize(("n", "K", "vocab"), [(3, 4, 50), (2, 5, 7), (2, 3, 4)])
+def test_a_first_step_of_one_row_per_sentence_ranks_as_a_beam_of_missing_hypotheses(n, K, vocab):
+    """The first step decodes one row per sentence; its 2K candidates are those of K rows of
+    which all but one are missing (-inf): the same scores and tokens, parent row i for i * K,
+    and -inf fillers where the vocabulary has fewer than 2K words."""
+    g = torch.Generator().manual_seed(n * 100 + K * 10 + vocab)
+    logp = torch.log_softmax(torch.randn(n, vocab, generator=g, dtype=torch.float64), 1)
+    one = candidates(torch.zeros(n, 1, dtype=torch.float64), logp, 2 * K)
+    scores = torch.full((n, K), float("-inf"), dtype=torch.float64)
+    scores[:, 0] = 0.0
+    beam = candidates(scores, logp.repeat_interleave(K, 0), 2 * K)
+    assert one[0].shape == one[1].shape == one[2].shape == (n, 2 * K)
+    assert torch.equal(one[0], beam[0])
+    finite = torch.isfinite(one[0])
+    assert int(finite.sum()) == n * min(vocab, 2 * K)
+    assert torch.equal(one[1][finite] * K, beam[1][finite])
+    assert torch.equal(one[2][finite], beam[2][finite])
+    assert bool((one[1] < n).all())  # fillers name a real row
 
 
 def test_ids_never_generated_are_masked_in_and_out_of_inference_mode(copy_model):

@@ -84,7 +84,7 @@ def beam_peak(model: Seq2SeqAttn, source_length: int, t: Translation) -> int:
                     y, beam.state, beam.context, beam.src_mask
                 )
                 logp = next_log_probs(model, out, forbid_eos=False)
-                cand_scores, cand_rows, cand_tokens = candidates(beam.scores, logp)
+                cand_scores, cand_rows, cand_tokens = candidates(beam.scores, logp, 2 * K)
                 live_scores, live_rows, live_tokens = live_candidates(
                     cand_scores, cand_rows, cand_tokens, K, cand_tokens == EOS
                 )

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from nmt.data.vocab import BOS, EOS, PAD
@@ -120,21 +121,27 @@ def _never(device: torch.device, forbid_eos: bool) -> Tensor:
         return torch.tensor([PAD, BOS, EOS] if forbid_eos else [PAD, BOS], device=device)
 
 
-def candidates(scores: Tensor, logp: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """The 2K best extensions of each sentence's K hypotheses, best first: their scores,
-    parent rows and tokens, each n x 2K (scores n x K, logp nK x V).
+def candidates(scores: Tensor, logp: Tensor, width: int) -> tuple[Tensor, Tensor, Tensor]:
+    """The `width` (2K) best extensions of each sentence's k hypotheses, best first: their
+    scores, parent rows and tokens, each n x width (scores n x k, logp nk x V; k is K, or 1
+    at the first step).
 
-    A sentence's 2K best are among the 2K best tokens of each of its rows, so each row of V
-    is ranked first and only the K x 2K survivors get their hypothesis' score added: the same
-    sums as adding it to all K x V, at a fraction of the work.
+    A sentence's `width` best are among the `width` best tokens of each of its rows, so each
+    row of V is ranked first and only the k x width survivors get their hypothesis' score
+    added: the same sums as adding it to all k x V, at a fraction of the work. Where k x V is
+    fewer than `width` (a first step over a tiny vocabulary), -inf candidates fill the rest,
+    as the missing hypotheses of a full beam would.
     """
-    n, K = scores.shape
-    row_logp, row_tokens = logp.topk(min(2 * K, logp.size(1)), dim=1)  # nK x W
+    n, k = scores.shape
+    row_logp, row_tokens = logp.topk(min(width, logp.size(1)), dim=1)  # nk x W
     W = row_logp.size(1)
-    total = (scores.reshape(-1, 1) + row_logp).view(n, K * W)
-    cand_scores, cand = total.topk(min(2 * K, K * W), dim=1)  # sorted, best first
-    cand_rows = cand // W + torch.arange(n, device=scores.device).unsqueeze(1) * K
-    return cand_scores, cand_rows, row_tokens.view(n, K * W).gather(1, cand)
+    total = (scores.reshape(-1, 1) + row_logp).view(n, k * W)
+    if k * W < width:
+        total = F.pad(total, (0, width - k * W), value=NEG_INF)
+    cand_scores, cand = total.topk(width, dim=1)  # sorted, best first
+    cand = cand.clamp_max(k * W - 1)  # a filler names some real candidate, at -inf
+    cand_rows = cand // W + torch.arange(n, device=scores.device).unsqueeze(1) * k
+    return cand_scores, cand_rows, row_tokens.view(n, k * W).gather(1, cand)
 
 
 def live_candidates(
@@ -237,11 +244,13 @@ class Beam:
         new_attn: Tensor,
         keep: Tensor | None = None,
     ) -> Beam:
-        """Keep `rows` (parent rows, K per kept sentence), extended by their new token.
+        """Keep `rows` (parent rows, K per kept sentence: `scores` is n x K), extended by
+        their new token.
 
-        Parents are rows of their own sentence, whose K rows of `context` and `src_mask` are
+        Parents are rows of their own sentence, whose rows of `context` and `src_mask` are
         alike, so those are only cut down to the kept sentences `keep` (positions in `alive`;
-        None: all of them) instead of being copied in the parents' order at every step.
+        None: all of them) instead of being copied in the parents' order at every step - and
+        repeated K times after the first step, which ran one row per sentence.
         """
         context, src_mask, alive = self.context, self.src_mask, self.alive
         if keep is not None:
@@ -249,6 +258,10 @@ class Beam:
             context = context.index_select(0, sentence_rows)
             src_mask = None if src_mask is None else src_mask.index_select(0, sentence_rows)
             alive = alive.index_select(0, keep)
+        grow = scores.size(1) // self.scores.size(1)
+        if grow > 1:
+            context = context.repeat_interleave(grow, dim=0)
+            src_mask = None if src_mask is None else src_mask.repeat_interleave(grow, dim=0)
         return Beam(
             alive=alive,
             scores=scores,
@@ -262,7 +275,8 @@ class Beam:
         )
 
     def _rows(self, keep: Tensor) -> Tensor:
-        """The K rows of each sentence in `keep` (positions in `alive`), in order."""
+        """The rows (K, or 1 before the first step) of each sentence in `keep` (positions in
+        `alive`), in order."""
         K = self.scores.size(1)
         return (keep.unsqueeze(1) * K + torch.arange(K, device=keep.device)).reshape(-1)
 
@@ -306,20 +320,19 @@ def beam_search(
     lengths = _source_lengths(src, src_mask)
     limits = _limits(options, lengths)
     context, final = model.encode(src, src_mask)
-    rep = torch.arange(B, device=device).repeat_interleave(K)
-    scores = context.new_full((B, K), NEG_INF, dtype=SCORES)
-    scores[:, 0] = 0.0  # one live beam at first, so that the K beams do not start identical
+    # One hypothesis per sentence at first (<s>): the first step decodes B rows, not B x K
+    # copies of them, and its 2K best extensions fill the K beams (`Beam.select`).
     beam: Beam | None = Beam(
         alive=torch.arange(B, device=device),
-        scores=scores,
-        tokens=src.new_empty(B * K, 0),
-        attns=context.new_empty(B * K, 0, S),
-        state=model.init_decoder_state(final).index_select(rep),
-        context=context.index_select(0, rep),
-        src_mask=None if src_mask is None else src_mask.index_select(0, rep),
+        scores=context.new_zeros(B, 1, dtype=SCORES),
+        tokens=src.new_empty(B, 0),
+        attns=context.new_empty(B, 0, S),
+        state=model.init_decoder_state(final),
+        context=context,
+        src_mask=src_mask,
     )
     found: list[list[Hypothesis]] = [[] for _ in range(B)]
-    y = src.new_full((B * K,), BOS)
+    y = src.new_full((B,), BOS)
     # Stop tests. Without a length penalty a live score only falls, so it bounds itself and
     # the search is exact; with one, a longer hypothesis may still rise up to live/max_lp
     # (seldom reached), so a sentence is also done once it has K finished ones (fairseq).
@@ -331,7 +344,7 @@ def beam_search(
         alive = beam.alive.tolist()
         out, beam.state, attn = model.decode_step(y, beam.state, beam.context, beam.src_mask)
         logp = next_log_probs(model, out, forbid_eos=t < min_length)
-        cand_scores, cand_rows, cand_tokens = candidates(beam.scores, logp)
+        cand_scores, cand_rows, cand_tokens = candidates(beam.scores, logp, 2 * K)
         is_eos = cand_tokens == EOS
         any_eos = bool(is_eos.any())
 
