@@ -14,6 +14,20 @@ from torch.profiler import ProfilerActivity, profile
 
 Shapes = list[list[int]]  # an op's input shapes as the profiler records them
 RowOf = Callable[[str, Shapes], str]  # (op, its input shapes) -> the row it is summed into
+PRODUCTS = {"aten::mm", "aten::addmm", "aten::addmm_", "aten::bmm", "aten::baddbmm"}
+
+
+def vocabulary_rows(tgt_vocab: int) -> RowOf:
+    """Sums the ops on a tensor with the target vocabulary in its shape into rows of their
+    own ('output layer: aten::addmm', ...: the product, its bias, the log-softmax, the
+    ranking), the other products into one row; every other op keeps its name."""
+
+    def row_of(op: str, shapes: Shapes) -> str:
+        if any(tgt_vocab in shape for shape in shapes):
+            return f"output layer: {op}"
+        return "products: LSTM and attention" if op in PRODUCTS else op
+
+    return row_of
 
 
 def op_shares(

@@ -49,7 +49,7 @@ from nmt.data.corpus import load_corpus
 from nmt.data.vocab import PAD
 from nmt.model import build_model
 from nmt.opcount import count
-from nmt.opprofile import RowOf, Shapes, op_shares, shares_table
+from nmt.opprofile import PRODUCTS, RowOf, Shapes, op_shares, shares_table
 from nmt.train.executors import Executor, make_executor
 from nmt.train.scaling import LossScale
 from nmt.train.schedule import make_optimizer
@@ -322,9 +322,6 @@ def profile_steps(
         runner.step(*next(it))
 
     return op_shares(one, len(batches), row_of)
-
-
-PRODUCTS = {"aten::mm", "aten::addmm", "aten::addmm_", "aten::bmm", "aten::baddbmm"}
 
 
 def product_roles(rnn_size: int, tgt_vocab: int) -> RowOf:

@@ -36,7 +36,7 @@ from nmt.data.corpus import load_corpus
 from nmt.data.reading import read_lines
 from nmt.data.tokenizers import Tokenizer
 from nmt.model import Seq2SeqAttn, build_model
-from nmt.opprofile import op_shares, shares_table
+from nmt.opprofile import op_shares, shares_table, vocabulary_rows
 from nmt.train.trainer import train
 from nmt.translate.run import load_model, store_output_weight_transposed
 from nmt.translate.translator import SearchOptions, translate_ids
@@ -132,6 +132,12 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--max-length", type=int, default=250)
     ap.add_argument("--max-length-ratio", type=float, default=2.0, help="0: off")
+    ap.add_argument(
+        "--min-length",
+        type=int,
+        default=0,
+        help="no </s> before this many tokens (with --max-length alike: every output that long)",
+    )
     ap.add_argument("--beams", default="1,5", help="comma list of beam sizes (1 = greedy)")
     ap.add_argument(
         "--granularities",
@@ -155,7 +161,9 @@ def main() -> None:
         type=int,
         default=0,
         metavar="N",
-        help="after timing, profile each search on the first N lines: each op's share",
+        help="after timing, profile each search on the first N lines: each op's share (the "
+        "output layer's ops - those on vocabulary-sized tensors - and the other products in "
+        "rows of their own)",
     )
     ap.add_argument("--device", default="cpu")
     args = ap.parse_args()
@@ -181,7 +189,7 @@ def main() -> None:
     print(
         f"input: {len(lines)} lines of {args.data / 'src-val.txt'} ({src_tokens} tokens), "
         f"batch {args.batch_size}, max length {args.max_length}, "
-        f"ratio {args.max_length_ratio or 'off'}"
+        f"ratio {args.max_length_ratio or 'off'}, min length {args.min_length}"
     )
 
     rows = []
@@ -197,7 +205,10 @@ def main() -> None:
         model = models[name]
         model.cfg = dataclasses.replace(model.cfg, granularity=granularity)
         options = SearchOptions(
-            beam_size=beam, max_length=args.max_length, max_length_ratio=args.max_length_ratio
+            beam_size=beam,
+            max_length=args.max_length,
+            max_length_ratio=args.max_length_ratio,
+            min_length=args.min_length,
         )
         translate_ids(model, sources[:2], options, args.batch_size)  # warm-up
         if args.device.startswith("cuda"):
@@ -216,7 +227,7 @@ def main() -> None:
             search = functools.partial(
                 translate_ids, model, sources[: args.profile], options, args.batch_size
             )
-            profiles[label] = op_shares(search)
+            profiles[label] = op_shares(search, row_of=vocabulary_rows(len(tgt_tok)))
         rows.append(
             (
                 label,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from nmt.opprofile import op_shares, shares_table
+from nmt.opprofile import op_shares, shares_table, vocabulary_rows
 
 
 def test_shares_sum_to_one_and_name_the_ops_that_ran() -> None:
@@ -37,3 +37,19 @@ def test_the_table_has_the_top_ops_and_the_rest() -> None:
     assert lines[2] == "| `c` | 20.0% | 90.0% |"  # by its largest share in any column
     assert lines[3] == "| `a` | 50.0% | 10.0% |"
     assert lines[4] == "| other ops | 30.0% | 0.0% |"
+
+
+def test_the_output_layer_gets_rows_of_its_own() -> None:
+    """What runs on a vocabulary-sized tensor (the product and its bias, the log-softmax)
+    is told from the other products and ops by the vocabulary in its shapes."""
+    out, w, b = torch.randn(8, 16), torch.randn(16, 77), torch.randn(77)
+    h, u = torch.randn(8, 16), torch.randn(16, 64)
+
+    def step() -> None:
+        torch.addmm(b, out, w).log_softmax(1)
+        torch.mm(h, u).tanh()
+
+    shares = op_shares(step, repeats=2, row_of=vocabulary_rows(77))
+    assert {"output layer: aten::addmm", "output layer: aten::_log_softmax"} <= set(shares)
+    assert "products: LSTM and attention" in shares and "aten::tanh" in shares
+    assert not any("mm" in row for row in shares if not row.startswith(("output", "products")))
