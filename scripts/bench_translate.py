@@ -16,6 +16,10 @@ checkpoint's float32 weights rounded once to each compute dtype, as `nmt transla
     python scripts/bench_translate.py --run-dir runs/bench   # keep the model / reuse it
     python scripts/bench_translate.py --precisions float32,bfloat16 --granularities fused
     python scripts/bench_translate.py --device cuda --threads 0 --train-steps 1000
+    python scripts/bench_translate.py --model M --beams 5 --max-length-ratio 0 --profile 100
+
+`--min-length N --max-length N --max-length-ratio 0` makes every output N tokens long, as
+scripts/bench_peer.py does, so that searches compare step for step.
 """
 
 from __future__ import annotations
