@@ -19,7 +19,7 @@ from nmt.memreport.report import build_report, seed_arithmetic, to_json
 from nmt.memreport.tracker import StorageTracker
 from nmt.memreport.translation import Translation, beam_peak
 from nmt.model import build_model
-from nmt.translate.search import SearchOptions, beam_search
+from nmt.translate.search import SearchOptions, beam_search, greedy_search
 from nmt.translate.translator import evaluating
 
 REPO = Path(__file__).resolve().parents[1]
@@ -46,6 +46,28 @@ def test_beam_replay_on_meta_matches_a_real_search(
     meta = build_model(CFG, 50, vocab, device="meta", dtype=torch.float32)
     predicted = beam_peak(meta, source, Translation(beam, batch, length))
     assert tracker.peak <= predicted <= 1.01 * tracker.peak
+
+
+@pytest.mark.parametrize(
+    ("vocab", "batch", "length", "source"), [(2000, 6, 9, 7), (300, 3, 20, 11)]
+)
+def test_greedy_search_peaks_within_the_replay_of_a_beam_of_one(
+    vocab: int, batch: int, length: int, source: int
+) -> None:
+    """Validation BLEU runs greedy search, which a run's plan accounts as the replay of a beam
+    of one: the real greedy search, run to its limit, must not peak above it (nor far below)."""
+    torch.manual_seed(0)
+    model = build_model(CFG, 50, vocab, device="cpu", dtype=torch.float32)
+    src = torch.randint(4, 50, (batch, source))
+    mask = torch.ones(batch, source, dtype=torch.bool)
+    tracker = StorageTracker([*model.parameters(), src, mask])
+    options = SearchOptions(beam_size=1, max_length=length, min_length=length)
+    with evaluating(model), tracker:
+        found = greedy_search(model, src, mask, options)
+    assert all(len(h.tokens) == length for h in found)
+    meta = build_model(CFG, 50, vocab, device="meta", dtype=torch.float32)
+    predicted = beam_peak(meta, source, Translation(1, batch, length))
+    assert tracker.peak <= predicted <= 1.2 * tracker.peak
 
 
 @pytest.mark.parametrize("chunk", [0, 1, 3])

@@ -201,8 +201,8 @@ def greedy_search(
     for t in range(max(limits, default=0)):
         out, state, attn = model.decode_step(y, state, context, src_mask)
         logp = next_log_probs(model, out, forbid_eos=t < options.min_length)
-        total = scores.unsqueeze(1) + logp
-        scores, y = total.max(dim=1)
+        best, y = logp.max(dim=1)  # the best of scores + logp, without that B x V sum
+        scores = scores + best
         tokens = torch.cat([tokens, y.unsqueeze(1)], dim=1)
         attns = torch.cat([attns, attn.unsqueeze(1)], dim=1)
         ended = y == EOS
