@@ -13,6 +13,8 @@ from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from nmt.engine.meta import meta_call
+
 
 def storage_key(t: Tensor) -> int:
     """Identity of a tensor's storage (views included) on any device, meta too."""
@@ -60,7 +62,7 @@ class StorageTracker(TorchDispatchMode):
         weakref.finalize(st, self._free, key, serial, size).atexit = False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
+        out = meta_call(func, args, kwargs or {})  # func(*args, **kwargs), on meta faster
         for t in tree_flatten(out)[0]:
             if isinstance(t, Tensor):
                 self._track(func.overloadpacket.__name__, t)
