@@ -33,27 +33,25 @@ def _metadata(t: torch.Tensor) -> tuple:
     return t.dtype, t.shape, t.stride(), t.storage_offset(), t.untyped_storage().nbytes()
 
 
-def test_a_repeated_op_is_made_as_its_kernel_makes_it() -> None:
-    a = torch.empty(5, 7, device="meta").t()  # not contiguous: the output keeps its layout
-    w = torch.empty(5, 3, device="meta", dtype=torch.float64)
-    meta._outputs.clear()
-    for _ in range(2):
-        with Calls() as calls:
-            outs = [
-                a * 2.0,
-                torch.nn.functional.dropout(a, 0.3, training=True),
-                torch.addmm(torch.empty(3, device="meta"), a, w.float()),
-                torch.cat([a, a], dim=1),
-                a.to(torch.bfloat16),
-            ]
-    assert calls.kernel_calls == 0  # the second time every op came from the cache
-    direct = [
+def _some_ops(a: torch.Tensor, w: torch.Tensor) -> list[torch.Tensor]:
+    return [
         a * 2.0,
         torch.nn.functional.dropout(a, 0.3, training=True),
         torch.addmm(torch.empty(3, device="meta"), a, w.float()),
         torch.cat([a, a], dim=1),
         a.to(torch.bfloat16),
     ]
+
+
+def test_a_repeated_op_is_made_as_its_kernel_makes_it() -> None:
+    a = torch.empty(5, 7, device="meta").t()  # not contiguous: the output keeps its layout
+    w = torch.empty(5, 3, device="meta", dtype=torch.float64)
+    meta._outputs.clear()
+    for _ in range(2):
+        with Calls() as calls:
+            outs = _some_ops(a, w)
+    assert calls.kernel_calls == 0  # the second time every op came from the cache
+    direct = _some_ops(a, w)
     assert [_metadata(t) for t in outs] == [_metadata(t) for t in direct]
 
 
