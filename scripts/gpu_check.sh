@@ -18,8 +18,8 @@
 #   GPU_CHECK_DEVICE=cpu bash scripts/gpu_check.sh   # the same checks, tiny, on the CPU
 #
 # The CPU form (small sizes, a few steps, BLEU not required, 2 Gloo ranks, the engine tests
-# of one structure per cell, granularity and attention, which the suite runs in full) is run
-# by the test suite so that this script cannot rot; it proves nothing about CUDA.
+# of one structure per cell and granularity with general attention, which the suite runs in
+# full) is run by the test suite so that this script cannot rot; it proves nothing about CUDA.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 device=${GPU_CHECK_DEVICE:-cuda}
@@ -61,7 +61,7 @@ else
     train_sets=("${small[@]}" --set train.device=cpu --set train.max_steps=30
         --set train.valid_every=15)
     test_lines=40 min_bleu=0 beam=2
-    engine_sel=(-k "L3-feed-bi-drop")
+    engine_sel=(-k "general-L3-feed-bi-drop")
     mem_args=(--config configs/toy.yaml --device cpu "${small[@]}" --set train.batch_size=8
         --set data.max_src_len=12 --set data.max_tgt_len=12)
     bench_args=(--device cpu --steps 3 --layers 1 --rnn 32 --batch 16)
