@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             import matplotlib  # noqa: F401
         except ImportError:
-            raise NmtError("plotting needs matplotlib: pip install 'nmt[plot]'") from None
+            raise NmtError("plotting needs matplotlib: pip install -e '.[plot]'") from None
         record = read_attention(args.attention, args.index)
     except NmtError as exc:
         print(f"error: {exc}", file=sys.stderr)

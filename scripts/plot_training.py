@@ -75,7 +75,7 @@ def main() -> None:
 
         matplotlib.use("Agg")
     except ImportError:
-        sys.exit("error: plotting needs matplotlib: pip install 'nmt[plot]'")
+        sys.exit("error: plotting needs matplotlib: pip install -e '.[plot]'")
     try:
         records = read_metrics(args.run_dir)
     except FileNotFoundError:

@@ -339,7 +339,7 @@ def test_plot_without_matplotlib_is_a_clear_error(tiny_config: Path, monkeypatch
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
     result = CliRunner().invoke(app, ["memreport", "-c", str(tiny_config), "--plot", "x.png"])
     assert result.exit_code == 2
-    assert "pip install 'nmt[plot]'" in result.stderr
+    assert "pip install -e '.[plot]'" in result.stderr
 
 
 def test_cli_exits_1_when_a_real_step_disagrees(tiny_config: Path, monkeypatch) -> None:

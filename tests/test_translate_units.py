@@ -163,7 +163,7 @@ def test_plot_attention_without_matplotlib_is_a_clear_error(tmp_path, monkeypatc
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
     assert module.main([str(tmp_path / "att.jsonl")]) == 2
     assert capsys.readouterr().err.strip() == (
-        "error: plotting needs matplotlib: pip install 'nmt[plot]'"
+        "error: plotting needs matplotlib: pip install -e '.[plot]'"
     )
 
 

@@ -94,7 +94,7 @@ class LSTMLayer(RecurrentLayer):
         self.i2h.bias.grad.addmv_(gg.t(), bufs.constant("ones", (B,), 1.0))
 
     def wire(self, g: Wiring, prefix: str, x: Value, state: tuple[Value, ...]) -> tuple:
-        """15 nodes, seq2seq-attn's: i2h, h2h, their sum, the split into i f o g, three
+        """13 nodes, seq2seq-attn's: i2h, h2h, their sum, the split into i f o g, three
         sigmoids and a tanh, f*c, i*g, their sum c', tanh(c'), o*tanh(c')."""
         h, c = state
         p = prefix

@@ -4,7 +4,7 @@ seq2seq-attn never keeps vocabulary-sized activations for all positions at once:
 target position (last to first) it runs the generator forward and backward on that position
 only, adds the resulting gradient to the decoder output's gradient, and moves on. Where the
 model's granularity fuses the output layer (`Granularity.fused_output_layer`) the output
-layer and the loss are one node (`fused.OutputLoss`), which can also run several positions
+layer and the loss are one node (`OutputLoss`, below), which can also run several positions
 at a time (`step_positions`).
 """
 

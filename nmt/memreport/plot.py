@@ -1,7 +1,7 @@
 """The report as a PNG: stacked bars per row (the training step, a mark at the run's peak),
 and the peak against target length.
 
-matplotlib is an optional extra (`pip install 'nmt[plot]'`): `require_matplotlib` says so
+matplotlib is an optional extra (`pip install -e '.[plot]'`): `require_matplotlib` says so
 in one line before any accounting work starts.
 """
 
@@ -73,7 +73,7 @@ def require_matplotlib() -> None:
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        raise NmtError("--plot needs matplotlib: pip install 'nmt[plot]'") from None
+        raise NmtError("--plot needs matplotlib: pip install -e '.[plot]'") from None
 
 
 def write_plot(report: Report, data: dict, path: str | Path) -> None:

@@ -1,6 +1,6 @@
 """The nodes of the fused granularity (`model.granularity: fused`): fewer, larger nodes.
 
-nngraph's graph (`nmt.nodes.modules`) has a node per Torch7 module: an LSTM layer is 15
+nngraph's graph (`nmt.nodes.modules`) has a node per Torch7 module: an LSTM layer is 13
 nodes, and each node's forward and backward are separate ops. Here one node does what a
 group of them did, with a hand-written backward (the layer's own, for cells and attention):
 
