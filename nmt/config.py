@@ -223,7 +223,9 @@ class TrainConfig:
     optimizer: str = _opt("sgd", choices=("sgd", "adam"), doc="sgd (seq2seq-attn) or adam")
     learning_rate: float = _opt(1.0, min=0.0, min_exclusive=True, doc="initial learning rate")
     lr_decay: float = _opt(0.5, min=0.0, max=1.0, doc="learning-rate factor when decaying")
-    start_decay_at: int = _opt(9, min=1, doc="decay every epoch from this epoch on")
+    start_decay_at: int = _opt(
+        9, min=1, doc="decay at the end of this epoch and of every one after (seq2seq-attn's)"
+    )
     decay_on_plateau: bool = _opt(True, doc="also decay once validation perplexity rises")
     max_grad_norm: float = _opt(5.0, min=0.0, doc="global gradient-norm clipping (0: off)")
     seed: int = _opt(3435, min=0, doc="seed of initialisation, dropout and batch order")
