@@ -350,8 +350,9 @@ def test_resume_continues_a_finished_short_run(tmp_path):
     assert torch.load(out / "last.pt", weights_only=True)["step"] == 4
 
 
-def test_resume_defaults_to_the_checkpoint_directory(tmp_path):
+def test_resume_defaults_to_the_checkpoint_directory(tmp_path, monkeypatch):
     cfg, out = trained_run(tmp_path)
+    monkeypatch.chdir(tmp_path)  # where runs/<config> would appear if the default were used
     result = run(
         "train",
         "--config",

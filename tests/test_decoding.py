@@ -14,7 +14,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from nmt.checkpoint import load_checkpoint, save_checkpoint
+from nmt.checkpoint import checkpoint_parts, load_checkpoint, save_checkpoint
 from nmt.cli import app
 from nmt.config import ModelConfig, TranslateConfig, from_dict
 from nmt.errors import NmtError
@@ -183,7 +183,12 @@ def test_one_model_is_not_wrapped_and_decodes_bitwise_as_alone(toy_model, toy_te
     assert out_list.read_bytes() == out_path.read_bytes()  # scores printed to 4 decimals
     sources = sources_of(toy_test, toy_model)
     a = translate_ids(loaded.model, sources, options.search)
-    b = translate_ids(load_models([toy_model], CPU).model, sources, options.search)
+    # the same model built here from the checkpoint's weights, not through the loader
+    ckpt = load_checkpoint(toy_model)
+    cfg, src_tok, tgt_tok = checkpoint_parts(ckpt, toy_model)
+    alone = build_model(cfg.model, len(src_tok), len(tgt_tok), device=CPU, dtype=torch.float32)
+    alone.load_state_dict(ckpt["model"])
+    b = translate_ids(alone.eval(), sources, options.search)
     assert [[(h.tokens, h.score) for h in hyps] for hyps in a] == [
         [(h.tokens, h.score) for h in hyps] for hyps in b
     ]

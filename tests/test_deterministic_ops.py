@@ -27,6 +27,7 @@ from nmt import attention, cells, granularities, policies, precisions
 from nmt.config import load_config
 from nmt.opcount import count
 from nmt.train.trainer import Trainer
+from tests.conftest import TEST_DEVICE
 
 # Every op a step dispatches, and why its CUDA kernel is deterministic (torch 2.13's
 # `torch.use_deterministic_algorithms` documentation: "act deterministically" / not listed).
@@ -185,7 +186,7 @@ def sweep() -> list:
         runs.append(
             [f"model.rnn_type={cell}", f"model.granularity={granularity}"]
             + [f"train.prealloc={policy}", f"train.label_smoothing={smoothing}"]
-            + [f"train.optimizer={('sgd', 'adam')[k % 2]}"]
+            + [f"train.optimizer={('sgd', 'adam')[k // 2 % 2]}"]  # each with and without smoothing
         )
     for kind, granularity in itertools.product(attention.names(), granularities.names()):
         runs.append([f"model.attention={kind}", f"model.granularity={granularity}"])
@@ -228,9 +229,12 @@ def test_the_list_catches_nll_loss(corpus, tmp_path) -> None:
 
 @pytest.mark.parametrize("granularity", granularities.names())
 def test_deterministic_mode_changes_no_number_of_a_clone_step(corpus, granularity, tmp_path):
-    """Deterministic mode fills uninitialised memory with NaN (on the CPU too): a step under
-    it gives bitwise the parameters of one without, so the executor reads no buffer before
-    writing it; and its step allocates nothing that the fill would cost a kernel."""
+    """Deterministic mode fills memory it allocates with NaN (on the CPU too), but the
+    executor's buffers are reserved before it is on: so the deterministic run also starts with
+    every byte of every buffer's storage set to 0xFF (NaN in a float, -1 in an index). Its
+    steps give bitwise the parameters of a run without either, so the executor reads no
+    buffer before writing it; and its step allocates nothing that the fill would cost a
+    kernel."""
     overrides = [f"model.granularity={granularity}", "train.prealloc=recompute"]
     params, allocations = [], []
     for deterministic in (False, True):
@@ -239,6 +243,9 @@ def test_deterministic_mode_changes_no_number_of_a_clone_step(corpus, granularit
         trainer = Trainer.build(
             cfg, tmp_path / f"r{deterministic}", log=lambda _: None, progress=False
         )
+        if deterministic:
+            poisoned = _poison(t for *_, t in trainer.executor.owned())
+            assert poisoned > 0
         batch, tokens = trainer.train_batches[0], trainer.train_tokens[0]
         torch.use_deterministic_algorithms(deterministic)
         try:
@@ -252,7 +259,22 @@ def test_deterministic_mode_changes_no_number_of_a_clone_step(corpus, granularit
     assert allocations == [0, 0]
 
 
+def _poison(tensors) -> int:
+    """Set every byte of each tensor's whole storage to 0xFF; the bytes set."""
+    seen, total = set(), 0
+    for t in tensors:
+        storage = t.untyped_storage()
+        if storage.data_ptr() in seen or storage.nbytes() == 0:
+            continue
+        seen.add(storage.data_ptr())
+        torch.tensor([], dtype=torch.uint8, device=t.device).set_(storage).fill_(255)
+        total += storage.nbytes()
+    return total
+
+
 def test_every_test_runs_under_the_deterministic_fixture(request) -> None:
     """On CUDA (NMT_TEST_DEVICE=cuda, gpu_check.sh) every test, not only those that ask for
-    it, runs deterministic: a bitwise comparison there means something."""
+    it, runs deterministic: a bitwise comparison there means something. On the CPU the mode
+    stays off (the CPU is deterministic as it is; the mode would fill new memory with NaN)."""
     assert "deterministic" in request.fixturenames
+    assert torch.are_deterministic_algorithms_enabled() == (TEST_DEVICE.type == "cuda")

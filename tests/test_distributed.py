@@ -123,11 +123,9 @@ def test_a_dead_rank_stops_the_others(tmp_path):
         ranks = worker_pids(proc.pid)
         assert set(ranks) == {0, 1}, ranks
         os.kill(ranks[1], signal.SIGKILL)
-        start = time.monotonic()
         proc.stdout.close()
-        code = proc.wait(timeout=120)
+        code = proc.wait(timeout=120)  # raises if the survivor hangs on (collectives: 300 s)
         assert code != 0
-        assert time.monotonic() - start < 120
         time.sleep(0.5)
         with pytest.raises(ProcessLookupError):
             os.kill(ranks[0], 0)  # the surviving rank is gone too, not hanging

@@ -89,7 +89,9 @@ def test_sigterm_then_resume_is_bitwise_identical(tmp_path):
         assert torch.equal(value, b["model"][key]), key
     assert a["optimizer"]["state"].keys() == b["optimizer"]["state"].keys()
     for k, state in a["optimizer"]["state"].items():
-        assert torch.equal(state["exp_avg"], b["optimizer"]["state"][k]["exp_avg"])
+        assert state.keys() == b["optimizer"]["state"][k].keys()
+        for name, value in state.items():  # exp_avg, exp_avg_sq, step
+            assert torch.equal(value, b["optimizer"]["state"][k][name]), (k, name)
     assert a["schedule"] == b["schedule"]
 
 

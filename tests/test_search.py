@@ -227,14 +227,17 @@ def test_scores_are_teacher_forced_log_probs_and_beam_beats_greedy(copy_model):
     sources = random_sources([4, 6, 8, 9, 3, 7, 5, 8], seed=11)
     greedy = run(greedy_search, copy_model, sources, max_length=15)
     beams = run(beam_search, copy_model, sources, beam_size=5, max_length=15)
+    better = 0
     for source, g, (b,) in zip(sources, greedy, beams, strict=True):
         assert g.score == pytest.approx(teacher_forced(copy_model, source, g), abs=1e-9)
         assert b.score == pytest.approx(teacher_forced(copy_model, source, b), abs=1e-9)
         assert b.score >= g.score - 1e-12
+        better += b.score > g.score + 1e-9
         assert b.attention.shape == (len(b.tokens) + 1, len(source) + 2)
         torch.testing.assert_close(
             b.attention.sum(1), torch.ones(len(b.tokens) + 1, dtype=torch.float64)
         )
+    assert better > 0, "beam 5 found no better hypothesis than greedy: it searched as greedy"
 
 
 def test_n_best_distinct_sorted_and_exact(copy_model):
