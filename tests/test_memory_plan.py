@@ -115,9 +115,17 @@ def test_auto_takes_the_cheapest_plan_that_fits_in_order() -> None:
     c, choice = chosen(middle)
     assert c.kind == "partial" and c.peak_bytes <= middle
     assert 0 < c.extra_flops < f1.policy("recompute").extra_flops
-    # no partial plan that fits has fewer extra FLOPs
-    fits = (f1.peaks <= middle) & f1._partial_mask()
-    assert c.extra_flops == pytest.approx(float(f1.flop_matrix[fits].min()))
+    # no partial plan that fits has fewer extra FLOPs: every (e, d) but all's and recompute's
+    n_enc, n_dec = f1.peaks.shape[0] - 1, f1.peaks.shape[1] - 1
+    partials = [
+        f1.partial(e, d)
+        for e in range(n_enc + 1)
+        for d in range(n_dec + 1)
+        if (e, d) not in ((0, 0), (n_enc, n_dec))
+    ]
+    assert len(partials) == f1.partial_count
+    fitting = [p.extra_flops for p in partials if p.peak_bytes <= middle]
+    assert c.extra_flops == pytest.approx(min(fitting))
     assert choice.accounted.peak_bytes == c.peak_bytes  # accounted as such
     assert "fewest extra FLOPs" in choice.reason
     c, _ = chosen(recompute_peak)  # recompute fits, or a partial plan with as little memory

@@ -151,10 +151,12 @@ def test_a_tied_run_saves_loads_and_translates(tmp_path) -> None:
     assert torch.equal(raw["model"]["generator.weight"], raw["model"]["tgt_embedding.weight"])
     model = load_model(ckpt, torch.device("cpu"))[0]
     assert torch.equal(model.generator.weight, model.tgt_embedding.weight)
-    src = tmp_path / "src.txt"
+    assert model.generator.weight.t().is_contiguous()  # the output layer's column-major copy
+    src, hyp = tmp_path / "src.txt", tmp_path / "hyp.txt"
     src.write_text("a b c\n", encoding="utf-8")
-    got = runner.invoke(app, ["translate", "-m", str(ckpt), "--src", str(src)])
+    got = runner.invoke(app, ["translate", "-m", str(ckpt), "--src", str(src), "-o", str(hyp)])
     assert got.exit_code == 0, got.output
+    assert len(hyp.read_text(encoding="utf-8").splitlines()) == 1  # one line out per line in
 
 
 @pytest.mark.parametrize("precision", ["float32", "bfloat16"])
