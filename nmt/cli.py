@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from functools import partial
 from pathlib import Path
 from typing import Annotated
@@ -124,12 +125,13 @@ def train(
     from nmt.checkpoint import saved_config
     from nmt.config import load_config
     from nmt.memreport.plan import plan_memory
-    from nmt.train.runlog import prepare_run_dir, remove_if_empty
+    from nmt.train.runlog import log_failure, prepare_run_dir, remove_if_empty
     from nmt.train.trainer import TrainingInterrupted
     from nmt.train.trainer import train as run_training
 
     made: list[Path] = []
     sets = list(set_ or [])
+    started, out_dir = time.time(), None
     try:
         if config is None and resume is None:
             raise NmtError(
@@ -149,6 +151,8 @@ def train(
         )
         made = []
     except NmtError as exc:
+        if out_dir is not None and os.environ.get("RANK", "0") == "0":
+            log_failure(out_dir, started, f"error: {exc}")  # the run's log says why it ended
         raise _fail(exc) from None
     except TrainingInterrupted as exc:
         _err(str(exc))

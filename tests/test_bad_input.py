@@ -323,11 +323,21 @@ CASES = [
 @pytest.mark.parametrize("case", CASES, ids=[c.__name__ for c in CASES])
 def test_bad_input_is_one_clear_line(tmp_path, case):
     args, needles = case(tmp_path)
-    before = {p: p.read_bytes() for p in tmp_path.rglob("*.pt")}
+    before = snapshot(tmp_path)
     result = run(*args)
     assert_one_line_error(result, *needles)
-    for path, blob in before.items():  # nothing written over
-        assert path.read_bytes() == blob, path
+    after = snapshot(tmp_path)
+    logs = [p for p in after if p.name == "train.log" and after[p] != before.get(p)]
+    for log in logs:  # a run that got as far as its log ends it with the error
+        assert after.pop(log).decode().splitlines()[-1] == result.stderr.strip().splitlines()[-1]
+        if log.parent not in before:
+            assert after.pop(log.parent) is None
+    assert after == before  # nothing written over, nothing else left behind
+
+
+def snapshot(root: Path) -> dict[Path, bytes | None]:
+    """Every path under `root`: a file's bytes, None for a directory."""
+    return {p: None if p.is_dir() else p.read_bytes() for p in sorted(root.rglob("*"))}
 
 
 def test_resume_continues_a_finished_short_run(tmp_path):

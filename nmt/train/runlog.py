@@ -83,6 +83,20 @@ def clear_previous_run(out_dir: Path) -> list[str]:
     return removed
 
 
+def log_failure(out_dir: Path, since: float, error: str) -> None:
+    """Append the error that stopped a run to `out_dir/train.log` if the run wrote to that
+    log (modified at or after `since`, a `time.time()` from before the run began), so that
+    the log says why it ends; a log this run never touched is a previous run's and is left
+    as it is. A log that cannot be written is left too: the error is on stderr already."""
+    path = out_dir / "train.log"
+    try:
+        if path.stat().st_mtime >= since:
+            with open(path, "a", encoding="utf-8") as handle:
+                handle.write(error + "\n")
+    except OSError:
+        pass
+
+
 def remove_if_empty(made: list[Path]) -> None:
     """Remove the folders `prepare_run_dir` made (deepest first) that are still empty, so
     that a run failing on bad input leaves nothing behind."""
