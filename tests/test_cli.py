@@ -172,6 +172,13 @@ def test_help_shows_no_value_for_on_off_flags(command):
     result = CliRunner().invoke(app, [*command, "--help"], env={"COLUMNS": "120"})
     assert result.exit_code == 0, result.output
     assert "<bool>" not in result.output and "--help" in result.output
+    takes_a_value = {  # one option of each command that takes a value, with its column
+        "train": ["KEY=VALUE", "<path>"],
+        "translate": ["<path>", "<int>"],
+        "average": ["<path>"],
+        "memreport": ["<path>", "<str>"],
+    }
+    for column in takes_a_value.get(" ".join(command), []):
+        assert column in result.output, column
     if command == ["train"]:
-        assert "--force" in result.output and "<path>" in result.output
-        assert "KEY=VALUE" in result.output
+        assert "--force" in result.output
