@@ -275,7 +275,7 @@ def translate(
         typer.Option(
             help="The weights' dtype: float32, bfloat16, float16 or float64 (default: the "
             "precision the model was trained in, or float32 where the device has no units "
-            "for it). Scores and log-softmax stay float32."
+            "for it). Scores stay float32, the log-softmax float32 at least."
         ),
     ] = None,
     progress: Annotated[

@@ -230,7 +230,12 @@ class TrainConfig:
     max_grad_norm: float = _opt(5.0, min=0.0, doc="global gradient-norm clipping (0: off)")
     seed: int = _opt(3435, min=0, doc="seed of initialisation, dropout and batch order")
     valid_every: int = _opt(0, min=0, doc="also validate every N steps (0: once per epoch)")
-    log_every: int = _opt(50, min=1, doc="print a progress line every N steps")
+    log_every: int = _opt(
+        50,
+        min=1,
+        doc="log a progress line every N steps (train.log, metrics.jsonl; on the progress "
+        "bar, or printed with --no-progress)",
+    )
     valid_bleu_sample: int = _opt(
         1000,
         min=0,

@@ -1,4 +1,4 @@
-"""Devices and dtypes by their config names, for every command that places a model.
+"""Devices by their config names, for every command that places a model.
 
 A CUDA device is always returned with its index: `torch.cuda.set_device`, the caching
 allocator and NCCL all need one, and a bare `cuda` would mean "whatever is current" at each

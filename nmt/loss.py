@@ -3,9 +3,11 @@
 The generator's logits, their log-softmax and the gradients of both are batch x positions x
 vocabulary: with 50k words, 64 sentences and 51 positions, 650 MB each. seq2seq-attn never
 holds them for all positions at once (its generator runs per position) and OpenNMT-py shards
-its loss the same way. Here the autograd executor (`train.loss_chunk` positions per chunk),
-validation and gold scoring all compute the output layer and the loss through this module,
-so the peak holds one chunk's vocabulary-sized tensors; chunk 0 means all positions at once
+its loss the same way. Here the autograd executor (`train.loss_chunk` positions per chunk)
+and gold scoring compute the output layer and the loss through this module, and `nmt
+memreport` accounts a validation pass with `batch_nll` (validation itself,
+`nmt.train.validation.batch_nll`, scores as many rows per block), so the peak holds one
+chunk's vocabulary-sized tensors; chunk 0 means all positions at once
 (the unsharded autograd of `nmt memreport`'s `autograd-full` row).
 
 Label smoothing (`train.label_smoothing`, OpenNMT-py's LabelSmoothingLoss, JoeyNMT's
@@ -125,6 +127,6 @@ def nll_backward(
 
 
 def batch_nll(model: Seq2SeqAttn, batch: Batch, chunk: int) -> Tensor:
-    """Teacher-forced summed NLL of a batch, the loss in chunks (validation; call it under
-    `torch.no_grad()`, dropout as the model's mode says)."""
+    """Teacher-forced summed NLL of a batch, the loss in chunks (`nmt memreport`'s validation
+    pass; call it under `torch.no_grad()`, dropout as the model's mode says)."""
     return nll(model, model(batch.src, batch.tgt_in), batch.tgt_out, chunk)

@@ -42,7 +42,7 @@ def is_out_of_memory(exc: BaseException) -> bool:
 
 
 def policy_in_force(train: TrainConfig) -> str:
-    """The memory policy a training config runs: a clone policy (`nmt.engine.policies`) or
+    """The memory policy a training config runs: a clone policy (`nmt.policies`) or
     autograd. The one place here that reads the preallocation keys."""
     if train.executor == "autograd":
         return "autograd"

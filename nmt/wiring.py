@@ -5,7 +5,7 @@ persistent buffers (`nmt.nodes`). Each layer of the model - a recurrent cell (`n
 an attention type (`nmt.attention`) - states its own part in its own file, in two forms:
 
 - nngraph style, through a `Wiring`: each `add` makes one node (Torch7's nn modules:
-  Linear, Sigmoid, CMulTable, ...) and returns the handle of its output;
+  Linear, Sigmoid, CMul, ...) and returns the handle of its output;
 - as one fused node (`nmt.nodes.fused.FusedLayer`): the layer's `fused_forward` /
   `fused_backward` run into the node's buffers, and its `FusedFacts` tell the planner what
   the node owns and what its backward reads.

@@ -1,6 +1,7 @@
 """Training speed, side by side in one process: clone and autograd variants on the same batches.
 
-The variants (`VARIANTS`: a name and the config keys it sets; all but the last two by default):
+The variants (`VARIANTS`: a name and the config keys it sets; by default all but clones-none
+and autograd-full):
   clones-nngraph    the clone executor with seq2seq-attn's node granularity (prealloc all)
   clones-fused      the clone executor with fused nodes (where model.granularity exists)
   autograd-cells    autograd over the model's LSTM cells, position by position

@@ -90,7 +90,7 @@ class GRULayer(RecurrentLayer):
         self.i2h.bias.grad.addmv_(gg.t(), bufs.constant("ones", (B,), 1.0))
 
     def wire(self, g: Wiring, prefix: str, x: Value, state: tuple[Value, ...]) -> tuple:
-        """16 nodes, as OpenNMT-lua's GRU: i2h, h2h, a split of each, r's and z's sums and
+        """15 nodes, as OpenNMT-lua's GRU: i2h, h2h, a split of each, r's and z's sums and
         sigmoids, r * gh[n], n's sum and tanh, z * h, 1 - z, (1 - z) * n, h'."""
         (h,) = state
         p = prefix

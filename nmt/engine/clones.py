@@ -404,7 +404,8 @@ class CloneExecutor:
 
     def owned(self) -> list[tuple[str, str, str, Tensor]]:
         """(clone, node, role, tensor) for every buffer the engine holds, in a fixed order:
-        every clone's nodes, the generator's, then the loop's; a shared tensor once per clone
+        every clone's nodes, the generator's, the loop's, then a mixed precision's compute copy
+        of the weights and gradients (`weights.py`); a shared tensor once per clone
         that references it."""
         owned = [
             (name, node.name, role, t)

@@ -108,8 +108,9 @@ def _analysis(key: StructureKey, recompute: bool = False) -> Analysis:
 
 
 def _probe(model_cfg: ModelConfig, recompute: bool = False) -> CloneExecutor:
-    """A tiny float32 CPU executor without sharing, of `model_cfg`'s graph structure, in
-    training mode; `recompute`: its clones re-run their forward in their backward."""
+    """A tiny CPU executor without sharing (float32 masters, compute in `PROBE_PRECISION`),
+    of `model_cfg`'s graph structure, in training mode; `recompute`: its clones re-run
+    their forward in their backward."""
     structure = graph_structure(model_cfg)
     model = build_model(structure, 7, 7, device="cpu", dtype=torch.float32)
     empty = SharingPlan("none", frozenset(), recompute=recompute)

@@ -16,7 +16,7 @@ class BufferRecord:
     """One (clone, node, role) buffer. `bytes` is its storage's size (storages only grow);
     records with the same `storage_key` are one storage, `shared_by` clones reference it."""
 
-    clone: str  # "enc[3]", "enc_bwd[0]", "dec[7]", "generator", "loop", "model"
+    clone: str  # "enc[3]", "enc_bwd[0]", "dec[7]", "generator", "loop", "compute", "model"
     node: str
     role: str  # output, grad_input[i], grad_output_acc, mask, encoder_acc, param, grad, ...
     shape: tuple[int, ...]

@@ -6,6 +6,8 @@ tracker.py   the storage tracker: live bytes, their peak, what was live then
 translation.py  beam search's peak, replayed on meta (--translate)
 live.py      one real step per policy on cpu / cuda, checked against the accounting
 budget.py    sizes like 16GiB; the largest batch / target length that fits a budget
+plan.py      the frontier of plans (policies, partial recompute, micro-batches) and auto's choice
+flops.py     a step's FLOPs and what recomputing clones adds to them
 report.py    assembling the numbers; the JSON schema
 text.py      the plain-text tables
 plot.py      the PNG (matplotlib, optional)

@@ -1,6 +1,6 @@
 """Accounted memory of a training run at maximum lengths, per row, on the meta device.
 
-A row is a clone policy (`nmt.engine.policies`), `autograd` (the autograd executor with the
+A row is a clone policy (`nmt.policies`), `autograd` (the autograd executor with the
 configured `train.loss_chunk`) or `autograd-full` (its loss over all positions at once).
 A run's memory has phases: the training step, the validation pass (and, when asked, a beam
 search), each on top of what stays allocated between them (the resident bytes: parameters,

@@ -2,7 +2,7 @@
 
 node.py     the Node contract: persistent buffers by role, forward / backward, and the facts
             the planner needs (what backward reads, which buffers are scratch)
-modules.py  Torch7's nn modules as nodes (Linear, Sigmoid, CMulTable, MM, Dropout, ...): what
+modules.py  Torch7's nn modules as nodes (Linear, Sigmoid, CMul, MMScores, Dropout, ...): what
             a layer's nngraph form (`RecurrentLayer.wire`, `Attention.wire`) is wired from
 fused.py    a layer's own fused form as one node (`FusedLayer`), and the fused dropout
 

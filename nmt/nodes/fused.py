@@ -125,7 +125,7 @@ class FusedLayer(_Fused):
 
 class Dropout(_Fused):
     """Inverted dropout in one op each way: x * mask * 1/(1-p) (an addcmul) with a 0/1 mask
-    drawn by `nmt.model.keep_mask_`, the draws of `dropout_mask` (so the same masks as the
+    drawn by `nmt.randomness.keep_mask_`, the draws of `dropout_mask` (so the same masks as the
     autograd model, in the same order). A copy when the module is not training."""
 
     ROLES = {"output": "output", "grad_input": "grad_input", "mask": "mask"}
