@@ -74,26 +74,34 @@ def config(tmp_path_factory) -> Path:
     )
 
 
-@pytest.mark.parametrize(
-    ("row", "overrides"),
-    [
-        ("all", ["train.prealloc=all"]),
-        ("none", ["train.prealloc=none"]),
-        ("autograd", ["train.executor=autograd"]),
-    ],
-)
-def test_a_real_run_peaks_where_memreport_says(config: Path, row: str, overrides: list[str]):
-    """The corpus fills both vocabularies and every batch is at maximum lengths, so the run
-    reaches the point memreport accounts."""
-    cfg = load_config(config, overrides)
-    predicted = measure(Setting.from_config(cfg), row)
-    args = ["train", "--config", str(config)] + [a for o in overrides for a in ("--set", o)]
-    measured = json.loads(_run(*args).strip().splitlines()[-1])
-    assert measured["reset"] == 1, "the kernel's high-water mark could not be reset"
-    above = measured["above_bytes"]
-    report = f"{row}: measured {above / MIB:.1f} MiB, predicted {predicted.peak_bytes / MIB:.1f}"
-    assert 0.7 * predicted.peak_bytes <= above, report
-    assert above <= 1.3 * predicted.peak_bytes + ALLOWANCE, report
+ROWS = {
+    "all": ["train.prealloc=all"],
+    "none": ["train.prealloc=none"],
+    "autograd": ["train.executor=autograd"],
+}
+
+
+def test_real_runs_peak_where_memreport_says(config: Path):
+    """The corpus fills both vocabularies and every batch is at maximum lengths, so each run
+    reaches the point memreport accounts: its peak above the baseline is near the accounted
+    one (what is not accounted: allocator slack, the corpus, the checkpoint), and what `none`
+    holds more than `all` is what memreport says it holds more (within 20%: measured here
+    23.7 MiB against 22.9 accounted, the same to 0.2 MiB from run to run)."""
+    measured, predicted = {}, {}
+    for row, overrides in ROWS.items():
+        cfg = load_config(config, overrides)
+        predicted[row] = measure(Setting.from_config(cfg), row).peak_bytes
+        args = ["train", "--config", str(config)] + [a for o in overrides for a in ("--set", o)]
+        result = json.loads(_run(*args).strip().splitlines()[-1])
+        assert result["reset"] == 1, "the kernel's high-water mark could not be reset"
+        measured[row] = result["above_bytes"]
+        report = f"{row}: measured {measured[row] / MIB:.1f} MiB, predicted"
+        report += f" {predicted[row] / MIB:.1f}"
+        assert 0.7 * predicted[row] <= measured[row], report
+        assert measured[row] <= 1.3 * predicted[row] + ALLOWANCE, report
+    more, accounted = measured["none"] - measured["all"], predicted["none"] - predicted["all"]
+    assert accounted > 0
+    assert abs(more - accounted) <= 0.2 * accounted, (more / MIB, accounted / MIB)
 
 
 # ---- a budget a real run keeps to ---------------------------------------------------------
