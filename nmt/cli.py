@@ -132,6 +132,7 @@ def train(
     made: list[Path] = []
     sets = list(set_ or [])
     started, out_dir = time.time(), None
+    speaks = os.environ.get("RANK", "0") == "0"  # under torchrun, rank 0 speaks and logs
     try:
         if config is None and resume is None:
             raise NmtError(
@@ -143,7 +144,7 @@ def train(
         # a resumed run continues in its own directory unless told otherwise
         out_dir = out or (resume.parent if resume else Path("runs") / config.stem)
         made = prepare_run_dir(out_dir, resume=resume, force=force)
-        if os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 speaks
+        if speaks:
             print(f"config {config or f'saved in {resume}'}:\n{cfg.dump()}", flush=True)
         command = _train_command(config, sets, preallocate)
         run_training(
@@ -151,7 +152,7 @@ def train(
         )
         made = []
     except NmtError as exc:
-        if out_dir is not None and os.environ.get("RANK", "0") == "0":
+        if out_dir is not None and speaks:
             log_failure(out_dir, started, f"error: {exc}")  # the run's log says why it ended
         raise _fail(exc) from None
     except TrainingInterrupted as exc:
