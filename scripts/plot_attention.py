@@ -15,14 +15,13 @@ import sys
 from pathlib import Path
 
 from nmt.errors import NmtError
+from nmt.plotting import require_matplotlib
 from nmt.translate.formats import read_attention
 
 
 def plot(record: dict, out: Path) -> None:
     """Write the heatmap of one attention record to `out` (PNG)."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only, no display needed
+    require_matplotlib()
     import matplotlib.pyplot as plt
 
     source, target, weights = record["source"], record["target"], record["attention"]
@@ -49,10 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None, help="PNG file (default attention-N.png)")
     args = ap.parse_args(argv)
     try:
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            raise NmtError("plotting needs matplotlib: pip install -e '.[plot]'") from None
+        require_matplotlib()
         record = read_attention(args.attention, args.index)
     except NmtError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from nmt.errors import NmtError
+from nmt.plotting import require_matplotlib
 from nmt.train.runlog import read_metrics
 
 
@@ -71,11 +73,9 @@ def main() -> None:
     ap.add_argument("--title", default=None, help="the plot's title (RUN_DIR)")
     args = ap.parse_args()
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-    except ImportError:
-        sys.exit("error: plotting needs matplotlib: pip install -e '.[plot]'")
+        require_matplotlib()
+    except NmtError as exc:
+        sys.exit(f"error: {exc}")
     try:
         records = read_metrics(args.run_dir)
     except FileNotFoundError:

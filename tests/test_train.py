@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import math
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -160,7 +161,6 @@ def test_failed_write_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
 def test_run_leaves_a_log_and_metrics_to_plot(tmp_path, monkeypatch):
     import json
     import subprocess
-    import sys
 
     from nmt.train.runlog import read_metrics
 
@@ -183,6 +183,21 @@ def test_run_leaves_a_log_and_metrics_to_plot(tmp_path, monkeypatch):
     proc = subprocess.run(plot, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_training_plot_without_matplotlib_is_a_clear_error(tmp_path, monkeypatch):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "plot_training", REPO / "scripts/plot_training.py"
+    )
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    monkeypatch.setattr(sys, "argv", ["plot_training.py", str(tmp_path)])
+    with pytest.raises(SystemExit) as stop:
+        script.main()
+    assert stop.value.code == "error: plotting needs matplotlib: pip install -e '.[plot]'"
 
 
 @pytest.mark.parametrize("ppls", [(90.0, 30.0), (400.0, 1.02), (1.6, 1.004)])

@@ -54,9 +54,9 @@ def run(
     budget_bytes = parse_size(budget) if budget is not None else None
     translation = Translation.parse(translate) if translate is not None else None
     if plot_path is not None:
-        from nmt.memreport.plot import require_matplotlib
+        from nmt.plotting import require_matplotlib
 
-        require_matplotlib()
+        require_matplotlib("--plot")
     report = build_report(
         cfg,
         config_path,

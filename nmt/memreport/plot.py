@@ -1,8 +1,8 @@
 """The report as a PNG: stacked bars per row (the training step, a mark at the run's peak),
 and the peak against target length.
 
-matplotlib is an optional extra (`pip install -e '.[plot]'`): `require_matplotlib` says so
-in one line before any accounting work starts.
+matplotlib is an optional extra (nmt.plotting): memreport checks for it before any
+accounting work starts.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from nmt import policies
 from nmt.errors import NmtError
 from nmt.memreport.measure import AUTOGRAD, AUTOGRAD_FULL, CATEGORIES
 from nmt.memreport.report import Report
+from nmt.plotting import require_matplotlib
 
 _SEGMENTS = [
     ("param_bytes", "parameters", "#4c72b0"),
@@ -69,19 +70,9 @@ def _unit(largest: int) -> tuple[str, int]:
     return "B", 1
 
 
-def require_matplotlib() -> None:
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        raise NmtError("--plot needs matplotlib: pip install -e '.[plot]'") from None
-
-
 def write_plot(report: Report, data: dict, path: str | Path) -> None:
     """Write the PNG; `data` is `to_json(report)`."""
-    require_matplotlib()
-    import matplotlib
-
-    matplotlib.use("Agg")
+    require_matplotlib("--plot")
     import matplotlib.pyplot as plt
 
     s = report.setting
