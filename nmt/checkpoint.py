@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import pickle
 import re
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from typing import Any
 import torch
 import yaml
 
+from nmt.atomic import replacing
 from nmt.config import Config, build_config, from_dict, upgrade_saved
 from nmt.data.tokenizers import Tokenizer, tokenizer_from_state
 from nmt.errors import NmtError
@@ -26,19 +26,6 @@ from nmt.errors import NmtError
 FORMAT = "nmt-checkpoint"
 VERSION = 1
 REQUIRED_KEYS = ("model", "config", "src_tokenizer", "tgt_tokenizer")
-
-
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:  # not supported on every platform/filesystem
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def save_checkpoint(state: dict[str, Any], path: str | Path) -> None:
@@ -50,30 +37,28 @@ def save_checkpoint(state: dict[str, Any], path: str | Path) -> None:
         raise NmtError(f"{path}: is a directory; a checkpoint is written to a file")
     state = {"format": FORMAT, "version": VERSION, **state}
     try:
-        _write_atomically(state, path)
+        _write(state, path)
     except OSError as exc:
         kept = f"; the previous {path.name} is kept" if path.is_file() else ""
         raise NmtError(f"{path}: cannot write the checkpoint ({_reason(exc)}){kept}") from None
-    _fsync_dir(path.parent)
 
 
 def _reason(exc: OSError) -> str:
     return exc.strerror or str(exc) or exc.__class__.__name__
 
 
-def _write_atomically(state: dict[str, Any], path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+def _write(state: dict[str, Any], path: Path) -> None:
+    """torch.save into `path`'s temporary twin (`nmt.atomic`). torch reports a write that
+    failed under it (ENOSPC) as a RuntimeError of its zip writer; the OSError it hides comes
+    back out as itself."""
     try:
-        with os.fdopen(fd, "wb") as handle:
+        with replacing(path, "wb") as handle:
             torch.save(state, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        if delay := os.environ.get("NMT_CHECKPOINT_WRITE_DELAY"):
-            time.sleep(float(delay))  # test hook: widens the window a SIGKILL can hit
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+            if delay := os.environ.get("NMT_CHECKPOINT_WRITE_DELAY"):
+                time.sleep(float(delay))  # test hook: widens the window a SIGKILL can hit
+    except RuntimeError as exc:
+        if isinstance(exc.__context__, OSError):
+            raise exc.__context__ from None
         raise
 
 

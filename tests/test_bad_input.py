@@ -597,12 +597,19 @@ def test_a_checkpoint_unlike_its_own_config_is_one_line_everywhere(tmp_path, cha
     assert {p: p.read_bytes() for p in out.iterdir()} == before
 
 
-def test_the_source_is_not_written_over(tmp_path):
+def test_the_source_and_the_model_are_not_written_over(tmp_path):
     _, out = trained_run(tmp_path)
     src = write(tmp_path / "in.src", "one .\n")
-    result = run("translate", "-m", str(out / "model.pt"), "--src", src, "-o", src)
+    model = out / "model.pt"
+    before = model.read_bytes()
+    result = run("translate", "-m", str(model), "--src", src, "-o", src)
     assert_one_line_error(result, "is the --src file")
     assert Path(src).read_text(encoding="utf-8") == "one .\n"
+    result = run("translate", "-m", str(model), "--src", src, "-o", str(model))
+    assert_one_line_error(result, f"--output {model}: is the --model file")
+    result = run("translate", "-m", str(model), "--src", src, "--attention", str(model))
+    assert_one_line_error(result, f"--attention {model}: is the --model file")
+    assert model.read_bytes() == before
 
 
 def test_a_full_disk_while_translating_is_one_line(tmp_path, monkeypatch):
@@ -615,10 +622,37 @@ def test_a_full_disk_while_translating_is_one_line(tmp_path, monkeypatch):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(translate_run.HypothesisWriter, "write", full)
-    hyp = tmp_path / "hyp.txt"
-    args = ["-m", str(out / "model.pt"), "--src", src, "-o", str(hyp), "--no-progress"]
+    hyp = write(tmp_path / "hyp.txt", "the translations of the day before\n")
+    args = ["-m", str(out / "model.pt"), "--src", src, "-o", hyp, "--no-progress"]
     result = run("translate", *args)
     assert_one_line_error(result, f"{hyp}: cannot write (No space left on device)")
+    assert Path(hyp).read_text(encoding="utf-8") == "the translations of the day before\n"
+    assert not list(tmp_path.glob(".hyp.txt.*")), "the unfinished output is left behind"
+
+
+def test_a_full_disk_at_the_last_flush_keeps_the_old_output(tmp_path, monkeypatch):
+    """The output is renamed over the old file only once complete: a write that fails when
+    the file is flushed at the end (or a Ctrl-C, or a late error) leaves the old file."""
+    from nmt import atomic
+
+    _, out = trained_run(tmp_path)
+    src = write(tmp_path / "in.src", "one .\ntwo .\n")
+    hyp = write(tmp_path / "hyp.txt", "old\n")
+    att = write(tmp_path / "att.jsonl", "old\n")
+
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(atomic.os, "fsync", full)
+    args = ["-m", str(out / "model.pt"), "--src", src, "-o", hyp, "--attention", att]
+    result = run("translate", *args, "--no-progress")
+    assert_one_line_error(result, f"{hyp}, {att}: cannot write (No space left on device)")
+    assert Path(hyp).read_text(encoding="utf-8") == Path(att).read_text(encoding="utf-8")
+    assert Path(hyp).read_text(encoding="utf-8") == "old\n"
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+    monkeypatch.undo()
+    assert run("translate", *args, "--no-progress").exit_code == 0
+    assert len(Path(hyp).read_text(encoding="utf-8").splitlines()) == 2
 
 
 def test_a_directory_without_checkpoints_says_so(tmp_path):

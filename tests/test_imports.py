@@ -81,7 +81,8 @@ def test_nmt_has_no_import_cycle() -> None:
 FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ("foundation", ("nmt", "nmt.errors", "nmt.wiring", "nmt.policies", "nmt.devices",
                     "nmt.randomness", "nmt.precisions", "nmt.opcount", "nmt.opprofile",
-                    "nmt.cpu_memory", "nmt.threads", "nmt.cpu_features", "nmt.plotting")),
+                    "nmt.cpu_memory", "nmt.threads", "nmt.cpu_features", "nmt.plotting",
+                    "nmt.atomic")),
     ("nodes", ("nmt.nodes",)),
     ("parts", ("nmt.cells", "nmt.attention", "nmt.granularities")),
     ("config", ("nmt.config",)),

@@ -344,6 +344,33 @@ def test_plot_without_matplotlib_is_a_clear_error(
     assert not (tmp_path / "x.png").exists()
 
 
+def test_outputs_that_would_overwrite_the_config_or_fail_late_are_refused_first(
+    tiny_config: Path, tmp_path: Path, monkeypatch
+) -> None:
+    """Checked before any accounting: the config as --json, a --plot that is no .png (after
+    minutes of work matplotlib would refuse the format), a directory."""
+    import nmt.memreport
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("the report was built before the outputs were checked")
+
+    monkeypatch.setattr(nmt.memreport, "build_report", no_work)
+    before = tiny_config.read_bytes()
+    cases = [
+        (["--json", str(tiny_config)], f"--json {tiny_config}: is the config"),
+        (["--plot", str(tmp_path / "m.txt")], "give a file name ending in .png"),
+        (["--plot", str(tmp_path)], f"--plot {tmp_path}: is a directory"),
+        (["--json", str(tmp_path / "m.png"), "--plot", str(tmp_path / "m.png")], "is the --json"),
+    ]
+    for args, needle in cases:
+        result = CliRunner().invoke(app, ["memreport", "-c", str(tiny_config), *args])
+        assert result.exit_code == 2, result.output
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and needle in lines[0], (needle, result.stderr)
+    assert tiny_config.read_bytes() == before
+    assert not list(tmp_path.glob("*.png")) and not list(tmp_path.glob(".*"))
+
+
 def test_cli_exits_1_when_a_real_step_disagrees(tiny_config: Path, monkeypatch) -> None:
     from nmt.memreport import report as report_mod
     from nmt.memreport.live import LiveResult

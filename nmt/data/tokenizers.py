@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
 from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -21,6 +20,7 @@ from typing import Any
 import sentencepiece as spm
 import torch
 
+from nmt.atomic import write_bytes
 from nmt.data.vocab import BOS, EOS, PAD, SPECIALS, UNK
 from nmt.errors import NmtError
 
@@ -192,7 +192,7 @@ class SentencePieceTokenizer(Tokenizer):
 
     def save(self, path: Path) -> None:
         """Write atomically, so an interrupted run never leaves half a model in the cache."""
-        _write_atomically(Path(path), self.proto)
+        write_bytes(Path(path), self.proto)
 
     def tokens(self, line: str) -> list[str]:
         return list(self.sp.encode(line, out_type=str))
@@ -222,17 +222,6 @@ class SentencePieceTokenizer(Tokenizer):
             "kind": self.kind,
             "model": torch.frombuffer(bytearray(self.proto), dtype=torch.uint8),
         }
-
-
-def _write_atomically(path: Path, data: bytes) -> None:
-    """A temporary file beside `path`, renamed over it once complete (removed on failure)."""
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    try:
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def _train_proto(lines: list[str], options: dict[str, Any]) -> bytes:
@@ -325,7 +314,7 @@ def _store(path: Path, tok: SentencePieceTokenizer, key: dict[str, Any]) -> None
         key_path(path).unlink(missing_ok=True)
         tok.save(path)
         text = json.dumps(record, indent=1, sort_keys=True) + "\n"
-        _write_atomically(key_path(path), text.encode("utf-8"))
+        write_bytes(key_path(path), text.encode("utf-8"))
     except OSError as exc:
         reason = exc.strerror or exc.__class__.__name__
         raise NmtError(f"{path}: cannot write the sentencepiece model ({reason})") from None

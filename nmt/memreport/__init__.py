@@ -16,11 +16,10 @@ plot.py      the PNG (matplotlib, optional)
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
-from nmt import policies
+from nmt import atomic, policies
 from nmt.config import Config
 from nmt.errors import NmtError
 from nmt.memreport.budget import parse_size
@@ -53,6 +52,7 @@ def run(
     stderr, the report to stdout."""
     budget_bytes = parse_size(budget) if budget is not None else None
     translation = Translation.parse(translate) if translate is not None else None
+    _check_outputs(config_path, json_path, plot_path)
     if plot_path is not None:
         from nmt.plotting import require_matplotlib
 
@@ -80,11 +80,30 @@ def run(
     return report
 
 
+def _check_outputs(config_path: str, json_path: Path | None, plot_path: Path | None) -> None:
+    """Refuse, before any accounting work, an output that is a directory, that would write
+    over the config or the other output, or a plot that is not a .png file."""
+    written: dict[str, Path] = {"the config": Path(config_path)} if config_path else {}
+    for flag, path in (("--json", json_path), ("--plot", plot_path)):
+        if path is None:
+            continue
+        if path.is_dir():
+            suffix = "json" if flag == "--json" else "png"
+            raise NmtError(
+                f"{flag} {path}: is a directory; give a file name, e.g. "
+                f"{path / f'memreport.{suffix}'}"
+            )
+        if flag == "--plot" and path.suffix.lower() != ".png":
+            raise NmtError(f"--plot {path}: the plot is a PNG; give a file name ending in .png")
+        for other, given in written.items():
+            if path.resolve() == given.resolve():
+                raise NmtError(f"{flag} {path}: is {other}; it would be written over")
+        written[f"the {flag} file"] = path
+
+
 def _write_json(path: Path, data: dict) -> None:
-    """Written atomically: a temporary file next to it, renamed when complete."""
-    tmp = path.with_name(f".{path.name}.tmp")
+    """Written whole or not at all (`nmt.atomic`)."""
     try:
-        tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-        os.replace(tmp, path)
+        atomic.write_text(path, json.dumps(data, indent=2) + "\n")
     except OSError as exc:
         raise NmtError(f"--json {path}: cannot write ({exc.strerror or exc})") from None

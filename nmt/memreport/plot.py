@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from nmt import policies
+from nmt.atomic import replacing
 from nmt.errors import NmtError
 from nmt.memreport.measure import AUTOGRAD, AUTOGRAD_FULL, CATEGORIES
 from nmt.memreport.report import Report
@@ -133,7 +134,8 @@ def write_plot(report: Report, data: dict, path: str | Path) -> None:
     )
     fig.tight_layout()
     try:
-        fig.savefig(path, dpi=110)
+        with replacing(Path(path), "wb") as handle:  # whole or not at all
+            fig.savefig(handle, format="png", dpi=110)
     except OSError as exc:
         raise NmtError(f"--plot {path}: cannot write ({exc.strerror or exc})") from None
     finally:

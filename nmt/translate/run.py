@@ -32,6 +32,7 @@ import torch
 from tqdm import tqdm
 
 from nmt import precisions
+from nmt.atomic import replacing
 from nmt.checkpoint import checkpoint_parts, load_checkpoint
 from nmt.config import TranslateConfig
 from nmt.data.reading import read_lines, stream_lines
@@ -399,8 +400,8 @@ class Writer(Protocol):
 class HypothesisWriter:
     """The best translation of each line, one per line."""
 
-    def __init__(self, out: TextIO):
-        self.out = out
+    def __init__(self, out: TextIO, name: str = "stdout"):
+        self.out, self.name = out, name  # name: the file as the user gave it
 
     def write(self, batch: list[Translation]) -> None:
         self.out.writelines(t.best + "\n" for t in batch)
@@ -410,8 +411,8 @@ class HypothesisWriter:
 class NbestWriter:
     """`INDEX ||| translation ||| score` lines, each sentence's hypotheses best first."""
 
-    def __init__(self, out: TextIO):
-        self.out = out
+    def __init__(self, out: TextIO, name: str = "stdout"):
+        self.out, self.name = out, name  # name: the file as the user gave it
 
     def write(self, batch: list[Translation]) -> None:
         for t in batch:
@@ -425,8 +426,8 @@ class NbestWriter:
 class AttentionWriter:
     """One JSON line per sentence: the attention of its best hypothesis (`formats`)."""
 
-    def __init__(self, out: TextIO):
-        self.out = out
+    def __init__(self, out: TextIO, name: str = "stdout"):
+        self.out, self.name = out, name  # name: the file as the user gave it
 
     def write(self, batch: list[Translation]) -> None:
         for t in batch:
@@ -494,11 +495,13 @@ def _gold_scorer(
 OUTPUT_FLAGS = {"output": "--output", "attention": "--attention"}
 
 
-def check_outputs(src: Path | str, options: TranslateOptions) -> None:
+def check_outputs(src: Path | str, options: TranslateOptions, models: list[Path]) -> None:
     """Refuse, before anything is loaded, an output that is a directory or that would write
-    over an input (the source, the references, the phrase table) or over the other output."""
-    inputs = {"--src": src, "--ref": options.ref, "--phrase-table": options.phrase_table}
-    written: dict[str, Path] = {}
+    over an input (a model, the source, the references, the phrase table) or over the other
+    output."""
+    inputs: list[tuple[str, Path | str | None]] = [("--model", m) for m in models]
+    inputs += [("--src", src), ("--ref", options.ref), ("--phrase-table", options.phrase_table)]
+    written: list[tuple[str, Path]] = []
     for field, flag in OUTPUT_FLAGS.items():
         path = getattr(options, field)
         if path is None:
@@ -507,10 +510,10 @@ def check_outputs(src: Path | str, options: TranslateOptions) -> None:
             raise NmtError(
                 f"{flag} {path}: is a directory; give a file name, e.g. {path / 'out.txt'}"
             )
-        for other, given in [*inputs.items(), *written.items()]:
+        for other, given in [*inputs, *written]:
             if given is not None and str(given) != STDIN and _same_file(path, Path(given)):
                 raise NmtError(f"{flag} {path}: is the {other} file; it would be written over")
-        written[flag] = path
+        written.append((flag, path))
 
 
 def _same_file(a: Path, b: Path) -> bool:
@@ -518,9 +521,10 @@ def _same_file(a: Path, b: Path) -> bool:
 
 
 def _open(stack: ExitStack, path: Path, flag: str) -> TextIO:
+    """`path` replaced when the whole command succeeds (`nmt.atomic`): a failure or an
+    interruption on the way leaves the file that was there."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        return stack.enter_context(open(path, "w", encoding="utf-8"))
+        return stack.enter_context(replacing(path))
     except OSError as exc:
         raise NmtError(f"{flag} {path}: cannot write ({exc.strerror or exc})") from None
 
@@ -535,10 +539,10 @@ def translate_file(
     the n-best lists) to `options.output` or stdout. The decoding options of
     `options.from_model` come from the (first) checkpoint."""
     options.check()
-    check_outputs(src, options)
+    paths = model_path if isinstance(model_path, list) else [model_path]
+    check_outputs(src, options, paths)
     threads = limit_threads()
     device = resolve_device(options.device, "--device")
-    paths = model_path if isinstance(model_path, list) else [model_path]
     loaded = load_models(paths, device, options.precision)
     model, src_tok, tgt_tok = loaded.model, loaded.src_tok, loaded.tgt_tok
     from_model = options.from_model
@@ -556,37 +560,48 @@ def translate_file(
         report = ReferenceReport(refs, str(options.ref), source.name, sys.stderr, gold)
 
     best: list[str] = []
-    with ExitStack() as stack:
-        out = sys.stdout if options.output is None else _open(stack, options.output, "--output")
+    with ExitStack() as files:  # the output files replace what was there when this ends
+        out = sys.stdout if options.output is None else _open(files, options.output, "--output")
+        name = "stdout" if options.output is None else str(options.output)
         writers: list[Writer] = [
-            NbestWriter(out) if options.writes_nbest else HypothesisWriter(out)
+            NbestWriter(out, name) if options.writes_nbest else HypothesisWriter(out, name)
         ]
         if options.attention is not None:
-            writers.append(AttentionWriter(_open(stack, options.attention, "--attention")))
+            attention = _open(files, options.attention, "--attention")
+            writers.append(AttentionWriter(attention, str(options.attention)))
         if report is not None:
             writers.append(report)
-        bar = stack.enter_context(
-            tqdm(
-                total=source.total,
-                desc="translate",
-                unit="sent",
-                disable=not options.progress or source.total is None,
-                file=sys.stderr,
-                dynamic_ncols=True,
-            )
-        )
-        for lines in source.batches:
-            if not best and options.progress:  # with the bar; empty stdin says nothing
-                _stderr(decoding.describe(options.decoding(), from_model))
-                _stderr(f"threads: {threads}")
-                _stderr(f"precision: {loaded.precision}")
-            done = translator.translate(lines, len(best), source.name, on_batch=bar.update)
-            for writer in writers:
-                _write(writer, done)
-            best.extend(t.best for t in done)
-    if report is not None:
-        report.finish()
+        with tqdm(
+            total=source.total,
+            desc="translate",
+            unit="sent",
+            disable=not options.progress or source.total is None,
+            file=sys.stderr,
+            dynamic_ncols=True,
+        ) as bar:
+            for lines in source.batches:
+                if not best and options.progress:  # with the bar; empty stdin says nothing
+                    _stderr(decoding.describe(options.decoding(), from_model))
+                    _stderr(f"threads: {threads}")
+                    _stderr(f"precision: {loaded.precision}")
+                done = translator.translate(lines, len(best), source.name, on_batch=bar.update)
+                for writer in writers:
+                    _write(writer, done)
+                best.extend(t.best for t in done)
+        if report is not None:
+            report.finish()  # a reference count that does not match keeps the old outputs
+        _close(files, [p for p in (options.output, options.attention) if p is not None])
     return best
+
+
+def _close(files: ExitStack, paths: list[Path]) -> None:
+    """Close the output files (renaming each over its target), a failure (a full disk at
+    the last flush) as one line naming them."""
+    name = ", ".join(map(str, paths))
+    try:
+        files.close()
+    except OSError as exc:
+        raise NmtError(f"{name}: cannot write ({exc.strerror or exc})") from None
 
 
 def _write(writer: Writer, batch: list[Translation]) -> None:
@@ -596,7 +611,7 @@ def _write(writer: Writer, batch: list[Translation]) -> None:
     except BrokenPipeError:
         raise  # the reader of stdout went away: not a mistake to report
     except OSError as exc:
-        name = getattr(getattr(writer, "out", None), "name", "output")
+        name = getattr(writer, "name", "output")
         raise NmtError(f"{name}: cannot write ({exc.strerror or exc})") from None
 
 
