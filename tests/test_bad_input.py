@@ -157,7 +157,7 @@ def truncated_checkpoint(tmp: Path):
     cfg, out = trained_run(tmp)
     blob = (out / "last.pt").read_bytes()
     cut = write(tmp / "cut.pt", blob[: len(blob) // 2])
-    args = ["train", "--config", str(cfg), "--out", str(out), "--resume", cut]
+    args = ["train", "--config", str(cfg), "--out", str(tmp / "resumed"), "--resume", cut]
     return args, ["cut.pt", "truncated or corrupt"]
 
 
@@ -587,8 +587,8 @@ def test_a_checkpoint_unlike_its_own_config_is_one_line_everywhere(tmp_path, cha
     before = {p: p.read_bytes() for p in out.iterdir()}
     for args in (
         ["translate", "-m", bad, "--src", src, "--no-progress"],
-        ["train", "--config", str(cfg), "--out", str(out), "--resume", bad, "--no-progress"],
-        ["train", "--resume", bad, "--out", str(out), "--no-progress"],
+        ["train", "--config", str(cfg), "--out", str(tmp_path / "again"), "--resume", bad],
+        ["train", "--resume", bad, "--out", str(tmp_path / "again"), "--no-progress"],
         ["average", str(out / "last.pt"), bad, "-o", str(tmp_path / "avg.pt")],
     ):
         result = run(*args)
@@ -704,3 +704,47 @@ def test_the_resume_hint_starts_the_run_as_it_was_started(monkeypatch, world, lo
         monkeypatch.setenv("LOCAL_WORLD_SIZE", local)
     got = _train_command(Path("c.yaml"), ["train.seed=1"], None)
     assert got == [*start, "--config", "c.yaml", "--set", "train.seed=1"]
+
+
+@pytest.mark.parametrize("where", ["build_model", "make_executor"])
+def test_a_model_or_batch_too_large_for_the_host_is_one_line(tmp_path, monkeypatch, where):
+    """The CPU allocator's failure while the model or the clone buffers are allocated (a
+    huge model.rnn_size or train.batch_size) is the out-of-memory line, logged in train.log."""
+    from nmt.train import builders
+
+    def refuses(*args, **kwargs):
+        raise RuntimeError(
+            "[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory: "
+            "you tried to allocate 6399999999936 bytes"
+        )
+
+    monkeypatch.setattr(builders, where, refuses)
+    cfg = write_config(tmp_path)
+    result = run("train", "--config", str(cfg), "--out", str(tmp_path / "r"), "--no-progress")
+    needle = "out of memory on cpu in the setup of the model, its optimizer and the clone buffers"
+    assert_one_line_error(result, needle, "batch of 64 sentences", "no checkpoint was written")
+    log = (tmp_path / "r" / "train.log").read_text(encoding="utf-8")
+    assert log.splitlines()[-1] == result.stderr.strip()
+
+
+def test_a_run_directory_is_written_over_only_with_force(tmp_path):
+    """A new run refuses a directory holding any checkpoint (here only a model.pt); a
+    resumed run refuses one whose last.pt is not the checkpoint it resumes: another run's,
+    or the later last.pt of its own run when it resumes model.pt."""
+    cfg, out = trained_run(tmp_path)
+    keep = tmp_path / "keep"
+    keep.mkdir()
+    (keep / "model.pt").write_bytes((out / "model.pt").read_bytes())
+    result = run("train", "--config", str(cfg), "--out", str(keep), "--no-progress")
+    assert_one_line_error(result, f"{keep}: already holds a run (model.pt); pass --force")
+    (tmp_path / "second").mkdir()
+    _, other = trained_run(tmp_path / "second")
+    before = {p: p.read_bytes() for p in other.iterdir()}
+    into_other = ["--resume", str(out / "last.pt"), "--out", str(other), "--no-progress"]
+    from_best = ["--resume", str(other / "model.pt"), "--no-progress"]
+    for args in (into_other, from_best):
+        result = run("train", *args, "--set", "train.max_steps=3")
+        assert_one_line_error(result, f"{other}: holds a last.pt that resuming", "--force")
+    assert {p: p.read_bytes() for p in other.iterdir()} == before
+    assert run("train", *into_other, "--set", "train.max_steps=3", "--force").exit_code == 0
+    assert torch.load(other / "last.pt", weights_only=True)["step"] == 3

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ from nmt.devices import setup_device
 from nmt.engine.spec import micro_batch_size
 from nmt.errors import NmtError
 from nmt.model import Seq2SeqAttn, build_model, check_weights
+from nmt.out_of_memory import batch_shape, reported, training_message
 from nmt.threads import limit_threads
 from nmt.train import distributed as dd
 from nmt.train.executors import Executor, make_executor
@@ -222,18 +224,28 @@ def build_run(
     memory_plan = build_memory_plan(cfg, corpus, budget, dist, checkpoint, planner, run_log)
     if memory_plan is not None:
         cfg = memory_plan.plan.apply(cfg)  # prealloc auto resolved: the run's config
-    model = build_model(
-        cfg.model,
-        len(corpus.src_tokenizer),
-        len(corpus.tgt_tokenizer),
+    building = partial(
+        training_message,
+        where="the setup of the model, its optimizer and the clone buffers",
         device=device,
-        dtype=precisions.get(t.precision).master,
+        shape=batch_shape(t.batch_size, cfg.data.max_src_len, cfg.data.max_tgt_len),
+        train=cfg.train,
+        world_size=dist.world_size,
+        checkpoint=resume,
     )
-    if dist.rank > 0:  # same initial weights everywhere, own dropout masks per rank
-        torch.manual_seed(t.seed + dist.rank)
-    params = list(model.parameters())
-    optimizer = make_optimizer(t, params)
-    executor = make_executor(cfg, model, dist.world_size)
+    with reported(building):  # a model or a batch too large for the device: one line
+        model = build_model(
+            cfg.model,
+            len(corpus.src_tokenizer),
+            len(corpus.tgt_tokenizer),
+            device=device,
+            dtype=precisions.get(t.precision).master,
+        )
+        if dist.rank > 0:  # same initial weights everywhere, own dropout masks per rank
+            torch.manual_seed(t.seed + dist.rank)
+        params = list(model.parameters())
+        optimizer = make_optimizer(t, params)
+        executor = make_executor(cfg, model, dist.world_size)
     loss_scale = LossScale(device) if precisions.get(t.precision).loss_scaling else None
     if loss_scale is not None:  # the executor scales the loss, the update unscales
         executor.loss_scale = loss_scale.scale

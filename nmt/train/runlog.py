@@ -56,11 +56,8 @@ def prepare_run_dir(out_dir: Path, *, resume: Path | None, force: bool) -> list[
     deepest first: what `remove_if_empty` removes if the run fails before writing to them."""
     if out_dir.exists() and not out_dir.is_dir():
         raise NmtError(f"--out {out_dir}: is a file, not a directory")
-    if resume is None and not force and (out_dir / "last.pt").exists():
-        raise NmtError(
-            f"{out_dir}: already holds a run (last.pt); pass --resume "
-            f"{out_dir / 'last.pt'} to continue it or --force to start over"
-        )
+    if not force:
+        _refuse_to_write_over_a_run(out_dir, resume)
     made = [p for p in (out_dir, *out_dir.parents) if not p.exists()]
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -71,6 +68,28 @@ def prepare_run_dir(out_dir: Path, *, resume: Path | None, force: bool) -> list[
         remove_if_empty(made)
         raise NmtError(f"--out {out_dir}: the run directory is not writable")
     return made
+
+
+def _refuse_to_write_over_a_run(out_dir: Path, resume: Path | None) -> None:
+    """A new run refuses a directory that holds checkpoints; a resumed one refuses a
+    directory whose last.pt is not the checkpoint it resumes (another run's, or a later one
+    of the same run: resuming model.pt would overwrite it)."""
+    last = out_dir / "last.pt"
+    if not out_dir.is_dir():
+        return
+    if resume is None:
+        found = [p.name for p in (last, out_dir / "model.pt", *step_checkpoints(out_dir))]
+        found = [name for name in found if (out_dir / name).is_file()]
+        if found:
+            again = f"pass --resume {last} to continue it or " if last.is_file() else "pass "
+            raise NmtError(
+                f"{out_dir}: already holds a run ({', '.join(found)}); {again}--force to start over"
+            )
+    elif last.is_file() and resume.is_file() and not last.samefile(resume):
+        raise NmtError(
+            f"{out_dir}: holds a last.pt that resuming {resume} would write over; resume "
+            f"{last}, give another --out, or pass --force"
+        )
 
 
 def clear_previous_run(out_dir: Path) -> list[str]:
