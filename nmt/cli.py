@@ -158,8 +158,13 @@ def train(
     except TrainingInterrupted as exc:
         _err(str(exc))
         raise typer.Exit(code=128 + exc.signum) from None
-    except KeyboardInterrupt:
-        _err("interrupted (second signal): the last checkpoint written is kept")
+    except KeyboardInterrupt:  # before training began, or a second Ctrl-C during it
+        last = out_dir / "last.pt" if out_dir is not None else None
+        kept = f"{last} is kept" if last is not None and last.is_file() else "no checkpoint"
+        message = f"interrupted: {kept}"
+        if out_dir is not None and speaks:
+            log_failure(out_dir, started, message)
+        _err(message)
         raise typer.Exit(code=130) from None
     finally:
         remove_if_empty(made)  # a failed run leaves no empty directory behind

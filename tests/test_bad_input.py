@@ -748,3 +748,33 @@ def test_a_run_directory_is_written_over_only_with_force(tmp_path):
     assert {p: p.read_bytes() for p in other.iterdir()} == before
     assert run("train", *into_other, "--set", "train.max_steps=3", "--force").exit_code == 0
     assert torch.load(other / "last.pt", weights_only=True)["step"] == 3
+
+
+def test_a_sentencepiece_vocabulary_below_the_characters_names_its_key(tmp_path):
+    cfg = write_config(tmp_path, extra="")
+    out = tmp_path / "r"
+    sets = ["--set", "data.tokenizer=sentencepiece", "--set", "data.tgt_vocab_size=6"]
+    result = run("train", "--config", str(cfg), "--out", str(out), "--no-progress", *sets)
+    assert_one_line_error(
+        result,
+        "data.tgt_vocab_size (tgt sentencepiece model): a vocabulary of 6 pieces is "
+        "smaller than the",
+        "raise it",
+    )
+    assert "trainer_interface" not in result.stderr and "character_coverage" not in result.stderr
+
+
+def test_a_ctrl_c_before_training_says_what_is_kept(tmp_path, monkeypatch):
+    """Before the trainer's handler is in place (building the tokenizers, the corpus) a
+    Ctrl-C ends the command at once: exit 130, one line that says no checkpoint exists."""
+    from nmt.train import builders
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(builders, "build_corpus", interrupted)
+    cfg = write_config(tmp_path)
+    result = run("train", "--config", str(cfg), "--out", str(tmp_path / "r"), "--no-progress")
+    assert result.exit_code == 130
+    assert result.stderr.strip() == "interrupted: no checkpoint"
+    assert not (tmp_path / "r").exists()  # nothing written yet: the empty directory goes

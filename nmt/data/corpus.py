@@ -9,7 +9,12 @@ from pathlib import Path
 from nmt.config import DataConfig
 from nmt.data.batching import Example
 from nmt.data.reading import read_parallel
-from nmt.data.tokenizers import Tokenizer, WordTokenizer, cached_sentencepiece
+from nmt.data.tokenizers import (
+    Tokenizer,
+    TrainingFailed,
+    WordTokenizer,
+    cached_sentencepiece,
+)
 from nmt.errors import NmtError
 
 Log = Callable[[str], None]
@@ -53,6 +58,12 @@ def build_tokenizers(
     def cache(name: str) -> Path | None:
         return None if run_dir is None else Path(run_dir) / f"spm.{name}.model"
 
+    def trained(name: str, lines: list[str], key: str) -> Tokenizer:
+        try:
+            return cached_sentencepiece(cache(name), lines, getattr(cfg, key), log)
+        except TrainingFailed as exc:  # which setting, for which side
+            raise NmtError(f"data.{key} ({name} sentencepiece model): {exc}") from None
+
     src_lines = [s for s, _ in pairs]
     tgt_lines = [t for _, t in pairs]
     if cfg.joint_vocab:
@@ -62,12 +73,9 @@ def build_tokenizers(
                 f"({cfg.src_vocab_size}) must equal data.tgt_vocab_size "
                 f"({cfg.tgt_vocab_size})"
             )
-        joint = cached_sentencepiece(cache("joint"), src_lines + tgt_lines, cfg.src_vocab_size, log)
+        joint = trained("joint", src_lines + tgt_lines, "src_vocab_size")
         return joint, joint
-    return (
-        cached_sentencepiece(cache("src"), src_lines, cfg.src_vocab_size, log),
-        cached_sentencepiece(cache("tgt"), tgt_lines, cfg.tgt_vocab_size, log),
-    )
+    return trained("src", src_lines, "src_vocab_size"), trained("tgt", tgt_lines, "tgt_vocab_size")
 
 
 def encode_pairs(

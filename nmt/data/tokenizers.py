@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import re
 from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -167,13 +168,12 @@ class SentencePieceTokenizer(Tokenizer):
         retry with a soft limit, accept the smaller vocabulary and say so in the log.
         """
         if not lines:
-            raise NmtError("cannot train a sentencepiece model on no text")
+            raise TrainingFailed("cannot train a sentencepiece model on no text")
         try:
             proto = _train_proto(lines, _train_options(vocab_size, hard_limit=True))
         except RuntimeError as exc:
             if "Vocabulary size too high" not in str(exc):
-                first = str(exc).splitlines()[0]
-                raise NmtError(f"sentencepiece training failed: {first}") from None
+                raise TrainingFailed(_training_failure(str(exc), vocab_size)) from None
             proto = _train_proto(lines, _train_options(vocab_size, hard_limit=False))
             tok = cls(proto)
             log(
@@ -222,6 +222,21 @@ class SentencePieceTokenizer(Tokenizer):
             "kind": self.kind,
             "model": torch.frombuffer(bytearray(self.proto), dtype=torch.uint8),
         }
+
+
+class TrainingFailed(NmtError):
+    """sentencepiece could not learn a model from this text with this vocabulary size."""
+
+
+def _training_failure(message: str, vocab_size: int) -> str:
+    """sentencepiece's refusal in our terms: its own words name its C++ source and options
+    nmt does not have."""
+    if found := re.search(r"smaller than required_chars\. (\d+) vs (\d+)", message):
+        return (
+            f"a vocabulary of {vocab_size} pieces is smaller than the {found.group(2)} that "
+            "the text's characters and the special pieces need: raise it"
+        )
+    return f"sentencepiece training failed: {message.splitlines()[0]}"
 
 
 def _train_proto(lines: list[str], options: dict[str, Any]) -> bytes:
