@@ -165,6 +165,20 @@ def test_n_best_is_checked_against_the_models_beam(toy_model, toy_test, tmp_path
     assert ok.exit_code == 0, ok.output
 
 
+def test_min_length_is_checked_against_the_models_max_length(toy_model, toy_test, tmp_path):
+    """--min-length above the default max length is fine when the model's is larger, and
+    refused against the model's when that is smaller."""
+    longer = rewrite(toy_model, tmp_path / "long.pt", {"translate": {"max_length": 300}})
+    shorter = rewrite(toy_model, tmp_path / "short.pt", {"translate": {"max_length": 4}})
+    args = ["--src", str(toy_test[0]), "--no-progress", "--batch-size", "64"]
+    assert invoke("-m", str(longer), *args, "--min-length", "260").exit_code == 0
+    result = invoke("-m", str(shorter), *args, "--min-length", "5")
+    assert result.exit_code == 2
+    assert result.stderr.strip() == (
+        "error: --min-length (5) must be at most --max-length (4): no output could reach it"
+    )
+
+
 # ---- ensembles --------------------------------------------------------------------------------
 
 

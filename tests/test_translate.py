@@ -404,6 +404,7 @@ def test_help_lists_the_options():
         (["--beam-size", "0"], ["--beam-size must be >= 1, got 0"]),
         (["--max-length", "0"], ["--max-length must be >= 1, got 0"]),
         (["--min-length", "-1"], ["--min-length must be >= 0, got -1"]),
+        (["--min-length", "6", "--max-length", "5"], ["--min-length (6) must be at most"]),
         (["--length-penalty", "-0.5"], ["--length-penalty must be >= 0, got -0.5"]),
         (["--max-length-ratio", "-1"], ["--max-length-ratio must be >= 0"]),
         (["--score-gold"], ["--score-gold needs --ref"]),

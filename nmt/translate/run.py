@@ -123,6 +123,10 @@ class TranslateOptions:
         search = self.search
         if "beam_size" in self.from_model:  # --n-best is checked against the model's beam
             search = dataclasses.replace(search, beam_size=max(search.beam_size, search.n_best))
+        if "max_length" in self.from_model:  # --min-length against the model's max length
+            search = dataclasses.replace(
+                search, max_length=max(search.max_length, search.min_length)
+            )
         search.check()
         if self.precision is not None and self.precision not in precisions.names():
             raise NmtError(

@@ -82,6 +82,11 @@ class SearchOptions:
             )
         if self.min_length < 0:
             raise NmtError(f"--min-length must be >= 0, got {self.min_length}")
+        if self.min_length > self.max_length:
+            raise NmtError(
+                f"--min-length ({self.min_length}) must be at most --max-length "
+                f"({self.max_length}): no output could reach it"
+            )
         if self.length_penalty < 0 or not math.isfinite(self.length_penalty):
             raise NmtError(f"--length-penalty must be >= 0, got {self.length_penalty}")
         if self.max_length_ratio < 0 or not math.isfinite(self.max_length_ratio):
