@@ -10,7 +10,7 @@ import sys
 import time
 from functools import partial
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -35,6 +35,29 @@ class Command(typer.core.TyperCommand):
 class Group(typer.core.TyperGroup):
     def get_params(self, ctx: typer.Context) -> list:
         return _no_flag_values(super().get_params(ctx))
+
+    def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
+        """A mistake on the command line (an unknown option, a value of the wrong type, a
+        missing option) is one line and exit code 2, as every other mistake is; click's own
+        form is a usage block and a box."""
+        if not standalone_mode:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        try:
+            code = super().main(*args, standalone_mode=False, **kwargs)
+        except typer.Abort:
+            _err("aborted")
+            sys.exit(1)
+        except Exception as exc:  # click's errors (typer vendors click in some versions)
+            if not hasattr(exc, "format_message") or not hasattr(exc, "exit_code"):
+                raise
+            if type(exc).__name__ == "NoArgsIsHelpError":  # `nmt`, `nmt train`: the help
+                exc.show()
+                sys.exit(exc.exit_code)
+            ctx = getattr(exc, "ctx", None)  # a usage error knows its command
+            see = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+            _err(f"error: {exc.format_message()}{see}")
+            sys.exit(exc.exit_code)
+        sys.exit(code if isinstance(code, int) else 0)
 
 
 app = typer.Typer(

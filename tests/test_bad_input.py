@@ -778,3 +778,23 @@ def test_a_ctrl_c_before_training_says_what_is_kept(tmp_path, monkeypatch):
     assert result.exit_code == 130
     assert result.stderr.strip() == "interrupted: no checkpoint"
     assert not (tmp_path / "r").exists()  # nothing written yet: the empty directory goes
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["translate", "-m", "m.pt", "--src", "s", "--beam-size", "abc"], "'--beam-size'"),
+        (["train", "--config", "c.yaml", "--epochs", "3"], "No such option: --epochs"),
+        (["trian", "--config", "c.yaml"], "No such command 'trian'"),
+        (["translate"], "Missing option '--model'"),
+    ],
+)
+def test_a_command_line_mistake_is_one_line(args, needle):
+    """click's usage block and box become one line that names the option and the help."""
+    result = run(*args)
+    assert_one_line_error(result, needle, "--help')")
+
+
+def test_no_command_still_shows_the_help():
+    result = run()
+    assert result.exit_code == 2 and "Commands" in result.output and "translate" in result.output
