@@ -319,3 +319,15 @@ def test_reference_report_counts_and_empty_input():
     out = io.StringIO()
     ReferenceReport([], "ref.txt", "stdin", out).finish()  # empty stdin, empty references
     assert out.getvalue() == ""
+
+
+def test_a_closed_stdin_or_stdout_is_one_line(monkeypatch, tmp_path):
+    """A command started with `<&-` or `>&-` has sys.stdin / sys.stdout None."""
+    from nmt.translate.run import translate_file
+
+    monkeypatch.setattr(sys, "stdin", None)
+    with pytest.raises(NmtError, match=r"^--src -: standard input is closed"):
+        read_source("-", 4)
+    monkeypatch.setattr(sys, "stdout", None)
+    with pytest.raises(NmtError, match=r"^standard output is closed; write the translations"):
+        translate_file(tmp_path / "absent.pt", "-", TranslateOptions(progress=False))

@@ -267,6 +267,8 @@ def read_source(src: Path | str, batch_size: int, stdin: BinaryIO | TextIO | Non
     """
     if str(src) == STDIN:
         if stdin is None:
+            if sys.stdin is None:  # started with stdin closed (`<&-`)
+                raise NmtError("--src -: standard input is closed; give the source file")
             stdin = getattr(sys.stdin, "buffer", sys.stdin)  # bytes: our decoding rules
         return Source("stdin", chunks(stream_lines(stdin, "stdin"), batch_size), None)
     lines = read_lines(src)
@@ -543,6 +545,8 @@ def translate_file(
     the n-best lists) to `options.output` or stdout. The decoding options of
     `options.from_model` come from the (first) checkpoint."""
     options.check()
+    if options.output is None and sys.stdout is None:  # started with stdout closed (`>&-`)
+        raise NmtError("standard output is closed; write the translations with --output FILE")
     paths = model_path if isinstance(model_path, list) else [model_path]
     check_outputs(src, options, paths)
     threads = limit_threads()
