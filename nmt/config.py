@@ -801,6 +801,11 @@ def read_yaml(path: str | Path) -> Any:
     except OSError as exc:
         reason = exc.strerror or exc.__class__.__name__
         raise NmtError(f"{path}: cannot read config file ({reason})") from None
+    if data.startswith(b"PK\x03\x04"):  # a zip archive: what torch.save writes
+        raise NmtError(
+            f"{path}: is a checkpoint, not a YAML config (to continue its run: nmt train "
+            f"--resume {path})"
+        )
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -162,6 +162,19 @@ def test_a_config_that_is_not_utf8_names_the_line_and_byte(tmp_path):
     assert str(err.value) == f"{path}: line 3 is not valid UTF-8 (byte 0xe9 at column 8)"
 
 
+def test_a_checkpoint_given_as_the_config_says_so(tmp_path):
+    import torch
+
+    path = tmp_path / "model.pt"
+    torch.save({"model": {"w": torch.zeros(2)}}, path)
+    with pytest.raises(NmtError) as err:
+        load_config(path, require_data=False)
+    assert str(err.value) == (
+        f"{path}: is a checkpoint, not a YAML config (to continue its run: nmt train "
+        f"--resume {path})"
+    )
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [

@@ -284,6 +284,9 @@ def test_a_budget_nothing_fits_is_refused_before_training(tmp_path: Path) -> Non
     for sets, needle in (
         (["train.prealloc=auto", "train.memory_budget=2MiB", "train.max_accum_steps=2"],
          "no plan fits"),
+        (["train.prealloc=auto", "train.memory_budget=1KiB"],
+         "(what is held back for memory the accounting does not count leaves nothing): the "
+         "smallest"),
         (["train.prealloc=none", f"train.memory_budget={_budget_for(config, 0.5)}"],
          "train.prealloc none peaks at"),
     ):  # fmt: skip

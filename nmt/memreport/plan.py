@@ -420,9 +420,14 @@ def refusal(base: Setting, shape: Shape, budget: Budget, choice: Choice) -> NmtE
             f"optimizer state alone take {mib(fixed)})"
         )
     micro = f" in {most} micro-batches of {least.micro_batch}" if most > 1 else ""
+    room = (
+        f"plans may peak at {mib(choice.usable)}"
+        if choice.usable > 0
+        else "what is held back for memory the accounting does not count leaves nothing"
+    )
     return NmtError(
-        f"train.memory_budget {budget.configured}: no plan fits {mib(budget.bytes)} (plans may "
-        f"peak at {mib(choice.usable)}): the smallest, recompute{micro}, peaks at "
+        f"train.memory_budget {budget.configured}: no plan fits {mib(budget.bytes)} ({room}): "
+        f"the smallest, recompute{micro}, peaks at "
         f"{mib(least.peak_bytes)} and needs a budget of at least {mib(needed)}; {fits}"
     )
 

@@ -365,10 +365,10 @@ def _frontier_section(report: Report, data: dict) -> str:
 
 def _auto_section(data: dict) -> str:
     a = data["auto"]
+    room = f"plans may peak at {mib(a['usable_bytes'])} MiB" if a["usable_bytes"] > 0 else "no room"
     head = (
-        f"train.prealloc auto at a budget of {size_text(a['budget_bytes'])}: plans may peak at "
-        f"{mib(a['usable_bytes'])} MiB ({mib(a['reserve_bytes'])} MiB held back for what the "
-        "accounting does not count)"
+        f"train.prealloc auto at a budget of {size_text(a['budget_bytes'])}: {room} "
+        f"({mib(a['reserve_bytes'])} MiB held back for what the accounting does not count)"
     )
     if a["plan"] is None:
         return f"{head}\n  refused: {a['refusal']}"
