@@ -354,6 +354,9 @@ def translate(
         translate_file(list(model), src, options)
     except NmtError as exc:
         raise _fail(exc) from None
+    except KeyboardInterrupt:
+        _err("interrupted" + (f": nothing written to {output}" if output is not None else ""))
+        raise typer.Exit(code=130) from None
 
 
 @command()

@@ -798,3 +798,29 @@ def test_a_command_line_mistake_is_one_line(args, needle):
 def test_no_command_still_shows_the_help():
     result = run()
     assert result.exit_code == 2 and "Commands" in result.output and "translate" in result.output
+
+
+def test_a_ctrl_c_while_translating_keeps_the_old_output(tmp_path, monkeypatch):
+    from nmt.translate import run as translate_run
+
+    _, out = trained_run(tmp_path)
+    src = write(tmp_path / "in.src", "one .\n")
+    hyp = write(tmp_path / "hyp.txt", "old\n")
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(translate_run.Translator, "translate", interrupted)
+    result = run("translate", "-m", str(out / "model.pt"), "--src", src, "-o", hyp, "--no-progress")
+    assert result.exit_code == 130
+    assert result.stderr.strip() == f"interrupted: nothing written to {hyp}"
+    assert Path(hyp).read_text(encoding="utf-8") == "old\n"
+    assert not list(tmp_path.glob(".hyp.txt.*"))
+
+
+def test_an_output_under_a_file_names_the_file(tmp_path):
+    _, out = trained_run(tmp_path)
+    src = write(tmp_path / "in.src", "one .\n")
+    blocker = write(tmp_path / "afile", "")
+    result = run("translate", "-m", str(out / "model.pt"), "--src", src, "-o", f"{blocker}/x.hyp")
+    assert_one_line_error(result, f"--output {blocker}/x.hyp: {blocker} is a file, not a directory")

@@ -531,6 +531,9 @@ def _open(stack: ExitStack, path: Path, flag: str) -> TextIO:
     interruption on the way leaves the file that was there."""
     try:
         return stack.enter_context(replacing(path))
+    except (FileExistsError, NotADirectoryError):  # a folder on the way is a file
+        file = next(p for p in path.parents if p.exists() and not p.is_dir())
+        raise NmtError(f"{flag} {path}: {file} is a file, not a directory") from None
     except OSError as exc:
         raise NmtError(f"{flag} {path}: cannot write ({exc.strerror or exc})") from None
 
