@@ -161,7 +161,13 @@ def test_a_refusal_names_the_smallest_budget_and_the_largest_batch() -> None:
         smaller = Shape(batch_size=batch, min_accum=1, max_accum=2)
         assert (choose(setting, smaller, budget.usable).candidate is not None) == fits
     tiny = Budget("1MiB", MIB, "test")  # less than the reserve: nothing at all fits
-    message = str(refusal(setting, shape, tiny, choose(setting, shape, tiny.usable)))
+    choice = choose(setting, shape, tiny.usable)
+    assert list(choice.frontiers) == [2]  # only the smallest plan is accounted, for the line
+    message = str(refusal(setting, shape, tiny, choice))
+    assert "(what is held back for memory the accounting does not count leaves nothing)" in message
+    assert message.endswith("; no batch size can fit it")
+    above = Budget("SIZE", smallest_budget(1000), "test")  # room, but not for the parameters
+    message = str(refusal(setting, shape, above, choose(setting, shape, above.usable)))
     assert "no batch size fits it, not even one sentence" in message
 
 

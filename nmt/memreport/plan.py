@@ -334,7 +334,9 @@ def choose(
     known = known or {}
     frontiers: dict[int, Frontier] = {}
     seen: set[int] = set()
-    for accum in range(shape.min_accum, shape.max_accum + 1):
+    # a budget the reserve takes whole fits nothing: only the smallest plan, for the refusal
+    first = shape.max_accum if usable <= 0 else shape.min_accum
+    for accum in range(first, shape.max_accum + 1):
         micro = shape.micro(accum)
         if micro in seen:  # the same micro-batch as fewer micro-batches: fits no better
             continue
@@ -399,7 +401,9 @@ def refusal(base: Setting, shape: Shape, budget: Budget, choice: Choice) -> NmtE
         setting = shape.setting(base, min(most, batch), batch_size=batch)
         return measure(setting, RECOMPUTE, opt).peak_bytes
 
-    found = largest_fitting(
+    if choice.usable <= 0:  # the reserve takes it all: no batch to search for
+        fits = "no batch size can fit it"
+    elif found := largest_fitting(
         peak_at,
         shape.batch_size,
         least.peak_bytes,
@@ -407,11 +411,10 @@ def refusal(base: Setting, shape: Shape, budget: Budget, choice: Choice) -> NmtE
         "batch_size",
         BATCH_CAP,
         shape.batch_size,
-    )
-    if found.value:
+    ).value:
         fits = (
-            f"the largest train.batch_size that fits it is {found.value} (recompute, "
-            f"{min(most, found.value)} micro-batches)"
+            f"the largest train.batch_size that fits it is {found} (recompute, "
+            f"{min(most, found)} micro-batches)"
         )
     else:
         fixed = choice.frontiers[most].inventory.fixed
