@@ -138,41 +138,25 @@ def test_truncated_checkpoint_is_a_clear_error(tmp_path):
         load_checkpoint(other)
 
 
-def test_failed_write_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+def _disk_full(state, handle) -> None:
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def _disk_full_inside_torch(state, handle) -> None:
+    """What torch's zip writer does: the OSError becomes a RuntimeError ("unexpected pos")."""
+    handle.write(b"PK" * 100)
+    try:
+        _disk_full(state, handle)
+    except OSError:
+        raise RuntimeError("[enforce fail at inline_container.cc:672] unexpected pos") from None
+
+
+@pytest.mark.parametrize("save", [_disk_full, _disk_full_inside_torch])
+def test_failed_write_keeps_the_previous_checkpoint(tmp_path, monkeypatch, save):
     path = tmp_path / "last.pt"
     good = {"model": {"w": torch.ones(2)}, "config": {}, "src_tokenizer": {}, "tgt_tokenizer": {}}
     save_checkpoint(good, path)
-
-    def explode(*args, **kwargs):
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-
-    monkeypatch.setattr(torch, "save", explode)
-    with pytest.raises(NmtError) as err:
-        save_checkpoint({**good, "model": {"w": torch.zeros(2)}}, path)
-    assert str(err.value) == (
-        f"{path}: cannot write the checkpoint (No space left on device); the previous "
-        "last.pt is kept"
-    )
-    monkeypatch.undo()
-    assert torch.equal(load_checkpoint(path)["model"]["w"], torch.ones(2))
-    assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]
-
-
-def test_a_disk_that_fills_inside_torch_save_is_one_line_too(tmp_path, monkeypatch):
-    """torch's zip writer turns the OSError of a full disk into a RuntimeError ("unexpected
-    pos"); the checkpoint's message still says what happened, and the old file stays."""
-    path = tmp_path / "last.pt"
-    good = {"model": {"w": torch.ones(2)}, "config": {}, "src_tokenizer": {}, "tgt_tokenizer": {}}
-    save_checkpoint(good, path)
-
-    def fills(state, handle):
-        handle.write(b"PK" * 100)
-        try:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        except OSError:
-            raise RuntimeError("[enforce fail at inline_container.cc:672] unexpected pos") from None
-
-    monkeypatch.setattr(torch, "save", fills)
+    monkeypatch.setattr(torch, "save", save)
     with pytest.raises(NmtError) as err:
         save_checkpoint({**good, "model": {"w": torch.zeros(2)}}, path)
     assert str(err.value) == (
