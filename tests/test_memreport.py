@@ -361,6 +361,7 @@ def test_outputs_that_would_overwrite_the_config_or_fail_late_are_refused_first(
         (["--plot", str(tmp_path / "m.txt")], "give a file name ending in .png"),
         (["--plot", str(tmp_path)], f"--plot {tmp_path}: is a directory"),
         (["--json", str(tmp_path / "m.png"), "--plot", str(tmp_path / "m.png")], "is the --json"),
+        (["--json", str(tiny_config / "sub" / "m.json")], f"{tiny_config} is a file, not a"),
     ]
     for args, needle in cases:
         result = CliRunner().invoke(app, ["memreport", "-c", str(tiny_config), *args])

@@ -16,6 +16,7 @@ plot.py      the PNG (matplotlib, optional)
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -82,7 +83,8 @@ def run(
 
 def _check_outputs(config_path: str, json_path: Path | None, plot_path: Path | None) -> None:
     """Refuse, before any accounting work, an output that is a directory, that would write
-    over the config or the other output, or a plot that is not a .png file."""
+    over the config or the other output, that cannot be written where it is asked for, or a
+    plot that is not a .png file."""
     written: dict[str, Path] = {"the config": Path(config_path)} if config_path else {}
     for flag, path in (("--json", json_path), ("--plot", plot_path)):
         if path is None:
@@ -98,6 +100,11 @@ def _check_outputs(config_path: str, json_path: Path | None, plot_path: Path | N
         for other, given in written.items():
             if path.resolve() == given.resolve():
                 raise NmtError(f"{flag} {path}: is {other}; it would be written over")
+        folder = next(p for p in (path.parent, *path.parent.parents) if p.exists())
+        if not folder.is_dir():
+            raise NmtError(f"{flag} {path}: {folder} is a file, not a directory")
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise NmtError(f"{flag} {path}: cannot write in {folder}")
         written[f"the {flag} file"] = path
 
 
