@@ -16,7 +16,7 @@ from nmt.checkpoint import load_checkpoint, save_checkpoint
 from nmt.config import TrainConfig, load_config
 from nmt.errors import NmtError
 from nmt.train.schedule import LearningRateSchedule
-from nmt.train.trainer import Trainer
+from nmt.train.trainer import Trainer, train
 from tests.conftest import write_toy_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -239,3 +239,24 @@ def test_training_plot_labels_perplexity_in_plain_numbers(ppls):
     shown = [text for text in labels if text]
     assert shown and all(text.replace(".", "").isdigit() for text in shown), shown
     plt.close(fig)
+
+
+def test_a_resumed_run_past_its_limits_says_there_is_nothing_to_train(tmp_path):
+    cfg = write_toy_config(
+        tmp_path / "c.yaml", "num_layers: 1, rnn_size: 8, word_vec_size: 4", "device: cpu"
+    )
+    two = load_config(cfg, ["train.max_steps=2"])
+    train(two, tmp_path / "r", log=lambda _: None, progress=False)
+    lines: list[str] = []
+    state = train(
+        two,
+        tmp_path / "r",
+        resume=tmp_path / "r" / "last.pt",
+        log=lines.append,
+        progress=False,
+    )
+    assert state.step == 2
+    epochs = two.train.epochs
+    reached = f"nothing to train: at step 2 (epoch 1) train.epochs {epochs} and train.max_steps 2"
+    assert f"{reached} are reached" in lines, lines
+    assert not any(line.startswith("training for") for line in lines)

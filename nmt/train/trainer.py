@@ -523,11 +523,17 @@ class Trainer:
         self.model.train()
         self._planned = self._planned_steps()
         self._start_step, self._start_time = s.step, time.perf_counter()
-        self.log(
-            f"training for {cfg.epochs} epochs"
-            + (f" or {cfg.max_steps} steps" if cfg.max_steps else "")
-            + f" (up to step {self._planned}), learning rate {self.schedule.learning_rate:g}"
-        )
+        if self._planned <= s.step:  # a resumed run already past train.epochs / max_steps
+            limits = f"train.epochs {cfg.epochs}" + (
+                f" and train.max_steps {cfg.max_steps}" if cfg.max_steps else ""
+            )
+            self.log(f"nothing to train: at step {s.step} (epoch {s.epoch}) {limits} are reached")
+        else:
+            self.log(
+                f"training for {cfg.epochs} epochs"
+                + (f" or {cfg.max_steps} steps" if cfg.max_steps else "")
+                + f" (up to step {self._planned}), learning rate {self.schedule.learning_rate:g}"
+            )
         self._bar = tqdm(
             total=self._planned,
             initial=s.step,
