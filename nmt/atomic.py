@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import IO, Any
 
@@ -25,14 +25,14 @@ def replacing(path: Path, mode: str = "w") -> Iterator[IO[Any]]:
     renaming over it would replace the device; a symbolic link has its target replaced."""
     encoding = None if "b" in mode else "utf-8"
     if path.exists() and not path.is_file():
-        with open(path, mode, encoding=encoding) as stream:
+        with _closing(open(path, mode, encoding=encoding)) as stream:
             yield stream
         return
     path = path.resolve() if path.is_symlink() else path
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with open(tmp, mode, encoding=encoding) as handle:
+        with _closing(open(tmp, mode, encoding=encoding)) as handle:
             yield handle
             handle.flush()
             os.fsync(handle.fileno())
@@ -41,6 +41,19 @@ def replacing(path: Path, mode: str = "w") -> Iterator[IO[Any]]:
         tmp.unlink(missing_ok=True)
         raise
     _fsync_dir(path.parent)
+
+
+@contextmanager
+def _closing(handle: IO[Any]) -> Iterator[IO[Any]]:
+    """`handle`, closed at the end; when the block failed, quietly: closing flushes what is
+    left, and a second failure there (a full disk again) must not replace the first."""
+    try:
+        yield handle
+    except BaseException:
+        with suppress(OSError):
+            handle.close()
+        raise
+    handle.close()
 
 
 def write_bytes(path: Path, data: bytes) -> None:

@@ -222,7 +222,7 @@ def translate(
     ],
     output: Annotated[
         Path | None,
-        typer.Option("--output", "-o", help="Write translations here (default stdout)."),
+        typer.Option("--output", "-o", help="Write translations here (default or -: stdout)."),
     ] = None,
     ref: Annotated[
         Path | None,
@@ -316,7 +316,7 @@ def translate(
     line on stderr (with the progress bar) says which values were used and where each came from."""
     from nmt.config import TranslateConfig
     from nmt.translate import decoding
-    from nmt.translate.run import TranslateOptions, translate_file
+    from nmt.translate.run import STDIN, TranslateOptions, translate_file
     from nmt.translate.search import SearchOptions
 
     flags = {
@@ -337,7 +337,7 @@ def translate(
                 n_best=1 if n_best is None else n_best,
                 length_penalty=values.length_penalty,
             ),
-            output=output,
+            output=None if str(output) == STDIN else output,  # `-o -`: stdout, as --src -
             nbest=n_best is not None,
             attention=attention,
             ref=ref,

@@ -228,7 +228,9 @@ class TrainConfig:
     )
     decay_on_plateau: bool = _opt(True, doc="also decay once validation perplexity rises")
     max_grad_norm: float = _opt(5.0, min=0.0, doc="global gradient-norm clipping (0: off)")
-    seed: int = _opt(3435, min=0, doc="seed of initialisation, dropout and batch order")
+    seed: int = _opt(
+        3435, min=0, max=2**63 - 1, doc="seed of initialisation, dropout and batch order"
+    )
     valid_every: int = _opt(0, min=0, doc="also validate every N steps (0: once per epoch)")
     log_every: int = _opt(
         50,
@@ -489,6 +491,8 @@ def _coerce(value: Any, typ: type, where: str) -> Any:
         raise NmtError(f"{where}: expected an integer, got {value!r}")
     if typ is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not math.isfinite(value):  # YAML's .nan / .inf: every comparison passes NaN
+                raise NmtError(f"{where}: expected a finite number, got {value!r}")
             return float(value)
         raise NmtError(f"{where}: expected a number, got {value!r}")
     if typ is str:

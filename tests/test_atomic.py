@@ -47,3 +47,14 @@ def test_a_link_keeps_pointing_at_its_replaced_target(tmp_path: Path) -> None:
     link.symlink_to(target)
     atomic.write_text(link, "new\n")
     assert link.is_symlink() and target.read_text(encoding="utf-8") == "new\n"
+
+
+def test_a_failure_is_not_replaced_by_the_close_that_follows_it() -> None:
+    """Closing flushes what is buffered; on a full device that fails again, and the first
+    error (which says which file and why) must be the one that comes out."""
+    with pytest.raises(ValueError, match="the first"), atomic.replacing(Path("/dev/full")) as out:
+        out.write("x" * 100)  # buffered: /dev/full refuses it only at the flush
+        raise ValueError("the first")
+    with pytest.raises(OSError) as err, atomic.replacing(Path("/dev/full")) as out:
+        out.write("x" * 100)
+    assert err.value.errno == 28  # ENOSPC, from the close

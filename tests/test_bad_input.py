@@ -824,3 +824,20 @@ def test_an_output_under_a_file_names_the_file(tmp_path):
     blocker = write(tmp_path / "afile", "")
     result = run("translate", "-m", str(out / "model.pt"), "--src", src, "-o", f"{blocker}/x.hyp")
     assert_one_line_error(result, f"--output {blocker}/x.hyp: {blocker} is a file, not a directory")
+
+
+def test_a_full_device_as_the_output_is_one_line(tmp_path):
+    _, out = trained_run(tmp_path)
+    src = write(tmp_path / "in.src", "one .\ntwo .\n")
+    args = ["-m", str(out / "model.pt"), "--src", src, "-o", "/dev/full", "--no-progress"]
+    result = run("translate", *args)
+    assert_one_line_error(result, "/dev/full: cannot write (No space left on device)")
+
+
+def test_output_dash_is_stdout(tmp_path, monkeypatch):
+    _, out = trained_run(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    src = write(tmp_path / "in.src", "one .\ntwo .\n")
+    result = run("translate", "-m", str(out / "model.pt"), "--src", src, "-o", "-")
+    assert result.exit_code == 0, result.output
+    assert len(result.stdout.splitlines()) == 2 and not (tmp_path / "-").exists()

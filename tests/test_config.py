@@ -162,6 +162,22 @@ def test_a_config_that_is_not_utf8_names_the_line_and_byte(tmp_path):
     assert str(err.value) == f"{path}: line 3 is not valid UTF-8 (byte 0xe9 at column 8)"
 
 
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("model: {dropout: .nan}", "key 'model.dropout': expected a finite number, got nan"),
+        ("train: {learning_rate: .inf}", "key 'train.learning_rate': expected a finite number"),
+        ("train: {seed: 18446744073709551616}", "key 'train.seed': must be <= 9223372036854775807"),
+    ],
+)
+def test_values_that_compare_oddly_or_overflow_are_refused(tmp_path, text, needle):
+    """NaN passes every range check by failing every comparison; a seed past 2**63 - 1
+    overflows torch.manual_seed."""
+    with pytest.raises(NmtError) as err:
+        load_config(write(tmp_path, text + "\n"), require_data=False)
+    assert needle in str(err.value)
+
+
 def test_a_checkpoint_given_as_the_config_says_so(tmp_path):
     import torch
 
