@@ -354,10 +354,6 @@ class TrainConfig:
     )
 
 
-def _finite(value: float) -> str | None:
-    return None if math.isfinite(value) else f"must be a finite number, got {value!r}"
-
-
 @dataclass
 class TranslateConfig:
     """The decoding options a model's validation tuning chooses. They travel in its
@@ -370,13 +366,11 @@ class TranslateConfig:
     max_length_ratio: float = _opt(
         0.0,
         min=0.0,
-        check=_finite,
         doc="nmt translate also caps an output at ceil(ratio x source tokens) (0: off)",
     )
     length_penalty: float = _opt(
         0.0,
         min=0.0,
-        check=_finite,
         doc="nmt translate's GNMT length penalty alpha: finished hypotheses ranked by "
         "log P / ((5 + length) / 6) ** alpha (0: off, as in seq2seq-attn)",
     )

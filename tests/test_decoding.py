@@ -80,7 +80,7 @@ def test_the_section_is_read_checked_and_stored(toy_model, tmp_path):
     assert from_dict({}).translate == TranslateConfig()  # an old checkpoint's config
     with pytest.raises(NmtError, match=r"key 'translate.beam_size': must be >= 1, got 0"):
         from_dict({"translate": {"beam_size": 0}})
-    with pytest.raises(NmtError, match=r"translate.length_penalty': must be a finite number"):
+    with pytest.raises(NmtError, match=r"translate.length_penalty': expected a finite number"):
         from_dict({"translate": {"length_penalty": float("inf")}})
     with pytest.raises(NmtError, match=r"unknown key 'translate.beam'"):
         from_dict({"translate": {"beam": 3}})
