@@ -56,6 +56,16 @@ def _closing(handle: IO[Any]) -> Iterator[IO[Any]]:
     handle.close()
 
 
+def same_file(a: Path, b: Path) -> bool:
+    """Whether writing `a` would write `b`: one path, a link to it, or a hard link."""
+    return a.resolve() == b.resolve() or (a.exists() and b.exists() and a.samefile(b))
+
+
+def file_in_the_way(path: Path) -> Path | None:
+    """The file that stands where a folder on the way to `path` should be, if any."""
+    return next((p for p in path.parents if p.exists() and not p.is_dir()), None)
+
+
 def write_bytes(path: Path, data: bytes) -> None:
     """`path` replaced by `data`, whole or not at all."""
     with replacing(path, "wb") as handle:

@@ -98,11 +98,11 @@ def _check_outputs(config_path: str, json_path: Path | None, plot_path: Path | N
         if flag == "--plot" and path.suffix.lower() != ".png":
             raise NmtError(f"--plot {path}: the plot is a PNG; give a file name ending in .png")
         for other, given in written.items():
-            if path.resolve() == given.resolve():
+            if atomic.same_file(path, given):
                 raise NmtError(f"{flag} {path}: is {other}; it would be written over")
-        folder = next(p for p in (path.parent, *path.parent.parents) if p.exists())
-        if not folder.is_dir():
-            raise NmtError(f"{flag} {path}: {folder} is a file, not a directory")
+        if (file := atomic.file_in_the_way(path)) is not None:
+            raise NmtError(f"{flag} {path}: {file} is a file, not a directory")
+        folder = next(p for p in path.parents if p.exists())
         if not os.access(folder, os.W_OK | os.X_OK):
             raise NmtError(f"{flag} {path}: cannot write in {folder}")
         written[f"the {flag} file"] = path

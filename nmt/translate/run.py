@@ -32,7 +32,7 @@ import torch
 from tqdm import tqdm
 
 from nmt import precisions
-from nmt.atomic import replacing
+from nmt.atomic import file_in_the_way, replacing, same_file
 from nmt.checkpoint import checkpoint_parts, load_checkpoint
 from nmt.config import TranslateConfig
 from nmt.data.reading import read_lines, stream_lines
@@ -517,13 +517,9 @@ def check_outputs(src: Path | str, options: TranslateOptions, models: list[Path]
                 f"{flag} {path}: is a directory; give a file name, e.g. {path / 'out.txt'}"
             )
         for other, given in [*inputs, *written]:
-            if given is not None and str(given) != STDIN and _same_file(path, Path(given)):
+            if given is not None and str(given) != STDIN and same_file(path, Path(given)):
                 raise NmtError(f"{flag} {path}: is the {other} file; it would be written over")
         written.append((flag, path))
-
-
-def _same_file(a: Path, b: Path) -> bool:
-    return a.resolve() == b.resolve() or (a.exists() and b.exists() and a.samefile(b))
 
 
 def _open(stack: ExitStack, path: Path, flag: str) -> TextIO:
@@ -532,7 +528,7 @@ def _open(stack: ExitStack, path: Path, flag: str) -> TextIO:
     try:
         return stack.enter_context(replacing(path))
     except (FileExistsError, NotADirectoryError):  # a folder on the way is a file
-        file = next(p for p in path.parents if p.exists() and not p.is_dir())
+        file = file_in_the_way(path)
         raise NmtError(f"{flag} {path}: {file} is a file, not a directory") from None
     except OSError as exc:
         raise NmtError(f"{flag} {path}: cannot write ({exc.strerror or exc})") from None
