@@ -42,7 +42,8 @@ from nmt.data.tokenizers import Tokenizer
 from nmt.model import Seq2SeqAttn, build_model
 from nmt.opprofile import op_shares, shares_table, vocabulary_rows
 from nmt.train.trainer import train
-from nmt.translate.run import load_model, store_output_weight_transposed
+from nmt.translate.output_layer import prepare_for_search
+from nmt.translate.run import load_model
 from nmt.translate.translator import SearchOptions, translate_ids
 
 REPO = Path(__file__).resolve().parents[1]
@@ -101,7 +102,7 @@ def get_models(
             master = precisions.get(cfg.train.precision).master
             model = build_model(cfg.model, len(src_tok), len(tgt_tok), device=device, dtype=master)
             model.to(precisions.get(name).compute)
-            store_output_weight_transposed(model)
+            prepare_for_search(model)
             models[name] = model.eval()
         print("untrained model (uniform initialisation +-0.1)")
         return models, src_tok, tgt_tok

@@ -131,8 +131,8 @@ def test_a_tie_that_cannot_fit_is_one_line(model: dict, data: dict, message: str
 
 def test_a_tied_run_saves_loads_and_translates(tmp_path) -> None:
     """A short toy run: the checkpoint loads with weights_only and holds the one matrix
-    under both names, and it translates (on its own column-major copy of the output
-    layer's weight: `store_output_weight_transposed`)."""
+    under both names, and it translates (the output layer keeps the tied weight and a
+    column-major copy of it: `nmt.translate.output_layer`)."""
     from typer.testing import CliRunner
 
     from nmt.cli import app
@@ -150,8 +150,9 @@ def test_a_tied_run_saves_loads_and_translates(tmp_path) -> None:
     raw = torch.load(ckpt, weights_only=True)
     assert torch.equal(raw["model"]["generator.weight"], raw["model"]["tgt_embedding.weight"])
     model = load_model(ckpt, torch.device("cpu"))[0]
-    assert torch.equal(model.generator.weight, model.tgt_embedding.weight)
-    assert model.generator.weight.t().is_contiguous()  # the output layer's column-major copy
+    assert model.generator.weight is model.tgt_embedding.weight  # still one Parameter
+    assert torch.equal(model.generator.columns, model.tgt_embedding.weight)
+    assert model.generator.columns.t().is_contiguous()  # the output layer's column-major copy
     src, hyp = tmp_path / "src.txt", tmp_path / "hyp.txt"
     src.write_text("a b c\n", encoding="utf-8")
     got = runner.invoke(app, ["translate", "-m", str(ckpt), "--src", str(src), "-o", str(hyp)])

@@ -28,6 +28,7 @@ from nmt.errors import NmtError
 from nmt.translate import run as run_module
 from nmt.translate.formats import read_attention
 from nmt.translate.metrics import bleu_line, chrf_line
+from nmt.translate.output_layer import SearchOutputLayer
 from nmt.translate.run import (
     TranslateOptions,
     Translator,
@@ -111,22 +112,30 @@ def test_fused_granularity_translates_identically(toy_model, toy_test):
         assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-4)
 
 
-def test_loaded_output_weight_is_stored_transposed(toy_model, toy_test):
-    """load_model keeps the output weight's values and stores it column by column (the
-    logits product reads W^T in order); searches give what the row-major weight gives."""
+def test_loaded_output_layer_keeps_the_weight_both_ways(toy_model, toy_test):
+    """load_model's output layer on the CPU holds the trained row-major weight and a
+    column-major copy of the same values; searches whose steps run every product form (1 row,
+    a few, a few dozen, more: `nmt.translate.output_layer`) give what `nn.Linear` gives."""
     model, src_tok, _ = load_model(toy_model, torch.device("cpu"))
-    weight = model.generator.weight
-    saved = torch.load(toy_model, weights_only=True)["model"]["generator.weight"]
-    assert torch.equal(weight, saved) and weight.t().is_contiguous()
-    assert not weight.is_contiguous()
+    layer = model.generator
+    saved = torch.load(toy_model, weights_only=True)["model"]
+    assert isinstance(layer, SearchOutputLayer)
+    weight = saved["generator.weight"]
+    assert torch.equal(layer.weight, weight) and layer.weight.is_contiguous()
+    assert torch.equal(layer.columns, weight) and layer.columns.t().is_contiguous()
+    assert torch.equal(layer.bias, saved["generator.bias"])
     sources = [src_tok.encode(line) for line in lines_of(toy_test[0])]
-    options = SearchOptions(5, 60, n_best=2)
-    transposed = translate_ids(model, sources, options, batch_size=16)
-    model.generator.weight = torch.nn.Parameter(saved)  # row-major, as trained
-    row_major = translate_ids(model, sources, options, batch_size=16)
-    for a, b in zip(transposed, row_major, strict=True):
-        assert [h.tokens for h in a] == [h.tokens for h in b]
-        assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-4)
+    plain = torch.nn.Linear(layer.in_features, layer.out_features)
+    plain.load_state_dict({"weight": saved["generator.weight"], "bias": saved["generator.bias"]})
+    for beam, batch in ((1, 1), (5, 1), (5, 8), (5, 16)):  # rows 1; 1, 5; 40; 80
+        options = SearchOptions(beam, 60, n_best=min(beam, 2))
+        model.generator = layer
+        picked = translate_ids(model, sources, options, batch_size=batch)
+        model.generator = plain
+        linear = translate_ids(model, sources, options, batch_size=batch)
+        for a, b in zip(picked, linear, strict=True):
+            assert [h.tokens for h in a] == [h.tokens for h in b]
+            assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-4)
 
 
 def test_nbest_lists_match_gold_scores(toy_model, toy_test, tmp_path, capsys):

@@ -46,6 +46,7 @@ from nmt.translate import decoding, unk
 from nmt.translate.ensemble import Decodable, Ensemble, check_vocabularies
 from nmt.translate.formats import attention_record, gold_lines, nbest_line
 from nmt.translate.metrics import bleu_line, chrf_line
+from nmt.translate.output_layer import prepare_for_search
 from nmt.translate.scoring import GoldScores, gold_scores
 from nmt.translate.search import Hypothesis
 from nmt.translate.translator import SearchOptions, translate_ids
@@ -201,7 +202,7 @@ def load_translation(path: Path, device: torch.device, precision: str | None = N
         raise NmtError(f"{path}: model weights do not match the stored config") from None
     chosen, said = chosen_precision(precision, cfg.train.precision, device)
     model.to(chosen.compute)
-    store_output_weight_transposed(model)
+    prepare_for_search(model)
     return Loaded(model.eval(), src_tok, tgt_tok, cfg.translate, said)
 
 
@@ -226,17 +227,6 @@ def chosen_precision(
         f"float32 (the model trained in {model.name}, but {missing}: emulated, it would be "
         f"many times slower; --precision {model.name} uses it anyway)"
     )
-
-
-def store_output_weight_transposed(model: Seq2SeqAttn) -> None:
-    """Keep the output layer's V x H weight column by column (its transpose contiguous): a
-    search step's logits, out @ W^T over a few dozen rows, then read W^T in order. Measured
-    with MKL on 2 CPU threads at 16-80 rows and vocabularies of 10k-36k: the product 15-25%
-    faster, beam search ~7-10% (scripts/bench_translate.py). Same values, same bytes;
-    training keeps the row-major weight its optimizer steps were taken on."""
-    gen = model.generator
-    weight = gen.weight.detach().t().contiguous().t()
-    gen.weight = torch.nn.Parameter(weight, requires_grad=gen.weight.requires_grad)
 
 
 # ---- reading ---------------------------------------------------------------------------------

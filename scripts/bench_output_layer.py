@@ -1,0 +1,69 @@
+#!/usr/bin/env python
+"""The search step's output layer in each product form, by rows: the evidence for the rule of
+`nmt.translate.output_layer` (which form runs for how many rows), measured on this machine.
+
+Each form computes a step's logits and their log-softmax (what a search step does with them)
+for N rows of H against a V x H weight; the forms alternate, `--rounds` times, and the table
+gives each one's median milliseconds and its time over out @ W^T on the column-major weight
+(the form translation ran alone before). `chosen` is the form the layer picks for N rows.
+
+    python scripts/bench_output_layer.py                          # 2 x 256, 36k words
+    python scripts/bench_output_layer.py --vocab 8000 --rows 1,5,16,64
+    python scripts/bench_output_layer.py --vocab 50000 --hidden 500
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+from nmt.cpu_features import describe as describe_cpu
+from nmt.translate.output_layer import FORMS, SearchOutputLayer, form
+
+BASE = "out @ W^T, W column-major"
+
+
+def step_ms(layer: SearchOutputLayer, name: str, out: torch.Tensor, repeats: int) -> float:
+    start = time.perf_counter()
+    for _ in range(repeats):
+        F.log_softmax(FORMS[name](layer, out), dim=-1)
+    return (time.perf_counter() - start) / repeats * 1e3
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--vocab", type=int, default=35820, help="V (ende-demo's target: 35,820)")
+    ap.add_argument("--hidden", type=int, default=256, help="H, the decoder's rnn_size")
+    ap.add_argument("--rows", default="1,2,3,5,8,16,24,32,48,64,80,96,128,160")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=4, help="alternations of the forms")
+    ap.add_argument("--repeats", type=int, default=6, help="steps timed per form and round")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    print(f"{describe_cpu()}; {args.threads} threads, torch {torch.__version__}")
+    print(f"V = {args.vocab}, H = {args.hidden}; logits + log-softmax, median ms of a step\n")
+    layer = SearchOutputLayer(torch.nn.Linear(args.hidden, args.vocab)).eval()
+    names = list(FORMS)
+    print("| rows | " + " | ".join(names) + " | chosen |")
+    print("|---|" + "---|" * (len(names) + 1))
+    with torch.inference_mode():
+        for rows in (int(r) for r in args.rows.split(",")):
+            out = torch.randn(rows, args.hidden)
+            for name in names:  # warm-up: the first call of a shape allocates
+                step_ms(layer, name, out, 1)
+            times: dict[str, list[float]] = {name: [] for name in names}
+            for _ in range(args.rounds):
+                for name in names:
+                    times[name].append(step_ms(layer, name, out, args.repeats))
+            med = {name: statistics.median(t) for name, t in times.items()}
+            cells = [f"{med[n]:.2f} ({med[n] / med[BASE]:.2f}x)" for n in names]
+            print(f"| {rows} | " + " | ".join(cells) + f" | {form(out)} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,72 @@
+"""The search step's output layer: every product form computes nn.Linear's logits, the rule
+picks the documented form for each row count, and the model's parameters stay its own."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from nmt.config import ModelConfig
+from nmt.model import build_model
+from nmt.translate.output_layer import (
+    COLUMN_MAJOR_ROWS,
+    FORMS,
+    ROW_MAJOR_ROWS,
+    SearchOutputLayer,
+    form,
+    prepare_for_search,
+)
+
+
+@pytest.fixture
+def linear() -> torch.nn.Linear:
+    torch.manual_seed(0)
+    return torch.nn.Linear(24, 300)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 5, 16, 17, 40, 64, 65, 100])
+@pytest.mark.parametrize("name", list(FORMS))
+def test_every_form_computes_the_linear_layer(linear, rows, name):
+    layer = SearchOutputLayer(linear)
+    out = torch.randn(rows, 24)
+    got = FORMS[name](layer, out)
+    assert got.shape == (rows, 300) and got.is_contiguous()
+    torch.testing.assert_close(got, linear(out), rtol=1e-5, atol=1e-5)
+    assert torch.equal(F.log_softmax(got, -1).argmax(-1), F.log_softmax(linear(out), -1).argmax(-1))
+
+
+def test_the_rule_picks_by_rows(linear):
+    layer = SearchOutputLayer(linear)
+    picked = {rows: form(torch.zeros(rows, 24)) for rows in range(1, 100)}
+    assert picked[1] == "out @ W^T, W column-major"
+    assert {picked[n] for n in ROW_MAJOR_ROWS} == {"W @ out^T, W row-major"}
+    assert {picked[n] for n in COLUMN_MAJOR_ROWS} == {"W @ out^T, W column-major"}
+    assert {picked[n] for n in range(COLUMN_MAJOR_ROWS.stop, 100)} == {"out @ W^T, W column-major"}
+    assert ROW_MAJOR_ROWS.stop == COLUMN_MAJOR_ROWS.start  # no row count falls between
+    # a batch of positions (B x T x H, no search step) runs the plain product
+    three_d = torch.randn(2, 5, 24)
+    assert form(three_d) == "out @ W^T, W column-major"
+    torch.testing.assert_close(layer(three_d), linear(three_d), rtol=1e-5, atol=1e-5)
+
+
+def test_the_layer_keeps_the_models_parameters_and_a_column_major_copy(linear):
+    layer = SearchOutputLayer(linear)
+    assert layer.weight is linear.weight and layer.bias is linear.bias
+    assert torch.equal(layer.columns, linear.weight) and layer.columns.t().is_contiguous()
+    assert [p for p in layer.parameters()] == [linear.weight, linear.bias]
+    assert "columns" not in layer.state_dict()  # a copy, not a weight of the model
+    assert (layer.in_features, layer.out_features) == (24, 300)
+
+
+def test_prepare_for_search_on_cpu_float32_and_in_a_low_precision():
+    cfg = ModelConfig(num_layers=1, rnn_size=16, word_vec_size=16, tie_embeddings="decoder")
+    model = build_model(cfg, 30, 40, device="cpu", dtype=torch.float32)
+    prepare_for_search(model)
+    assert isinstance(model.generator, SearchOutputLayer)
+    assert model.generator.weight is model.tgt_embedding.weight  # the tie holds
+    low = build_model(cfg, 30, 40, device="cpu", dtype=torch.float32).to(torch.bfloat16)
+    weight = low.generator.weight.detach().clone()
+    prepare_for_search(low)
+    assert isinstance(low.generator, torch.nn.Linear)  # one weight, stored column by column
+    assert low.generator.weight.t().is_contiguous() and torch.equal(low.generator.weight, weight)
