@@ -119,6 +119,29 @@ def get_models(
     return models, src_tok, tgt_tok
 
 
+def output_layers(
+    models: dict[str, Seq2SeqAttn], kinds: list[str]
+) -> dict[tuple[str, str], torch.nn.Module]:
+    """Per precision and kind, the output layer to search with: `by-rows` the loaded model's
+    (a SearchOutputLayer on the CPU in float32), `column-major` one nn.Linear on its
+    column-major copy of the weight (the one form at every step)."""
+    layers = {}
+    for name, model in models.items():
+        for kind in kinds:
+            loaded = model.generator
+            if kind == "by-rows":
+                layers[name, kind] = loaded
+            elif kind == "column-major":
+                single = torch.nn.Linear(loaded.in_features, loaded.out_features)
+                weight = getattr(loaded, "columns", loaded.weight)
+                single.weight = torch.nn.Parameter(weight, requires_grad=False)
+                single.bias = loaded.bias
+                layers[name, kind] = single
+            else:
+                raise SystemExit(f"--output-layers: unknown {kind!r} (by-rows, column-major)")
+    return layers
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
@@ -170,6 +193,14 @@ def main() -> None:
         "output layer's ops - those on vocabulary-sized tensors - and the other products in "
         "rows of their own)",
     )
+    ap.add_argument(
+        "--output-layers",
+        default="by-rows",
+        help="comma list: by-rows (the output layer's product in the form fastest for the "
+        "step's rows, nmt.translate.output_layer: what nmt translate runs on the CPU in "
+        "float32), column-major (out @ W^T on the column-major weight at every step)",
+    )
+    ap.add_argument("--rounds", type=int, default=1, help="times every search runs, alternating")
     ap.add_argument("--device", default="cpu")
     args = ap.parse_args()
     if args.threads:
@@ -198,17 +229,21 @@ def main() -> None:
     )
 
     rows = []
+    layers = output_layers(models, args.output_layers.split(","))
     runs = [
-        (int(b), g, p)
+        (int(b), g, p, o)
+        for _ in range(args.rounds)
         for b in args.beams.split(",")
         for g in args.granularities.split(",")
         for p in names
+        for o in args.output_layers.split(",")
     ]
     outputs: dict[tuple[int, str], list[list[int]]] = {}
     profiles: dict[str, dict[str, float]] = {}
-    for beam, granularity, name in runs:
+    for beam, granularity, name, layer in runs:
         model = models[name]
         model.cfg = dataclasses.replace(model.cfg, granularity=granularity)
+        model.generator = layers[name, layer]
         options = SearchOptions(
             beam_size=beam,
             max_length=args.max_length,
@@ -228,6 +263,7 @@ def main() -> None:
         tokens = [h.tokens for h in best]
         same = outputs.setdefault((beam, name), tokens) == tokens
         label = ("greedy" if beam == 1 else f"beam {beam}") + f", {granularity}, {name}"
+        label += f", {layer}" if len(args.output_layers.split(",")) > 1 else ""
         if args.profile:
             search = functools.partial(
                 translate_ids, model, sources[: args.profile], options, args.batch_size

@@ -3,10 +3,11 @@
 A search step's logits are N rows (sentences x beams) against the V x H output weight, a
 skinny product whose speed depends on which operand the BLAS library takes as the wide one:
 out @ W^T packs the whole weight at every call, which a few rows cannot pay back, while
-W @ out^T streams the weight past them. With MKL on the CPU (docs/speed.md has the table,
-`python scripts/bench_output_layer.py` prints it for any machine) W @ out^T on the row-major
-weight is fastest for 2-16 rows (2-2.5x at 5), W @ out^T on a column-major weight for 17-64,
-and out @ W^T on the column-major weight for 1 row and for more than 64. So translation on
+W @ out^T streams the weight past them. With MKL on a 2-core AVX2 CPU (docs/speed.md has the
+table, `python scripts/bench_output_layer.py` prints it for any machine) W @ out^T on the
+row-major weight is fastest for 2-16 rows (0.43x the time of out @ W^T at 5 rows), W @ out^T
+on a column-major weight for 17-64 (0.9x), and out @ W^T on the column-major weight for 1 row
+and for more than 64. So translation on
 the CPU keeps the weight both ways - the model's row-major parameter (shared with a tied
 embedding) and a column-major copy, V x H more memory - and picks the form by N.
 
