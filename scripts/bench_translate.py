@@ -20,6 +20,8 @@ checkpoint's float32 weights rounded once to each compute dtype, as `nmt transla
 
 `--min-length N --max-length N --max-length-ratio 0` makes every output N tokens long, as
 scripts/bench_peer.py does, so that searches compare step for step.
+`--output-layers by-rows,column-major --rounds 2` puts the output layer's product forms side
+by side, alternating (docs/speed.md, "The output layer's product by rows").
 """
 
 from __future__ import annotations

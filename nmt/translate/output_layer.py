@@ -7,9 +7,10 @@ W @ out^T streams the weight past them. With MKL on a 2-core AVX2 CPU (docs/spee
 table, `python scripts/bench_output_layer.py` prints it for any machine) W @ out^T on the
 row-major weight is fastest for 2-16 rows (0.43x the time of out @ W^T at 5 rows), W @ out^T
 on a column-major weight for 17-64 (0.9x), and out @ W^T on the column-major weight for 1 row
-and for more than 64. So translation on
-the CPU keeps the weight both ways - the model's row-major parameter (shared with a tied
-embedding) and a column-major copy, V x H more memory - and picks the form by N.
+and for more than 64. So translation on the CPU keeps the weight both ways - the model's
+row-major parameter (shared with a tied embedding) and a column-major copy, V x H more
+memory - and picks the form by N. Training, and the validation searches inside it, keep the
+model's own `nn.Linear`.
 
 The dot products are the same; their rounding may differ in the last bit between forms, so
 a sentence's scores may differ by that much with the batch it is in, as they do between
