@@ -40,8 +40,7 @@ class SearchOutputLayer(nn.Module):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight, self.bias = linear.weight, linear.bias  # the model's: ties stay tied
-        columns = linear.weight.detach().t().contiguous().t()
-        self.register_buffer("columns", columns, persistent=False)
+        self.register_buffer("columns", column_major(linear.weight), persistent=False)
 
     def forward(self, out: Tensor) -> Tensor:
         """out N x H (or ... x H) -> N x V logits (... x V), contiguous."""
@@ -84,5 +83,9 @@ def prepare_for_search(model: Seq2SeqAttn) -> None:
     if weight.device.type == "cpu" and weight.dtype == torch.float32:
         model.generator = SearchOutputLayer(gen)
         return
-    columns = weight.detach().t().contiguous().t()
-    gen.weight = nn.Parameter(columns, requires_grad=weight.requires_grad)
+    gen.weight = nn.Parameter(column_major(weight), requires_grad=weight.requires_grad)
+
+
+def column_major(weight: Tensor) -> Tensor:
+    """A copy of `weight` stored column by column (its transpose contiguous), same values."""
+    return weight.detach().t().contiguous().t()

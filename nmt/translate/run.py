@@ -517,10 +517,9 @@ def _open(stack: ExitStack, path: Path, flag: str) -> TextIO:
     interruption on the way leaves the file that was there."""
     try:
         return stack.enter_context(replacing(path))
-    except (FileExistsError, NotADirectoryError):  # a folder on the way is a file
-        file = file_in_the_way(path)
-        raise NmtError(f"{flag} {path}: {file} is a file, not a directory") from None
     except OSError as exc:
+        if (file := file_in_the_way(path)) is not None:  # a folder on the way is a file
+            raise NmtError(f"{flag} {path}: {file} is a file, not a directory") from None
         raise NmtError(f"{flag} {path}: cannot write ({exc.strerror or exc})") from None
 
 
