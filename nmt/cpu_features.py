@@ -27,14 +27,26 @@ LOW_PRECISION_UNITS: dict[torch.dtype, tuple[str, ...]] = {
 
 def cpu_flags() -> set[str]:
     """The CPU's feature flags (Linux: /proc/cpuinfo; elsewhere none)."""
+    return set(_cpuinfo_field("flags").split())
+
+
+def cpu_vendor() -> str:
+    """The CPU's vendor id ('GenuineIntel', 'AuthenticAMD'; Linux only, elsewhere '').
+    MKL picks its float32 kernels by it, so which product form is fastest depends on it."""
+    return _cpuinfo_field("vendor_id").strip()
+
+
+def _cpuinfo_field(name: str) -> str:
+    """The first value of `name` in /proc/cpuinfo, '' where there is none."""
     try:
         text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
     except OSError:
-        return set()
+        return ""
     for line in text.splitlines():
-        if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
-    return set()
+        key, sep, value = line.partition(":")
+        if sep and key.strip() == name:
+            return value
+    return ""
 
 
 def matmul_kernel(dtype: torch.dtype, n: int = 64) -> str:
@@ -61,11 +73,14 @@ def matmul_kernel(dtype: torch.dtype, n: int = 64) -> str:
 
 
 def describe() -> str:
-    """One line: torch's CPU capability, the low-precision flags, the products' kernels."""
+    """One line: the vendor, torch's CPU capability, the low-precision flags, the products'
+    kernels."""
     flags = cpu_flags()
     have = ", ".join(f for f in FLAGS if f in flags) or "none of " + ", ".join(FLAGS)
     kernels = "; ".join(
         f"{name} matmul: {matmul_kernel(dtype)}"
         for name, dtype in (("bfloat16", torch.bfloat16), ("float16", torch.float16))
     )
-    return f"CPU: torch capability {torch.backends.cpu.get_cpu_capability()}, {have}; {kernels}"
+    vendor = cpu_vendor() or "vendor unknown"
+    capability = torch.backends.cpu.get_cpu_capability()
+    return f"CPU: {vendor}, torch capability {capability}, {have}; {kernels}"

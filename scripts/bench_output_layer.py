@@ -5,7 +5,8 @@
 Each form computes a step's logits and their log-softmax (what a search step does with them)
 for N rows of H against a V x H weight; the forms alternate, `--rounds` times, and the table
 gives each one's median milliseconds and its time over out @ W^T on the column-major weight
-(the form translation ran alone before). `chosen` is the form the layer picks for N rows.
+(the one form). `chosen` is the form the rule for this CPU's vendor picks for N rows
+(`nmt.translate.output_layer.RULES`; `--vendor` shows another vendor's).
 
     python scripts/bench_output_layer.py                          # 2 x 256, 36k words
     python scripts/bench_output_layer.py --vocab 8000 --rows 1,5,16,64
@@ -21,10 +22,16 @@ import time
 import torch
 import torch.nn.functional as F
 
+from nmt.cpu_features import cpu_vendor
 from nmt.cpu_features import describe as describe_cpu
-from nmt.translate.output_layer import FORMS, SearchOutputLayer, form
+from nmt.translate.output_layer import (
+    FORMS,
+    ONE_FORM_NAME,
+    SearchOutputLayer,
+    rule_for,
+)
 
-BASE = "out @ W^T, W column-major"
+BASE = ONE_FORM_NAME
 
 
 def step_ms(layer: SearchOutputLayer, name: str, out: torch.Tensor, repeats: int) -> float:
@@ -42,12 +49,15 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=4, help="alternations of the forms")
     ap.add_argument("--repeats", type=int, default=6, help="steps timed per form and round")
+    ap.add_argument("--vendor", default=cpu_vendor(), help="whose rule `chosen` shows")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     print(f"{describe_cpu()}; {args.threads} threads, torch {torch.__version__}")
-    print(f"V = {args.vocab}, H = {args.hidden}; logits + log-softmax, median ms of a step\n")
-    layer = SearchOutputLayer(torch.nn.Linear(args.hidden, args.vocab)).eval()
+    print(f"V = {args.vocab}, H = {args.hidden}; logits + log-softmax, median ms of a step")
+    print(f"chosen: the rule for {args.vendor or 'an unknown vendor'}\n")
+    rule = rule_for(args.vendor)
+    layer = SearchOutputLayer(torch.nn.Linear(args.hidden, args.vocab), rule).eval()
     names = list(FORMS)
     print("| rows | " + " | ".join(names) + " | chosen |")
     print("|---|" + "---|" * (len(names) + 1))
@@ -62,7 +72,7 @@ def main() -> None:
                     times[name].append(step_ms(layer, name, out, args.repeats))
             med = {name: statistics.median(t) for name, t in times.items()}
             cells = [f"{med[n]:.2f} ({med[n] / med[BASE]:.2f}x)" for n in names]
-            print(f"| {rows} | " + " | ".join(cells) + f" | {form(out)} |", flush=True)
+            print(f"| {rows} | " + " | ".join(cells) + f" | {rule.form(out)} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,8 @@ checkpoint's float32 weights rounded once to each compute dtype, as `nmt transla
 `--min-length N --max-length N --max-length-ratio 0` makes every output N tokens long, as
 scripts/bench_peer.py does, so that searches compare step for step.
 `--output-layers by-rows,column-major --rounds 2` puts the output layer's product forms side
-by side, alternating (docs/speed.md, "The output layer's product by rows").
+by side, alternating (docs/speed.md, "The output layer's product by rows"); `loaded`, the
+default, is what `nmt translate` runs on this CPU.
 """
 
 from __future__ import annotations
@@ -44,7 +45,12 @@ from nmt.data.tokenizers import Tokenizer
 from nmt.model import Seq2SeqAttn, build_model
 from nmt.opprofile import op_shares, shares_table, vocabulary_rows
 from nmt.train.trainer import train
-from nmt.translate.output_layer import prepare_for_search
+from nmt.translate.output_layer import (
+    RULES,
+    SearchOutputLayer,
+    column_major,
+    prepare_for_search,
+)
 from nmt.translate.run import load_model
 from nmt.translate.translator import SearchOptions, translate_ids
 
@@ -124,23 +130,27 @@ def get_models(
 def output_layers(
     models: dict[str, Seq2SeqAttn], kinds: list[str]
 ) -> dict[tuple[str, str], torch.nn.Module]:
-    """Per precision and kind, the output layer to search with: `by-rows` the loaded model's
-    (a SearchOutputLayer on the CPU in float32), `column-major` one nn.Linear on its
-    column-major copy of the weight (the one form at every step)."""
+    """Per precision and kind, the output layer to search with: `loaded` the loaded model's
+    (what nmt translate runs on this CPU), `by-rows` a SearchOutputLayer with the rule of
+    several forms (`RULES["AuthenticAMD"]`) whatever the CPU, `column-major` one nn.Linear on
+    a column-major copy of the weight (the one form at every step)."""
     layers = {}
     for name, model in models.items():
+        loaded = model.generator
+        single = torch.nn.Linear(loaded.in_features, loaded.out_features)
+        single.weight = torch.nn.Parameter(column_major(loaded.weight), requires_grad=False)
+        single.bias = loaded.bias
         for kind in kinds:
-            loaded = model.generator
-            if kind == "by-rows":
+            if kind == "loaded":
                 layers[name, kind] = loaded
+            elif kind == "by-rows":
+                layers[name, kind] = SearchOutputLayer(single, RULES["AuthenticAMD"])
             elif kind == "column-major":
-                single = torch.nn.Linear(loaded.in_features, loaded.out_features)
-                weight = getattr(loaded, "columns", loaded.weight)
-                single.weight = torch.nn.Parameter(weight, requires_grad=False)
-                single.bias = loaded.bias
                 layers[name, kind] = single
             else:
-                raise SystemExit(f"--output-layers: unknown {kind!r} (by-rows, column-major)")
+                raise SystemExit(
+                    f"--output-layers: unknown {kind!r} (loaded, by-rows, column-major)"
+                )
     return layers
 
 
@@ -197,10 +207,11 @@ def main() -> None:
     )
     ap.add_argument(
         "--output-layers",
-        default="by-rows",
-        help="comma list: by-rows (the output layer's product in the form fastest for the "
-        "step's rows, nmt.translate.output_layer: what nmt translate runs on the CPU in "
-        "float32), column-major (out @ W^T on the column-major weight at every step)",
+        default="loaded",
+        help="comma list: loaded (what nmt translate runs on this CPU: "
+        "nmt.translate.output_layer), by-rows (the product's form by the step's rows, the "
+        "rule measured on an AMD EPYC, whatever the CPU), column-major (out @ W^T on the "
+        "column-major weight at every step)",
     )
     ap.add_argument("--rounds", type=int, default=1, help="times every search runs, alternating")
     ap.add_argument("--device", default="cpu")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from nmt.translate.output_layer import FORMS, form
+from nmt.translate.output_layer import FORMS, RULES
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -18,6 +18,7 @@ REPO = Path(__file__).resolve().parents[1]
 def test_every_form_by_rows_with_the_rules_choice() -> None:
     cmd = [sys.executable, str(REPO / "scripts" / "bench_output_layer.py")]
     tiny = ["--vocab", "300", "--hidden", "16", "--rows", "1,5,20,70", "--rounds", "1"]
+    tiny += ["--vendor", "AuthenticAMD"]  # the rule of several forms, whatever this CPU
     proc = subprocess.run(
         [*cmd, *tiny, "--repeats", "1", "--threads", "1"], capture_output=True, text=True
     )
@@ -30,4 +31,5 @@ def test_every_form_by_rows_with_the_rules_choice() -> None:
     for n, cells, chosen in rows:
         times = re.findall(r"([\d.]+) \(([\d.]+)x\)", cells)
         assert len(times) == len(FORMS) and times[0][1] == "1.00"  # the base form's own ratio
-        assert chosen == form(torch.zeros(int(n), 16))
+        assert chosen == RULES["AuthenticAMD"].form(torch.zeros(int(n), 16))
+    assert "chosen: the rule for AuthenticAMD" in proc.stdout

@@ -129,15 +129,17 @@ def test_a_tie_that_cannot_fit_is_one_line(model: dict, data: dict, message: str
         from_dict({"model": model, "data": data}, "c.yaml", {"model.tie_embeddings"})
 
 
-def test_a_tied_run_saves_loads_and_translates(tmp_path) -> None:
+def test_a_tied_run_saves_loads_and_translates(tmp_path, monkeypatch) -> None:
     """A short toy run: the checkpoint loads with weights_only and holds the one matrix
-    under both names, and it translates (the output layer keeps the tied weight and a
-    column-major copy of it: `nmt.translate.output_layer`)."""
+    under both names, and it translates (on a CPU whose rule picks by rows the output layer
+    keeps the tied weight and a column-major copy of it: `nmt.translate.output_layer`)."""
     from typer.testing import CliRunner
 
     from nmt.cli import app
+    from nmt.translate import output_layer
     from nmt.translate.run import load_model
 
+    monkeypatch.setattr(output_layer, "cpu_vendor", lambda: "AuthenticAMD")
     cfg = write_toy_config(
         tmp_path / "c.yaml",
         "num_layers: 1, rnn_size: 16, word_vec_size: 16, tie_embeddings: decoder",

@@ -25,6 +25,7 @@ from typer.testing import CliRunner
 
 from nmt.cli import app
 from nmt.errors import NmtError
+from nmt.translate import output_layer
 from nmt.translate import run as run_module
 from nmt.translate.formats import read_attention
 from nmt.translate.metrics import bleu_line, chrf_line
@@ -112,10 +113,12 @@ def test_fused_granularity_translates_identically(toy_model, toy_test):
         assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-4)
 
 
-def test_loaded_output_layer_keeps_the_weight_both_ways(toy_model, toy_test):
-    """load_model's output layer on the CPU holds the trained row-major weight and a
-    column-major copy of the same values; searches whose steps run every product form (1 row,
-    a few, a few dozen, more: `nmt.translate.output_layer`) give what `nn.Linear` gives."""
+def test_loaded_output_layer_keeps_the_weight_both_ways(toy_model, toy_test, monkeypatch):
+    """load_model's output layer on a CPU whose rule picks by rows (an AMD one) holds the
+    trained row-major weight and a column-major copy of the same values; searches whose steps
+    run every product form (1 row, a few, a few dozen, more: `nmt.translate.output_layer`)
+    give what `nn.Linear` gives."""
+    monkeypatch.setattr(output_layer, "cpu_vendor", lambda: "AuthenticAMD")
     model, src_tok, _ = load_model(toy_model, torch.device("cpu"))
     layer = model.generator
     saved = torch.load(toy_model, weights_only=True)["model"]

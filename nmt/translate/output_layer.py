@@ -1,60 +1,90 @@
 """The output layer of a search step: its product in the form that is fastest for its rows.
 
 A search step's logits are N rows (sentences x beams) against the V x H output weight, a
-skinny product whose speed depends on which operand the BLAS library takes as the wide one:
-out @ W^T packs the whole weight at every call, which a few rows cannot pay back, while
-W @ out^T streams the weight past them. With MKL on a 2-core AVX2 CPU (docs/speed.md has the
-table, `python scripts/bench_output_layer.py` prints it for any machine) W @ out^T on the
-row-major weight is fastest for 2-16 rows (0.43x the time of out @ W^T at 5 rows), W @ out^T
-on a column-major weight for 17-64 (0.9x), and out @ W^T on the column-major weight for 1 row
-and for more than 64. So translation on the CPU keeps the weight both ways - the model's
+skinny product whose speed depends on which operand the BLAS library takes as the wide one,
+and MKL picks its kernels by the CPU's vendor. On an Intel Xeon (AVX-512) out @ W^T on the
+column-major weight is fastest at every N (W @ out^T takes 1.4-2.6x as long at 2-160 rows).
+On an AMD EPYC (AVX2) out @ W^T packs the whole weight at every call, which a few rows cannot
+pay back, while W @ out^T streams the weight past them: W @ out^T on the row-major weight is
+fastest for 2-16 rows (0.43x the time of out @ W^T at 5 rows), on a column-major weight for
+17-64 (0.9x), and out @ W^T for 1 row and for more than 64 (docs/speed.md has both tables;
+`python scripts/bench_output_layer.py` prints one for any machine). So translation on a CPU
+whose vendor has a rule of several forms (`RULES`) keeps the weight both ways - the model's
 row-major parameter (shared with a tied embedding) and a column-major copy, V x H more
-memory - and picks the form by N. Training, and the validation searches inside it, keep the
-model's own `nn.Linear`.
+memory - and picks the form by N; elsewhere (other vendors, CUDA, the low precisions: not
+measured) the model keeps one column-major weight and one form. Training, and the
+validation searches inside it, keep the model's own `nn.Linear`.
 
 The dot products are the same; their rounding may differ in the last bit between forms, so
 a sentence's scores may differ by that much with the batch it is in, as they do between
-MKL's kernels for different N in one form. Elsewhere (CUDA, low precisions: not measured)
-the model keeps one column-major weight and one form.
+MKL's kernels for different N in one form.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from nmt.cpu_features import cpu_vendor
 from nmt.model import Seq2SeqAttn
 
-ROW_MAJOR_ROWS = range(2, 17)  # W @ out^T on the row-major weight
-COLUMN_MAJOR_ROWS = range(17, 65)  # W @ out^T on the column-major copy; else out @ W^T
+ONE_FORM_NAME = "out @ W^T, W column-major"
+
+
+@dataclass(frozen=True)
+class Rule:
+    """Which row counts run W @ out^T, on which copy of the weight; every other count (and a
+    B x T x H batch of positions) runs out @ W^T on the column-major weight."""
+
+    row_major: range = range(0)  # W @ out^T on the row-major weight
+    column_major: range = range(0)  # W @ out^T on the column-major copy
+
+    @property
+    def by_rows(self) -> bool:
+        """Whether some row count runs another form than out @ W^T (then the layer needs the
+        weight both ways)."""
+        return bool(self.row_major or self.column_major)
+
+    def form(self, out: Tensor) -> str:
+        """The product's form for these decoder outputs: a name of `FORMS`."""
+        rows = out.size(0) if out.dim() == 2 else 0
+        if rows in self.row_major:
+            return "W @ out^T, W row-major"
+        if rows in self.column_major:
+            return "W @ out^T, W column-major"
+        return ONE_FORM_NAME
+
+
+ONE_FORM = Rule()
+RULES: dict[str, Rule] = {  # by `cpu_vendor()`; measured on one CPU of each (docs/speed.md)
+    "AuthenticAMD": Rule(row_major=range(2, 17), column_major=range(17, 65)),
+    "GenuineIntel": ONE_FORM,
+}
+
+
+def rule_for(vendor: str) -> Rule:
+    """The rule for a CPU vendor: one form where none was measured."""
+    return RULES.get(vendor, ONE_FORM)
 
 
 class SearchOutputLayer(nn.Module):
     """`nn.Linear`'s output layer with its weight kept both ways, for search steps: the same
-    parameters as the layer it stands in for, the product in the form `form` picks."""
+    parameters as the layer it stands in for, the product in the form `rule` picks."""
 
-    def __init__(self, linear: nn.Linear):
+    def __init__(self, linear: nn.Linear, rule: Rule):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight, self.bias = linear.weight, linear.bias  # the model's: ties stay tied
         self.register_buffer("columns", column_major(linear.weight), persistent=False)
+        self.rule = rule
 
     def forward(self, out: Tensor) -> Tensor:
         """out N x H (or ... x H) -> N x V logits (... x V), contiguous."""
-        return FORMS[form(out)](self, out)
-
-
-def form(out: Tensor) -> str:
-    """The product's form for these decoder outputs: a name of `FORMS`."""
-    rows = out.size(0) if out.dim() == 2 else 0
-    if rows in ROW_MAJOR_ROWS:
-        return "W @ out^T, W row-major"
-    if rows in COLUMN_MAJOR_ROWS:
-        return "W @ out^T, W column-major"
-    return "out @ W^T, W column-major"
+        return FORMS[self.rule.form(out)](self, out)
 
 
 def _transposed(weight: Tensor, bias: Tensor | None, out: Tensor) -> Tensor:
@@ -66,23 +96,26 @@ def _transposed(weight: Tensor, bias: Tensor | None, out: Tensor) -> Tensor:
 
 
 FORMS: dict[str, Callable[[SearchOutputLayer, Tensor], Tensor]] = {
-    "out @ W^T, W column-major": lambda layer, out: F.linear(out, layer.columns, layer.bias),
+    ONE_FORM_NAME: lambda layer, out: F.linear(out, layer.columns, layer.bias),
     "W @ out^T, W row-major": lambda layer, out: _transposed(layer.weight, layer.bias, out),
     "W @ out^T, W column-major": lambda layer, out: _transposed(layer.columns, layer.bias, out),
 }
 
 
-def prepare_for_search(model: Seq2SeqAttn) -> None:
-    """Give `model` the output layer search steps run fastest with: on the CPU in float32
-    `SearchOutputLayer`; elsewhere the weight stored column by column (its transpose
-    contiguous), which out @ W^T reads in order. Same values; training keeps its layer."""
+def prepare_for_search(model: Seq2SeqAttn, rule: Rule | None = None) -> None:
+    """Give `model` the output layer search steps run fastest with: on the CPU in float32,
+    where `rule` (None: this CPU's vendor's) picks by rows, `SearchOutputLayer`; elsewhere
+    the weight stored column by column (its transpose contiguous), which out @ W^T reads in
+    order. Same values; training keeps its layer."""
     gen = model.generator
     if not isinstance(gen, nn.Linear):
         return
     weight = gen.weight
     if weight.device.type == "cpu" and weight.dtype == torch.float32:
-        model.generator = SearchOutputLayer(gen)
-        return
+        rule = rule_for(cpu_vendor()) if rule is None else rule
+        if rule.by_rows:
+            model.generator = SearchOutputLayer(gen, rule)
+            return
     gen.weight = nn.Parameter(column_major(weight), requires_grad=weight.requires_grad)
 
 
