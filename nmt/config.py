@@ -149,6 +149,14 @@ class DataConfig:
     )
     max_src_len: int = _opt(50, min=1, doc="drop pairs whose source has more tokens")
     max_tgt_len: int = _opt(50, min=1, doc="drop pairs whose target has more tokens")
+    subword_dropout: float = _opt(
+        0.0,
+        min=0.0,
+        max=0.99,
+        doc="sentencepiece only: BPE-dropout, the training pairs cut anew every epoch with "
+        "each merge skipped with this probability (0: off; validation and translation cut "
+        "as usual)",
+    )
 
 
 @dataclass
@@ -584,6 +592,7 @@ def from_dict(raw: Any, source: str = "config", from_set: Collection[str] = ()) 
     cfg = Config(**parts)
     _check_translate_keys(cfg, source, from_set)
     _check_tied_embeddings(cfg, source, from_set)
+    _check_subword_dropout(cfg, source, from_set)
     return cfg
 
 
@@ -630,6 +639,15 @@ def _check_translate_keys(cfg: Config, source: str, from_set: Collection[str] = 
         raise NmtError(
             f"{_blame(source, from_set, 'translate.replace_unk')}: needs data.tokenizer word "
             f"(copies whole source words), got {cfg.data.tokenizer}"
+        )
+
+
+def _check_subword_dropout(cfg: Config, source: str, from_set: Collection[str] = ()) -> None:
+    """BPE-dropout skips merges of a subword model: words have none to skip."""
+    if cfg.data.subword_dropout > 0 and cfg.data.tokenizer != "sentencepiece":
+        raise NmtError(
+            f"{_blame(source, from_set, 'data.subword_dropout')}: needs data.tokenizer "
+            f"sentencepiece (it skips subword merges), got {cfg.data.tokenizer}"
         )
 
 

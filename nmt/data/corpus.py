@@ -23,13 +23,15 @@ Log = Callable[[str], None]
 @dataclass
 class Corpus:
     """Everything training needs from the data: the two tokenizers and the encoded pairs,
-    and the validation text (every non-blank pair, before the length filter) for BLEU."""
+    the validation text (every non-blank pair, before the length filter) for BLEU, and with
+    data.subword_dropout the training text, cut anew every epoch (`nmt.data.sampling`)."""
 
     src_tokenizer: Tokenizer
     tgt_tokenizer: Tokenizer
     train: list[Example]
     valid: list[Example]
     valid_text: list[tuple[str, str]] = field(default_factory=list)
+    train_text: list[tuple[str, str]] = field(default_factory=list)
 
 
 def build_tokenizers(
@@ -129,4 +131,7 @@ def load_corpus(
         f"data: {len(splits['training'])} train / {len(splits['validation'])} valid pairs, "
         f"{src_tok.kind} vocabularies: source {len(src_tok)}, target {len(tgt_tok)}"
     )
-    return Corpus(src_tok, tgt_tok, splits["training"], splits["validation"], valid_pairs)
+    train_text = train_pairs if cfg.subword_dropout > 0 else []
+    return Corpus(
+        src_tok, tgt_tok, splits["training"], splits["validation"], valid_pairs, train_text
+    )

@@ -200,6 +200,11 @@ class SentencePieceTokenizer(Tokenizer):
     def encode(self, line: str) -> list[int]:
         return list(self.sp.encode(line))
 
+    def sample(self, line: str, dropout: float) -> list[int]:
+        """Ids of a line cut with BPE-dropout: each merge skipped with probability `dropout`,
+        drawn from sentencepiece's generator of the calling thread (`nmt.data.sampling`)."""
+        return list(self.sp.encode(line, enable_sampling=True, alpha=dropout, nbest_size=-1))
+
     def detokenize(self, pieces: list[str]) -> str:
         return "".join(pieces).replace(_SP_SPACE, " ").strip()
 

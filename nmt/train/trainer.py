@@ -34,6 +34,7 @@ from nmt import precisions
 from nmt.checkpoint import prune_step_checkpoints, save_checkpoint
 from nmt.config import Config
 from nmt.data.batching import Batch, epoch_order, on_device
+from nmt.data.sampling import sampled_batches
 from nmt.errors import NmtError
 from nmt.out_of_memory import batch_shape, training_message
 from nmt.train import distributed as dd
@@ -624,6 +625,11 @@ class Trainer:
         makes it so - so logs, validations and the stop fall on exactly the steps (and
         batches) they would if every step were read back at once."""
         cfg, s = self.cfg.train, self.state
+        if self.corpus.train_text:  # data.subword_dropout: the epoch's own cut of the pairs
+            self.train_batches = sampled_batches(
+                self.corpus, self.cfg.data, cfg.batch_size, cfg.seed, s.epoch, self.log
+            )
+            self.train_tokens = [batch.n_tokens for batch in self.train_batches]
         order = epoch_order(len(self.train_batches), cfg.seed, s.epoch)
         self._bar.set_description(f"epoch {s.epoch}", refresh=False)
         self._epoch, self._window = Meter(self._train_clock), Meter(self._train_clock)
