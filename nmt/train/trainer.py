@@ -630,6 +630,7 @@ class Trainer:
                 self.corpus, self.cfg.data, cfg.batch_size, cfg.seed, s.epoch, self.log
             )
             self.train_tokens = [batch.n_tokens for batch in self.train_batches]
+            self._planned = self._bar.total = self._planned_steps()  # later epochs: estimated
         order = epoch_order(len(self.train_batches), cfg.seed, s.epoch)
         self._bar.set_description(f"epoch {s.epoch}", refresh=False)
         self._epoch, self._window = Meter(self._train_clock), Meter(self._train_clock)
