@@ -1,10 +1,10 @@
 """What this CPU offers a low precision, and which kernel torch runs a product with.
 
-bfloat16 is fast on a CPU only where it has the instructions: AMX tiles (`amx_bf16`) or
-AVX-512's bfloat16 dot products (`avx512_bf16`); elsewhere oneDNN emulates it and it can be
-slower than float32. float16 products need `amx_fp16` / `avx512_fp16`. The benchmarks say
-which the machine has and name the kernel a product ran on (oneDNN's verbose log), so a
-speed figure comes with the reason for it.
+bfloat16 is fast on a CPU only where it has AMX tiles (`amx_bf16`). With AVX-512's bfloat16
+dot products alone (`avx512_bf16`, no AMX) oneDNN runs it natively but slower than float32
+runs on the same CPU; with neither, torch emulates it, many times slower. float16 likewise
+with `amx_fp16` / `avx512_fp16`. The benchmarks say which the machine has and name the kernel
+a product ran on (oneDNN's verbose log), so a speed figure comes with the reason for it.
 """
 
 from __future__ import annotations
@@ -17,11 +17,18 @@ import torch
 
 FLAGS = ("amx_bf16", "amx_fp16", "amx_tile", "avx512_bf16", "avx512_fp16", "avx512f")
 
-# The instructions that run a low precision's products at speed (any one suffices); without
+# The instructions that run a low precision's products natively (any one suffices); without
 # them torch emulates the dtype, many times slower than float32 (docs/precision.md).
 LOW_PRECISION_UNITS: dict[torch.dtype, tuple[str, ...]] = {
     torch.bfloat16: ("amx_bf16", "avx512_bf16"),
     torch.float16: ("amx_fp16", "avx512_fp16"),
+}
+# Those with which a low precision ran faster than float32. With only the vector ones (an
+# AVX-512 Xeon without AMX) training ran at 0.57-0.62x float32's speed in bfloat16 and 0.82x
+# in float16, bfloat16 beam search at 0.65-0.70x (docs/precision.md).
+FASTER_THAN_FLOAT32_UNITS: dict[torch.dtype, tuple[str, ...]] = {
+    torch.bfloat16: ("amx_bf16",),
+    torch.float16: ("amx_fp16",),
 }
 
 

@@ -16,14 +16,15 @@ from dataclasses import dataclass
 
 import torch
 
-from nmt.cpu_features import LOW_PRECISION_UNITS, cpu_flags
+from nmt.cpu_features import FASTER_THAN_FLOAT32_UNITS, LOW_PRECISION_UNITS, cpu_flags
 from nmt.errors import NmtError
 
-# What runs a low compute dtype's products at speed: one of the CPU's instructions
-# (`LOW_PRECISION_UNITS`), or a GPU of at least this compute capability (tensor cores: float16
-# from Volta, bfloat16 from Ampere). Without them torch emulates the dtype: on a 2-core AVX2
-# CPU, products of the sizes a 2 x 256 model multiplies ran 20-90x slower in bfloat16 or
-# float16 than in float32 (docs/precision.md).
+# What runs a low compute dtype's products faster than float32: one of the CPU's instructions
+# (`FASTER_THAN_FLOAT32_UNITS`: AMX), or a GPU of at least this compute capability (tensor
+# cores: float16 from Volta, bfloat16 from Ampere). Without any units for the dtype
+# (`LOW_PRECISION_UNITS`) torch emulates it: on a 2-core AVX2 CPU, products of the sizes a
+# 2 x 256 model multiplies ran 20-90x slower in bfloat16 or float16 than in float32
+# (docs/precision.md).
 CUDA_CAPABILITY: dict[torch.dtype, tuple[int, int]] = {
     torch.bfloat16: (8, 0),
     torch.float16: (7, 0),
@@ -48,12 +49,14 @@ class Precision:
         """Bytes of one element of the compute dtype (the clone buffers')."""
         return torch.empty(0, dtype=self.compute).element_size()
 
-    def missing_units(self, device: torch.device) -> str | None:
-        """What `device` lacks to run this precision's products at speed, e.g. 'this CPU
-        has none of amx_bf16, avx512_bf16' (None: nothing, or nothing known: float32 and
-        float64 need no units, and a CPU whose flags cannot be read is given the benefit)."""
+    def slower_than_float32(self, device: torch.device) -> str | None:
+        """Why this precision's products run slower on `device` than float32's, e.g. 'this
+        CPU has none of amx_bf16, avx512_bf16: torch emulates its products, many times slower
+        than float32' (None: not slower, or nothing known: float32 and float64, and a CPU
+        whose flags cannot be read is given the benefit)."""
         if self.compute not in LOW_PRECISION_UNITS:
             return None
+        emulated = "torch emulates its products, many times slower than float32"
         if device.type == "cuda":
             need = CUDA_CAPABILITY[self.compute]
             have = torch.cuda.get_device_capability(device)
@@ -62,14 +65,21 @@ class Precision:
             return (
                 f"{torch.cuda.get_device_name(device)} is compute capability "
                 f"{have[0]}.{have[1]}, below the {need[0]}.{need[1]} whose tensor cores run "
-                f"{self.name}"
+                f"{self.name}: {emulated}"
             )
         if device.type != "cpu":
             return None
-        units, flags = LOW_PRECISION_UNITS[self.compute], cpu_flags()
-        if not flags or not flags.isdisjoint(units):
+        flags = cpu_flags()
+        units, faster = LOW_PRECISION_UNITS[self.compute], FASTER_THAN_FLOAT32_UNITS[self.compute]
+        if not flags or not flags.isdisjoint(faster):
             return None
-        return f"this CPU has none of {', '.join(units)}"
+        if flags.isdisjoint(units):
+            return f"this CPU has none of {', '.join(units)}: {emulated}"
+        have = ", ".join(u for u in units if u in flags)
+        return (
+            f"this CPU has {have} but not {', '.join(faster)}: its {self.name} products run "
+            "natively but slower than float32's"
+        )
 
 
 REGISTRY: dict[str, Precision] = {

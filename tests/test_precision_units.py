@@ -1,5 +1,6 @@
-"""A low precision where the hardware has no units for it: torch emulates its products, many
-times slower than float32, so training says so and translation falls back to float32.
+"""A low precision where the hardware runs it slower than float32 - no units for it (torch
+emulates its products, many times slower), or an AVX-512 CPU without AMX (native, slower) -
+so training says so and translation falls back to float32.
 
 The CPU's flags are patched in, so that these tests say the same on every machine.
 """
@@ -23,23 +24,36 @@ def with_flags(monkeypatch: pytest.MonkeyPatch, flags: set[str]) -> None:
     monkeypatch.setattr(precisions, "cpu_flags", lambda: set(flags))
 
 
+EMULATED = "torch emulates its products, many times slower than float32"
+
+
 @pytest.mark.parametrize(
-    ("flags", "missing"),
+    ("flags", "slower"),
     [
-        (AVX2, {"bfloat16": "amx_bf16, avx512_bf16", "float16": "amx_fp16, avx512_fp16"}),
-        (AVX2 | {"avx512f", "avx512_bf16"}, {"float16": "amx_fp16, avx512_fp16"}),
+        (
+            AVX2,
+            {
+                "bfloat16": f"this CPU has none of amx_bf16, avx512_bf16: {EMULATED}",
+                "float16": f"this CPU has none of amx_fp16, avx512_fp16: {EMULATED}",
+            },
+        ),
+        (
+            AVX2 | {"avx512f", "avx512_bf16", "avx512_fp16"},  # an AVX-512 Xeon without AMX
+            {
+                "bfloat16": "this CPU has avx512_bf16 but not amx_bf16: its bfloat16 products "
+                "run natively but slower than float32's",
+                "float16": "this CPU has avx512_fp16 but not amx_fp16: its float16 products "
+                "run natively but slower than float32's",
+            },
+        ),
         (AVX2 | {"amx_bf16", "amx_fp16"}, {}),
         (set(), {}),  # flags not readable (not Linux): no claim is made
     ],
 )
-def test_what_a_cpu_lacks_for_each_precision(monkeypatch, flags, missing) -> None:
+def test_where_a_cpu_runs_each_precision_slower_than_float32(monkeypatch, flags, slower):
     with_flags(monkeypatch, flags)
     for name in precisions.names():
-        got = precisions.get(name).missing_units(CPU)
-        if name in missing:
-            assert got == f"this CPU has none of {missing[name]}"
-        else:
-            assert got is None, name
+        assert precisions.get(name).slower_than_float32(CPU) == slower.get(name), name
 
 
 def test_what_a_gpu_lacks_is_its_compute_capability(monkeypatch) -> None:
@@ -47,23 +61,26 @@ def test_what_a_gpu_lacks_is_its_compute_capability(monkeypatch) -> None:
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla T4")
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
     gpu = torch.device("cuda:0")
-    assert precisions.get("bfloat16").missing_units(gpu) == (
-        "Tesla T4 is compute capability 7.5, below the 8.0 whose tensor cores run bfloat16"
+    assert precisions.get("bfloat16").slower_than_float32(gpu) == (
+        f"Tesla T4 is compute capability 7.5, below the 8.0 whose tensor cores run bfloat16: "
+        f"{EMULATED}"
     )
-    assert precisions.get("float16").missing_units(gpu) is None
+    assert precisions.get("float16").slower_than_float32(gpu) is None
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
-    assert precisions.get("bfloat16").missing_units(gpu) is None
+    assert precisions.get("bfloat16").slower_than_float32(gpu) is None
 
 
-def test_translation_keeps_the_trained_precision_where_the_cpu_runs_it(monkeypatch) -> None:
-    with_flags(monkeypatch, AVX2 | {"avx512_bf16"})
+def test_translation_keeps_the_trained_precision_where_the_cpu_runs_it_fast(monkeypatch) -> None:
+    with_flags(monkeypatch, AVX2 | {"avx512_bf16", "amx_bf16"})
     chosen, said = chosen_precision(None, "bfloat16", CPU)
     assert chosen.name == "bfloat16" and said == "bfloat16 (model)"
+    for flags in (AVX2, AVX2 | {"avx512_bf16"}):  # emulated; native but slower
+        with_flags(monkeypatch, flags)
+        chosen, said = chosen_precision(None, "bfloat16", CPU)
+        assert chosen.name == "float32"
+        assert said.startswith("float32 (the model trained in bfloat16, but this CPU has ")
+        assert said.endswith("--precision bfloat16 uses it anyway)")
     with_flags(monkeypatch, AVX2)
-    chosen, said = chosen_precision(None, "bfloat16", CPU)
-    assert chosen.name == "float32"
-    assert said.startswith("float32 (the model trained in bfloat16, but this CPU has none of")
-    assert said.endswith("--precision bfloat16 uses it anyway)")
     chosen, said = chosen_precision("bfloat16", "float32", CPU)  # a flag is obeyed, with why
     assert chosen.name == "bfloat16"
     assert said.startswith("bfloat16 (flag; this CPU has none of amx_bf16, avx512_bf16")
@@ -98,6 +115,6 @@ def test_a_bfloat16_run_on_a_cpu_without_units_warns_and_translates_in_float32(
     assert warning.startswith(
         "warning: train.precision bfloat16, but this CPU has none of amx_bf16, avx512_bf16: "
     )
-    assert "--set train.precision=float32" in warning
+    assert warning.endswith("--set train.precision=float32 trains faster")
     assert precision.startswith("precision: float32 (the model trained in bfloat16, but")
     assert lines["amx"] == ["precision: bfloat16 (model)"]

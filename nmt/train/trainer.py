@@ -178,11 +178,10 @@ class Trainer:
         )
         self.log(f"threads: {self.threads}")
         precision = self.cfg.train.precision
-        if missing := precisions.get(precision).missing_units(self.device):
+        if why := precisions.get(precision).slower_than_float32(self.device):
             self.log(
-                f"warning: train.precision {precision}, but {missing}: torch emulates its "
-                "products, many times slower than float32 (docs/precision.md); --set "
-                "train.precision=float32 trains at float32's speed"
+                f"warning: train.precision {precision}, but {why} (docs/precision.md); --set "
+                "train.precision=float32 trains faster"
             )
         if self.update.average is not None:
             self.log(

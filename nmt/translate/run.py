@@ -210,22 +210,21 @@ def chosen_precision(
     flag: str | None, trained: str, device: torch.device
 ) -> tuple[precisions.Precision, str]:
     """The precision to translate in, and a description of it for the log: the flag's if
-    given (with a warning where `device` would emulate it); else the one the model was
-    trained in, the arithmetic its weights were fitted under - unless `device` has no units
-    for it: then float32, since an emulated bfloat16 or float16 beam search is many times
-    slower (docs/precision.md) and float32 translates such a model as well."""
+    given (with a warning where it runs slower than float32 on `device`); else the one the
+    model was trained in, the arithmetic its weights were fitted under - unless it runs
+    slower than float32 on `device` (emulated, or a CPU without AMX: docs/precision.md):
+    then float32, which translates such a model as well."""
     if flag is not None:
         given = precisions.get(flag)
-        missing = given.missing_units(device)
-        emulated = f"; {missing}: emulated, many times slower than float32" if missing else ""
-        return given, f"{given.name} (flag{emulated})"
+        why = given.slower_than_float32(device)
+        return given, f"{given.name} (flag{f'; {why}' if why else ''})"
     model = precisions.get(trained)
-    missing = model.missing_units(device)
-    if missing is None:
+    why = model.slower_than_float32(device)
+    if why is None:
         return model, f"{model.name} (model)"
     return precisions.get("float32"), (
-        f"float32 (the model trained in {model.name}, but {missing}: emulated, it would be "
-        f"many times slower; --precision {model.name} uses it anyway)"
+        f"float32 (the model trained in {model.name}, but {why}; --precision {model.name} "
+        "uses it anyway)"
     )
 
 
