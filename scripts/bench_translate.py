@@ -137,21 +137,27 @@ def output_layers(
     layers = {}
     for name, model in models.items():
         loaded = model.generator
-        single = torch.nn.Linear(loaded.in_features, loaded.out_features)
-        single.weight = torch.nn.Parameter(column_major(loaded.weight), requires_grad=False)
-        single.bias = loaded.bias
+        rows = linear(loaded, loaded.weight.detach().contiguous())  # row-major: the model's
         for kind in kinds:
             if kind == "loaded":
                 layers[name, kind] = loaded
             elif kind == "by-rows":
-                layers[name, kind] = SearchOutputLayer(single, RULES["AuthenticAMD"])
+                layers[name, kind] = SearchOutputLayer(rows, RULES["AuthenticAMD"])
             elif kind == "column-major":
-                layers[name, kind] = single
+                layers[name, kind] = linear(loaded, column_major(loaded.weight))
             else:
                 raise SystemExit(
                     f"--output-layers: unknown {kind!r} (loaded, by-rows, column-major)"
                 )
     return layers
+
+
+def linear(layer: torch.nn.Module, weight: torch.Tensor) -> torch.nn.Linear:
+    """An nn.Linear with `layer`'s bias and `weight` (its values, in the layout given)."""
+    single = torch.nn.Linear(layer.in_features, layer.out_features)
+    single.weight = torch.nn.Parameter(weight, requires_grad=False)
+    single.bias = layer.bias
+    return single
 
 
 def main() -> None:

@@ -1,0 +1,51 @@
+"""scripts/bench_translate.py's output layers: each kind computes the model's logits, in the
+layout its name promises (no timing is checked)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from nmt.config import ModelConfig
+from nmt.model import build_model
+from nmt.translate import output_layer
+from nmt.translate.output_layer import RULES, SearchOutputLayer, prepare_for_search
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def bench():
+    path = REPO / "scripts/bench_translate.py"
+    spec = importlib.util.spec_from_file_location("bench_translate", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bench_translate"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("vendor", ["AuthenticAMD", "GenuineIntel"])
+def test_each_kind_of_output_layer_computes_the_models_logits(bench, monkeypatch, vendor):
+    """Whatever the loaded model holds (the weight both ways on AMD, one column-major weight
+    on Intel), `by-rows` runs the AMD rule on the row-major weight and `column-major` the one
+    form on a column-major copy."""
+    monkeypatch.setattr(output_layer, "cpu_vendor", lambda: vendor)
+    cfg = ModelConfig(num_layers=1, rnn_size=16, word_vec_size=16)
+    model = build_model(cfg, 30, 40, device="cpu", dtype=torch.float32)
+    plain = torch.nn.Linear(16, 40)
+    plain.load_state_dict(model.generator.state_dict())
+    prepare_for_search(model)
+    layers = bench.output_layers({"float32": model}, ["loaded", "by-rows", "column-major"])
+    assert layers["float32", "loaded"] is model.generator
+    by_rows = layers["float32", "by-rows"]
+    assert isinstance(by_rows, SearchOutputLayer) and by_rows.rule == RULES["AuthenticAMD"]
+    assert by_rows.weight.is_contiguous() and by_rows.columns.t().is_contiguous()
+    assert layers["float32", "column-major"].weight.t().is_contiguous()
+    for rows in (1, 5, 40, 80):
+        out = torch.randn(rows, 16)
+        for layer in layers.values():
+            torch.testing.assert_close(layer(out), plain(out), rtol=1e-5, atol=1e-5)
