@@ -14,7 +14,7 @@ a thread of its own after setting that seed (`set_random_generator_seed`).
 
 from __future__ import annotations
 
-import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import sentencepiece as spm
 
@@ -40,24 +40,13 @@ def sampled_pairs(
     """`pairs` encoded with BPE-dropout `dropout`, the same for the same (seed, epoch)."""
     if not all(isinstance(t, SentencePieceTokenizer) for t in (src_tok, tgt_tok)):
         raise TypeError("subword sampling needs sentencepiece tokenizers")
-    result: list[Example] = []
-    failure: list[BaseException] = []
 
-    def encode() -> None:  # in a new thread: its generator is seeded from the seed set below
-        try:
-            result.extend(
-                (src_tok.sample(s, dropout), tgt_tok.sample(t, dropout)) for s, t in pairs
-            )
-        except BaseException as exc:  # re-raised in the caller's thread
-            failure.append(exc)
+    def encode() -> list[Example]:
+        return [(src_tok.sample(s, dropout), tgt_tok.sample(t, dropout)) for s, t in pairs]
 
     spm.set_random_generator_seed(epoch_seed(seed, epoch))
-    worker = threading.Thread(target=encode, name=f"subword-sampling-epoch-{epoch}")
-    worker.start()
-    worker.join()
-    if failure:
-        raise failure[0]
-    return result
+    with ThreadPoolExecutor(1) as fresh_thread:  # its generator is seeded from the seed just set
+        return fresh_thread.submit(encode).result()
 
 
 def sampled_batches(
@@ -75,9 +64,8 @@ def sampled_batches(
     )
     kept = length_filter(cut, cfg.max_src_len, cfg.max_tgt_len, "", lambda _: None)
     batches = make_batches(kept, batch_size)
-    dropped = (
-        f", {len(cut) - len(kept)} over the length limits dropped" if len(kept) < len(cut) else ""
-    )
+    over = len(cut) - len(kept)
+    dropped = f", {over} over the length limits dropped" if over else ""
     log(
         f"epoch {epoch}: {len(kept)} training pairs cut with BPE-dropout "
         f"{cfg.subword_dropout:g}, {len(batches)} batches{dropped}"
