@@ -31,6 +31,16 @@ class Command(typer.core.TyperCommand):
     def get_params(self, ctx: typer.Context) -> list:
         return _no_flag_values(super().get_params(ctx))
 
+    def invoke(self, ctx: typer.Context) -> Any:
+        """A Ctrl-C before the command's own handler is in place (its imports: torch takes
+        seconds) is one line and exit code 130, as one after it is; typer's own handling
+        exits 130 without a word."""
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            _err("interrupted")
+            raise typer.Exit(code=130) from None
+
 
 class Group(typer.core.TyperGroup):
     def get_params(self, ctx: typer.Context) -> list:

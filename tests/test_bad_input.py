@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import errno
 import os
+import sys
+import types
 from collections.abc import Callable
 from pathlib import Path
 
@@ -841,3 +843,26 @@ def test_output_dash_is_stdout(tmp_path, monkeypatch):
     result = run("translate", "-m", str(out / "model.pt"), "--src", src, "-o", "-")
     assert result.exit_code == 0, result.output
     assert len(result.stdout.splitlines()) == 2 and not (tmp_path / "-").exists()
+
+
+class _InterruptingModule(types.ModuleType):
+    """A module whose every name raises KeyboardInterrupt: Ctrl-C while it is imported."""
+
+    def __getattr__(self, name: str):
+        raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize(
+    ("module", "args"),
+    [
+        ("nmt.memreport.plan", ["train", "--config", "c.yaml"]),
+        ("nmt.translate.run", ["translate", "-m", "m.pt", "--src", "s"]),
+    ],
+)
+def test_a_ctrl_c_while_a_command_imports_is_one_line(module, args, monkeypatch):
+    """The first seconds of a command import torch, before the command's own handler is in
+    place: a Ctrl-C there says so and exits 130 (typer alone would exit 130 silently)."""
+    monkeypatch.setitem(sys.modules, module, _InterruptingModule(module))
+    result = run(*args)
+    assert result.exit_code == 130
+    assert result.stderr.strip() == "interrupted"
