@@ -77,6 +77,17 @@ class DecoderState:
         )
 
 
+def _embedding(num_embeddings: int, dim: int) -> nn.Embedding:
+    """nn.Embedding, left undrawn when built on meta: its own N(0, 1) draw is overwritten by
+    `reset_parameters` anyway, and on meta `normal_` imports torch._dynamo (seconds at every
+    start of `nmt translate` and `nmt train`, which build a model on meta to check weights and
+    plan memory). Elsewhere the draw stays, so that a seed gives the weights it always gave."""
+    weight = torch.empty(num_embeddings, dim)
+    if weight.is_meta:
+        return nn.Embedding.from_pretrained(weight, freeze=False)
+    return nn.Embedding(num_embeddings, dim)
+
+
 class Seq2SeqAttn(nn.Module):
     """Recurrent encoder, recurrent decoder with input feeding and global attention: the cell
     of `model.rnn_type` (seq2seq-attn's LSTM by default, see `nmt.cells`), the attention of
@@ -87,10 +98,10 @@ class Seq2SeqAttn(nn.Module):
         self.cfg = cfg
         H, E = cfg.rnn_size, cfg.word_vec_size
         cell, L = cells.get(cfg.rnn_type), cfg.num_layers
-        self.src_embedding = nn.Embedding(src_vocab_size, E)
+        self.src_embedding = _embedding(src_vocab_size, E)
         self.encoder = RNNStack(cell, E, H, L, cfg.dropout)
         self.encoder_bwd = RNNStack(cell, E, H, L, cfg.dropout) if cfg.bidirectional else None
-        self.tgt_embedding = nn.Embedding(tgt_vocab_size, E)
+        self.tgt_embedding = _embedding(tgt_vocab_size, E)
         dec_in = E + H if cfg.input_feed else E
         self.decoder = RNNStack(cell, dec_in, H, L, cfg.dropout)
         self.attention: Attention = build_attention(cfg.attention, H)

@@ -386,6 +386,23 @@ def test_long_lines_are_translated_or_truncated_with_a_warning(toy_model, tmp_pa
     assert cut.stdout == invoke(*args, "--src", str(head)).stdout
 
 
+def test_translating_leaves_torch_dynamo_unimported(toy_model, toy_test):
+    """`nmt translate` checks a checkpoint's weights against a model built on meta; built
+    there with nn.Embedding's own normal_ draw, that imported torch._dynamo, seconds at every
+    start of the command. A fresh interpreter, as a user's command runs."""
+    code = (
+        "import sys; from nmt.cli import app\n"
+        f"sys.argv = ['nmt', 'translate', '-m', {str(toy_model)!r}, '--src', "
+        f"{str(toy_test[0])!r}, '--no-progress', '--beam-size', '1']\n"
+        "try:\n    app()\nexcept SystemExit as exc:\n    assert not exc.code, exc.code\n"
+        "print('torch._dynamo' in sys.modules, file=sys.stderr)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip()  # it translated
+    assert proc.stderr.strip().splitlines()[-1] == "False"
+
+
 def test_help_lists_the_options():
     result = invoke("--help")
     for option in [
