@@ -382,12 +382,14 @@ def average(
     ],
 ) -> None:
     """Average the model weights of several checkpoints into one for `nmt translate`."""
-    from nmt.train.average import average_files
+    from nmt.train.average import average_files, other_runs_warning
 
     try:
         state = average_files(checkpoints, output)
     except NmtError as exc:
         raise _fail(exc) from None
+    if warning := other_runs_warning(state["averaged"]):
+        _err(warning)
     steps = ", ".join(str(item["step"]) for item in state["averaged"])
     print(f"averaged {len(checkpoints)} checkpoints (steps {steps}) into {output}")
 

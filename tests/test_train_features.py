@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -328,6 +329,7 @@ def test_keep_checkpoints_then_average_and_translate(tmp_path):
     result = invoke("average", *map(str, kept[::-1]), "--output", str(averaged))
     assert result.exit_code == 0, result.stderr
     assert "averaged 2 checkpoints (steps 9, 12)" in result.stdout
+    assert result.stderr == ""  # one run's checkpoints: no warning
     weights = [torch.load(p, weights_only=True)["model"] for p in kept]
     mean = torch.load(averaged, weights_only=True)["model"]
     assert mean.keys() == weights[0].keys()
@@ -343,6 +345,34 @@ def test_keep_checkpoints_then_average_and_translate(tmp_path):
 
     with pytest.raises(NmtError, match="no training state"):
         Trainer.build(cfg, tmp_path / "again", resume=averaged, log=lambda _: None, progress=False)
+
+
+def test_average_warns_about_checkpoints_of_other_runs(tmp_path):
+    """A run names itself in its checkpoints and keeps the name when resumed; averaging
+    checkpoints of two runs (the same model, vocabularies and seed) is done, with a warning
+    that points to an ensemble instead."""
+    cfg = make_cfg(tmp_path, max_steps=2, valid_bleu_sample=0)
+    first, second = tmp_path / "first", tmp_path / "second"
+    run(cfg, first)
+    early = tmp_path / "first-step2.pt"
+    shutil.copy(first / "last.pt", early)
+    cfg.train.max_steps = 4
+    Trainer.build(cfg, first, resume=early, log=lambda _: None, progress=False).run()
+    run(cfg, second)
+    ids = [torch.load(p, weights_only=True)["run"] for p in (early, first / "last.pt")]
+    assert ids[0] == ids[1] and len(ids[0]) == 16
+    assert torch.load(second / "last.pt", weights_only=True)["run"] != ids[0]
+
+    out = tmp_path / "avg.pt"
+    result = invoke("average", str(early), str(first / "last.pt"), "-o", str(out))
+    assert result.exit_code == 0 and result.stderr == "", result.stderr
+    result = invoke("average", str(first / "last.pt"), str(second / "last.pt"), "-o", str(out))
+    assert result.exit_code == 0, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("warning: "), result.stderr
+    assert f"{second / 'last.pt'} is of another training run than {first / 'last.pt'}" in lines[0]
+    assert f"'nmt translate -m {first / 'last.pt'} -m {second / 'last.pt'}'" in lines[0]
+    assert out.is_file()
 
 
 def test_average_refuses_checkpoints_of_different_models(tmp_path):

@@ -95,8 +95,28 @@ def average_checkpoints(paths: list[Path]) -> dict[str, Any]:
         "config": first["config"],
         "src_tokenizer": first["src_tokenizer"],
         "tgt_tokenizer": first["tgt_tokenizer"],
-        "averaged": [{"path": str(p), "step": int(c.get("step", -1))} for p, c in loaded],
+        "averaged": [
+            {"path": str(p), "step": int(c.get("step", -1)), "run": str(c.get("run", ""))}
+            for p, c in loaded
+        ],
     }
+
+
+def other_runs_warning(averaged: list[dict[str, Any]]) -> str | None:
+    """A warning when the averaged checkpoints come from more than one training run (None:
+    one run, or checkpoints that do not say). Separately trained models put the same meaning
+    in different units, so the mean of their weights translates badly; decoding them as an
+    ensemble averages what they predict instead."""
+    named = [item for item in averaged if item.get("run")]
+    others = [item for item in named if item["run"] != named[0]["run"]]
+    if not others:
+        return None
+    first, other = named[0], others[0]
+    return (
+        f"warning: {other['path']} is of another training run than {first['path']}: the "
+        "average of separately trained weights usually translates badly; "
+        f"'nmt translate -m {first['path']} -m {other['path']}' decodes them as an ensemble"
+    )
 
 
 def average_files(paths: list[Path], output: Path) -> dict[str, Any]:

@@ -18,6 +18,7 @@ validation and `max_steps` still happens at exactly the step it did when each st
 from __future__ import annotations
 
 import math
+import secrets
 import shlex
 import signal
 import threading
@@ -130,6 +131,8 @@ class Trainer:
         self._zero = torch.zeros((), dtype=torch.float64, device=self.device)  # a failed rank's
         self._pending = 0  # steps since `settle` last read the device's counts
         self.state = TrainState()
+        # names the run in its checkpoints (kept on resume): `nmt average` tells runs apart
+        self.run_id = secrets.token_hex(8)
         self._valid_seconds = 0.0  # spent validating in this process
         self._window, self._epoch = Meter(self._train_clock), Meter(self._train_clock)
         self._bar = tqdm(disable=True)  # the run's progress bar, made by `run`
@@ -223,6 +226,7 @@ class Trainer:
                 else average.averaged_state_dict(self.model)
             ),
             "config": self.cfg.to_dict(),
+            "run": self.run_id,
             "src_tokenizer": self.corpus.src_tokenizer.state_dict(),
             "tgt_tokenizer": self.corpus.tgt_tokenizer.state_dict(),
             "optimizer": self.optimizer.state_dict(),
@@ -275,6 +279,7 @@ class Trainer:
         except (ValueError, KeyError, TypeError, RuntimeError) as exc:
             first = str(exc).splitlines()[0] if str(exc) else exc.__class__.__name__
             raise NmtError(f"{path}: the optimizer state does not fit the model: {first}") from None
+        self.run_id = str(ckpt.get("run", self.run_id))
         self._restore_average(ckpt)
         if self.update.loss_scale is not None and "loss_scale" in ckpt:
             self.update.loss_scale.load_state_dict(ckpt["loss_scale"])
