@@ -752,6 +752,15 @@ def test_a_run_directory_is_written_over_only_with_force(tmp_path):
     assert torch.load(other / "last.pt", weights_only=True)["step"] == 3
 
 
+def test_a_run_directory_behind_a_dangling_link_is_made_where_it_points(tmp_path):
+    cfg = write_config(tmp_path)
+    link = tmp_path / "runs-link"
+    link.symlink_to(tmp_path / "elsewhere" / "run")
+    result = run("train", "--config", str(cfg), "--out", str(link), "--no-progress")
+    assert result.exit_code == 0, result.stderr
+    assert link.is_symlink() and (tmp_path / "elsewhere" / "run" / "last.pt").is_file()
+
+
 def test_a_sentencepiece_vocabulary_below_the_characters_names_its_key(tmp_path):
     cfg = write_config(tmp_path, extra="")
     out = tmp_path / "r"

@@ -58,9 +58,12 @@ def prepare_run_dir(out_dir: Path, *, resume: Path | None, force: bool) -> list[
         raise NmtError(f"--out {out_dir}: is a file, not a directory")
     if not force:
         _refuse_to_write_over_a_run(out_dir, resume)
-    made = [p for p in (out_dir, *out_dir.parents) if not p.exists()]
+    # a link to a directory yet to be made: make it where the link points (mkdir would
+    # refuse the link itself as an existing file)
+    where = out_dir.resolve() if out_dir.is_symlink() and not out_dir.exists() else out_dir
+    made = [p for p in (where, *where.parents) if not p.exists()]
     try:
-        out_dir.mkdir(parents=True, exist_ok=True)
+        where.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         reason = exc.strerror or exc.__class__.__name__
         raise NmtError(f"--out {out_dir}: cannot create the run directory ({reason})") from None
