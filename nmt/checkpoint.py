@@ -70,8 +70,11 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         raise NmtError(_directory_message(path))
     if not path.is_file():
         raise NmtError(f"{path}: checkpoint not found")
-    if _is_yaml_config(path):
+    head = _head(path)
+    if _is_yaml_config(head):
         raise NmtError(f"{path}: is a YAML config, not a checkpoint (a run's model.pt or last.pt)")
+    if _is_text(head):
+        raise NmtError(f"{path}: is a text file, not a checkpoint (a run's model.pt or last.pt)")
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
@@ -102,16 +105,33 @@ def _directory_message(path: Path) -> str:
     return f"{path}: is a directory, not a checkpoint; it holds {', '.join(names)}: pass one"
 
 
-def _is_yaml_config(path: Path) -> bool:
-    """Whether `path` is text holding a YAML mapping with a config section: a config given
-    where a checkpoint belongs (torch's own formats are a zip archive or a binary pickle)."""
+def _head(path: Path) -> bytes:
+    """The first 64 KiB of a file: enough to tell a checkpoint from what else was given."""
     with open(path, "rb") as handle:
-        head = handle.read(1 << 16)
+        return handle.read(1 << 16)
+
+
+def _is_text(head: bytes) -> bool:
+    """Whether a file that starts with `head` is UTF-8 text: torch's own formats are a zip
+    archive or a binary pickle (its first byte 0x80), so a log or a hypothesis file is
+    neither, and torch's refusal of it would read as a checkpoint holding unsafe objects."""
     if head.startswith(b"PK") or not head or head[0] >= 0x80:
         return False
     try:
-        raw = yaml.safe_load(head.decode("utf-8"))
-    except (UnicodeDecodeError, yaml.YAMLError):
+        head.decode("utf-8")
+    except UnicodeDecodeError as exc:  # a character cut at the 64 KiB mark is still text
+        return exc.start >= len(head) - 3
+    return True
+
+
+def _is_yaml_config(head: bytes) -> bool:
+    """Whether `head` is text holding a YAML mapping with a config section: a config given
+    where a checkpoint belongs."""
+    if not _is_text(head):
+        return False
+    try:
+        raw = yaml.safe_load(head.decode("utf-8", errors="ignore"))
+    except yaml.YAMLError:
         return False
     return isinstance(raw, dict) and bool({"data", "model", "train"} & set(map(str, raw)))
 

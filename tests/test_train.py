@@ -136,6 +136,10 @@ def test_truncated_checkpoint_is_a_clear_error(tmp_path):
     torch.save({"just": "a dict"}, other)
     with pytest.raises(NmtError, match="other.pt: not an nmt checkpoint"):
         load_checkpoint(other)
+    log = tmp_path / "train.log"  # text given as a checkpoint: said so, not "unsafe objects"
+    log.write_text("threads: 2\nstep 50 epoch 1: loss 6.523 ppl 680.77 über\n", encoding="utf-8")
+    with pytest.raises(NmtError, match="train.log: is a text file, not a checkpoint"):
+        load_checkpoint(log)
 
 
 def _disk_full(state, handle) -> None:
