@@ -59,7 +59,7 @@ def _attention_doc() -> str:
 def _precisions() -> tuple[str, ...]:
     from nmt import precisions
 
-    return precisions.names()
+    return precisions.choices()
 
 
 def _precision_doc() -> str:
@@ -402,6 +402,10 @@ class Config:
 
     def dump(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False).rstrip()
+
+    def with_train(self, **changes: Any) -> Config:
+        """This config with `train` keys changed: a run's `auto` choices made concrete."""
+        return dataclasses.replace(self, train=dataclasses.replace(self.train, **changes))
 
 
 SECTIONS: dict[str, type] = {

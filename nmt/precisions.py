@@ -106,9 +106,36 @@ REGISTRY: dict[str, Precision] = {
 }
 
 
+AUTO = "auto"  # the fastest precision the run's device has units for (`auto_choice`)
+
+
 def names() -> tuple[str, ...]:
-    """The `train.precision` choices, in registry order."""
+    """The precisions, in registry order."""
     return tuple(REGISTRY)
+
+
+def choices() -> tuple[str, ...]:
+    """The `train.precision` values: `auto`, then the precisions."""
+    return (AUTO, *names())
+
+
+def auto_choice(device: torch.device) -> tuple[str, str]:
+    """`train.precision: auto` on `device`: the precision and why. A low precision only where
+    the hardware is known to run it faster than float32 - a CPU with AMX, a GPU with tensor
+    cores for it (bfloat16 from compute capability 8.0, float16 with loss scaling from 7.0) -
+    and float32 elsewhere, a CPU whose flags cannot be read included."""
+    if device.type == "cuda":
+        have, gpu = torch.cuda.get_device_capability(device), torch.cuda.get_device_name(device)
+        for name in ("bfloat16", "float16"):
+            if have >= CUDA_CAPABILITY[REGISTRY[name].compute]:
+                return name, f"{gpu} is compute capability {have[0]}.{have[1]}"
+        return "float32", f"{gpu} is compute capability {have[0]}.{have[1]}, below 7.0"
+    if device.type == "cpu":
+        units = FASTER_THAN_FLOAT32_UNITS[torch.bfloat16]
+        if found := [unit for unit in units if unit in cpu_flags()]:
+            return "bfloat16", f"this CPU has {', '.join(found)}"
+        return "float32", f"this CPU has no {', '.join(units)}"
+    return "float32", f"device {device.type}"
 
 
 def get(name: str) -> Precision:
@@ -136,4 +163,8 @@ def is_low(dtype: torch.dtype) -> bool:
 
 
 def describe(sep: str = "; ") -> str:
-    return sep.join(f"{p.name}: {p.description}" for p in REGISTRY.values())
+    auto = (
+        f"{AUTO}: bfloat16 on a CPU with AMX or a GPU from compute capability 8.0, float16 on "
+        "one from 7.0, float32 elsewhere (the run's log says which and why)"
+    )
+    return sep.join([auto] + [f"{p.name}: {p.description}" for p in REGISTRY.values()])

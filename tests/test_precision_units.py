@@ -7,6 +7,8 @@ The CPU's flags are patched in, so that these tests say the same on every machin
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from typer.testing import CliRunner
@@ -118,3 +120,77 @@ def test_a_bfloat16_run_on_a_cpu_without_units_warns_and_translates_in_float32(
     assert warning.endswith("--set train.precision=float32 trains faster")
     assert precision.startswith("precision: float32 (the model trained in bfloat16, but")
     assert lines["amx"] == ["precision: bfloat16 (model)"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "chosen"),
+    [
+        (AVX2 | {"avx512_bf16", "amx_bf16", "amx_fp16"}, ("bfloat16", "this CPU has amx_bf16")),
+        (AVX2 | {"avx512_bf16", "avx512_fp16"}, ("float32", "this CPU has no amx_bf16")),
+        (AVX2, ("float32", "this CPU has no amx_bf16")),
+        (set(), ("float32", "this CPU has no amx_bf16")),  # flags unknown: no low precision
+    ],
+)
+def test_auto_takes_a_low_precision_only_on_a_cpu_with_amx(monkeypatch, flags, chosen):
+    with_flags(monkeypatch, flags)
+    assert precisions.auto_choice(CPU) == chosen
+
+
+def test_auto_on_a_gpu_follows_its_tensor_cores(monkeypatch) -> None:
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "GPU")
+    gpu = torch.device("cuda:0")
+    for capability, name in (((9, 0), "bfloat16"), ((8, 0), "bfloat16"), ((7, 5), "float16")):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None, c=capability: c)
+        assert precisions.auto_choice(gpu) == (
+            name,
+            f"GPU is compute capability {capability[0]}.{capability[1]}",
+        )
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (6, 1))
+    assert precisions.auto_choice(gpu) == ("float32", "GPU is compute capability 6.1, below 7.0")
+
+
+def test_a_run_with_precision_auto_names_what_ran_and_resumes_in_it(tmp_path, monkeypatch) -> None:
+    """The checkpoint holds the precision that ran, not `auto`; a resumed run goes on in it
+    whatever the machine it resumes on would choose."""
+    cfg = write_toy_config(
+        tmp_path / "c.yaml",
+        "num_layers: 1, rnn_size: 16, word_vec_size: 16",
+        "batch_size: 32, max_steps: 2, device: cpu, valid_bleu_sample: 0, precision: auto",
+    )
+    runner = CliRunner()
+    for name, flags, precision in (
+        ("amx", AVX2 | {"avx512_bf16", "amx_bf16"}, "bfloat16"),
+        ("avx512", AVX2 | {"avx512_bf16"}, "float32"),
+    ):
+        with_flags(monkeypatch, flags)
+        out = tmp_path / name
+        trained = runner.invoke(app, ["train", "--config", str(cfg), "--out", str(out)])
+        assert trained.exit_code == 0, trained.output
+        assert f"train.precision auto: {precision} (this CPU has " in trained.output
+        assert "warning: train.precision" not in trained.output
+        saved = torch.load(out / "last.pt", weights_only=True)["config"]["train"]["precision"]
+        assert saved == precision
+    with_flags(monkeypatch, AVX2)  # the bfloat16 run resumed where auto would say float32
+    last = tmp_path / "amx" / "last.pt"
+    sets = ["--set", "train.max_steps=3"]
+    resumed = runner.invoke(app, ["train", "--config", str(cfg), "--resume", str(last), *sets])
+    assert resumed.exit_code == 0, resumed.output
+    assert "train.precision auto: bfloat16 (the precision the resumed checkpoint" in resumed.output
+    ckpt = torch.load(last, weights_only=True)
+    assert ckpt["step"] == 3 and ckpt["config"]["train"]["precision"] == "bfloat16"
+
+
+def test_memreport_accounts_auto_as_the_run_would_choose(tmp_path, monkeypatch) -> None:
+    cfg = write_toy_config(
+        tmp_path / "c.yaml",
+        "num_layers: 1, rnn_size: 16, word_vec_size: 16",
+        "batch_size: 32, device: cpu, precision: auto",
+    )
+    for flags, precision in ((AVX2 | {"amx_bf16"}, "bfloat16"), (AVX2, "float32")):
+        with_flags(monkeypatch, flags)
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+        out = tmp_path / f"{precision}.json"
+        args = ["memreport", "--config", str(cfg), "--device", "meta", "--json", str(out)]
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 0, result.output
+        assert json.loads(out.read_text(encoding="utf-8"))["config"]["precision"] == precision

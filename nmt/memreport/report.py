@@ -153,6 +153,17 @@ def _timed(log: Log, what: str, fn: Callable):
     return out
 
 
+def _training_device(requested: str) -> torch.device:
+    """Where the accounted run would train: the device asked for, or for auto and meta this
+    machine's (CUDA where it has it, as `train.device: auto` chooses)."""
+    if requested not in ("auto", "meta"):
+        try:
+            return torch.device(requested)
+        except RuntimeError:  # `choose_device` names the mistake
+            pass
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
 def build_report(
     cfg: Config,
     config_path: str = "",
@@ -174,6 +185,10 @@ def build_report(
         raise NmtError(f"--detail {detail!r}: expected one of {', '.join(rows)}")
     if top < 1:
         raise NmtError(f"--top {top}: expected at least 1 row")
+    if cfg.train.precision == precisions.AUTO:  # as the run would choose on its device
+        name, why = precisions.auto_choice(_training_device(device))
+        log(f"train.precision auto: {name} ({why})")
+        cfg = cfg.with_train(precision=name)
     setting = Setting.from_config(cfg, translation)
     choose_device(device, setting, 0)  # a mistyped device fails before any work
     opt = optimizer_bytes(setting)

@@ -120,6 +120,24 @@ def resume_state(
     return checkpoint, (src_tok, tgt_tok)
 
 
+def resolve_precision(
+    cfg: Config, device: torch.device, checkpoint: dict[str, Any] | None, log: Log
+) -> Config:
+    """`cfg` with `train.precision: auto` made concrete, and the log saying which and why: a
+    resumed run goes on in the precision it trained in (its checkpoint's, so that it resumes
+    exactly on any machine), a new one takes the device's fastest (`precisions.auto_choice`).
+    The checkpoints then name the precision that ran."""
+    if cfg.train.precision != precisions.AUTO:
+        return cfg
+    if checkpoint is not None:
+        name = checkpoint["config"].get("train", {}).get("precision", "float32")
+        why = "the precision the resumed checkpoint trained in"
+    else:
+        name, why = precisions.auto_choice(device)
+    log(f"train.precision auto: {name} ({why})")
+    return cfg.with_train(precision=name)
+
+
 def build_corpus(
     cfg: Config,
     out_dir: Path,
@@ -220,6 +238,8 @@ def build_run(
     run_log = RunLog(out_dir if dist.is_main else None, log, fresh=resume is None)
     torch.manual_seed(t.seed)
     checkpoint, tokenizers = resume_state(cfg, resume)
+    cfg = resolve_precision(cfg, device, checkpoint, run_log)
+    t = cfg.train
     corpus = build_corpus(cfg, out_dir, dist, run_log, tokenizers)
     memory_plan = build_memory_plan(cfg, corpus, budget, dist, checkpoint, planner, run_log)
     if memory_plan is not None:

@@ -140,14 +140,12 @@ class Plan:
 
     def apply(self, cfg: Config) -> Config:
         """`cfg` running this plan (`train.prealloc` a policy, no longer `auto`)."""
-        train = dataclasses.replace(
-            cfg.train,
+        return cfg.with_train(
             prealloc=self.policy,
             recompute_encoder=self.recompute_encoder,
             recompute_decoder=self.recompute_decoder,
             accum_steps=self.accum_steps,
         )
-        return dataclasses.replace(cfg, train=train)
 
     def describe(self, encoder_clones: int, decoder_clones: int, micro: int | None = None) -> str:
         """In words, e.g. `all + recompute 4 of 52 encoder and 51 of 51 decoder clones, 2
