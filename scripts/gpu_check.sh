@@ -9,7 +9,8 @@
 #   memreport  nmt memreport --device cuda on configs/seed-4x600.yaml: max_memory_allocated
 #              within 10% of the accounted total, per policy
 #   bench      scripts/bench_train.py --device cuda on the toy corpus
-#   precision  nmt train, translate and memreport in bfloat16 and float16 (loss scaling)
+#   precision  nmt train, translate and memreport in bfloat16 and float16 (loss scaling);
+#              what train.precision auto chooses
 #   2 ranks    a 2-rank torchrun run, when two GPUs are visible
 # It ends with one summary table and exits 1 if any check failed. Logs go to $OUT
 # (default gpu-check/).
@@ -158,6 +159,9 @@ run_precision() {  # each low precision trains, translates, and memreport checks
         "$py" -m nmt memreport "${low_mem[@]}" --precision "$p" > "$out/memreport-$p.log" \
             2>&1 || return 1
     done
+    # what train.precision auto chooses on this device (accounted on meta: no step runs)
+    "$py" -m nmt memreport "${low_mem[@]}" --device meta --precision auto 2>&1 >/dev/null \
+        | grep '^train.precision auto: ' || return 1
 }
 run_ranks() {
     "$py" -m torch.distributed.run --standalone --nproc_per_node 2 -m nmt train \
