@@ -154,14 +154,12 @@ def _timed(log: Log, what: str, fn: Callable):
 
 
 def _training_device(requested: str) -> torch.device:
-    """Where the accounted run would train: the device asked for, or for auto and meta this
-    machine's (CUDA where it has it, as `train.device: auto` chooses)."""
-    if requested not in ("auto", "meta"):
-        try:
-            return torch.device(requested)
-        except RuntimeError:  # `choose_device` names the mistake
-            pass
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    """Where the accounted run would train: the device asked for, or for auto and meta where
+    `train.device: auto` trains (`resolve_device`)."""
+    try:
+        return resolve_device("auto" if requested in ("auto", "meta") else requested)
+    except NmtError:  # a mistyped or missing device: `choose_device` names the mistake
+        return torch.device("cpu")
 
 
 def build_report(
