@@ -157,6 +157,14 @@ class DataConfig:
         "each merge skipped with this probability (0: off; validation and translation cut "
         "as usual)",
     )
+    word_dropout: float = _opt(
+        0.0,
+        min=0.0,
+        max=0.99,
+        doc="source word dropout: each training source word replaced by <unk> with this "
+        "probability, drawn anew every epoch (0: off; validation and translation read the "
+        "sources as they are)",
+    )
 
 
 @dataclass

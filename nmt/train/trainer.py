@@ -36,6 +36,7 @@ from nmt.checkpoint import prune_step_checkpoints, save_checkpoint
 from nmt.config import Config
 from nmt.data.batching import Batch, epoch_order, on_device
 from nmt.data.sampling import sampled_batches
+from nmt.data.word_dropout import drop_source_words
 from nmt.errors import NmtError
 from nmt.out_of_memory import batch_shape, training_message
 from nmt.train import distributed as dd
@@ -191,6 +192,8 @@ class Trainer:
                 f"moving average of the weights (train.ema_decay {self.update.average.decay:g}): "
                 "validation, model.pt and the checkpoints' models are the average"
             )
+        if p := self.cfg.data.word_dropout:
+            self.log(f"source word dropout (data.word_dropout {p:g}): drawn anew every epoch")
         valid_text = self.corpus.valid_text
         bleu = (
             f"; BLEU (greedy) on {len(self.bleu_set.sources)} of the file's {len(valid_text)}"
@@ -621,6 +624,14 @@ class Trainer:
     def _due(self, every: int) -> bool:
         return every > 0 and self.state.step % every == 0
 
+    def _training_batch(self, index: int) -> Batch:
+        """Batch `index` of this epoch as trained on: `data.word_dropout` drawn anew."""
+        s = self.state
+        batch = self.train_batches[index]
+        return drop_source_words(
+            batch, self.cfg.data.word_dropout, self.cfg.train.seed, s.epoch, index
+        )
+
     def _run_epoch(self) -> None:
         """One epoch from `state.position`. A step's outcome is read back (`settle`) only
         when, had every pending update been applied, the step count would now be due for a
@@ -639,7 +650,7 @@ class Trainer:
         self._bar.set_description(f"epoch {s.epoch}", refresh=False)
         self._epoch, self._window = Meter(self._train_clock), Meter(self._train_clock)
         todo = order[s.position :]
-        batches = on_device((self.train_batches[i] for i in todo), self.device)
+        batches = on_device((self._training_batch(i) for i in todo), self.device)
         for index, batch in zip(todo, batches, strict=True):
             self.train_step(batch, self.train_tokens[index])
             s.position += 1
