@@ -626,11 +626,8 @@ class Trainer:
 
     def _training_batch(self, index: int) -> Batch:
         """Batch `index` of this epoch as trained on: `data.word_dropout` drawn anew."""
-        s = self.state
-        batch = self.train_batches[index]
-        return drop_source_words(
-            batch, self.cfg.data.word_dropout, self.cfg.train.seed, s.epoch, index
-        )
+        p, seed = self.cfg.data.word_dropout, self.cfg.train.seed
+        return drop_source_words(self.train_batches[index], p, seed, self.state.epoch, index)
 
     def _run_epoch(self) -> None:
         """One epoch from `state.position`. A step's outcome is read back (`settle`) only
