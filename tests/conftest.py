@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from nmt.config import ModelConfig, choices_of, from_dict
+from nmt.devices import set_tf32
 from nmt.threads import allowed_cores
 
 
@@ -41,12 +42,15 @@ TEST_DEVICE = torch.device(os.environ.get("NMT_TEST_DEVICE", "cpu"))
 def deterministic():
     """Bitwise comparisons on CUDA need deterministic kernels (index_add_, scatter_add_,
     cuBLAS): every test runs under deterministic mode there, as training does by default
-    (`train.deterministic`); on the CPU, which is deterministic as it is, nothing changes."""
+    (`train.deterministic`), and without TF32 (`train.tf32: false`; torch's own default lets
+    cuDNN's RNNs round float32 to TF32, 5e-4 off the cells on an H200); on the CPU, which is
+    deterministic as it is, nothing changes."""
     if TEST_DEVICE.type != "cuda":
         yield
         return
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.use_deterministic_algorithms(True)
+    set_tf32(False)  # no test wants TF32 (none turns it on), so it stays off
     yield
     torch.use_deterministic_algorithms(False)
 
