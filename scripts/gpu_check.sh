@@ -4,14 +4,16 @@
 #   engine     the engine's gradient-equivalence and bitwise-sharing tests on the device,
 #              and the kernel encoder's (cuDNN's LSTM and GRU), with deterministic algorithms
 #   train      nmt train on configs/toy.yaml (data/toy)
-#   repeat     the same training run twice, deterministic: bitwise equal parameters
+#   repeat     the same training run twice, and once stopped halfway and resumed,
+#              deterministic: bitwise equal parameters
 #   translate  nmt translate of the toy test set with that model: BLEU >= 90
 #   memreport  nmt memreport --device cuda on configs/seed-4x600.yaml: max_memory_allocated
 #              within 10% of the accounted total, per policy
-#   bench      scripts/bench_train.py --device cuda on the toy corpus
 #   precision  nmt train, translate and memreport in bfloat16 and float16 (loss scaling);
 #              what train.precision auto chooses
 #   2 ranks    a 2-rank torchrun run, when two GPUs are visible
+#   bench      scripts/bench_train.py --device cuda on the toy corpus (last: the only check
+#              that measures rather than proves)
 # It ends with one summary table and exits 1 if any check failed. Logs go to $OUT
 # (default gpu-check/).
 #
@@ -50,10 +52,11 @@ if [ "$device" = cuda ]; then
     train_sets=(--set train.device=cuda)
     test_lines=500 min_bleu=90 beam=5
     engine_sel=()
+    engine_workers=${GPU_CHECK_WORKERS:-8}  # test processes sharing the GPU (0: this one)
     mem_args=(--config configs/seed-4x600.yaml --device cuda)
     bench_args=(--device cuda --steps 30 --set train.loss_chunk=8)  # as docs/speed.md's table
     ranks_sets=(--set train.device=cuda --set train.max_steps=100 --set train.valid_every=50)
-    repeat_sets=(--set train.device=cuda --set train.max_steps=60 --set train.valid_bleu_sample=0)
+    repeat_sets=(--set train.device=cuda --set train.valid_bleu_sample=0) repeat_steps=60
     low_sets=(--set train.device=cuda --set train.max_steps=300 --set train.valid_every=150)
     low_mem=(--config configs/seed-4x600.yaml --device cuda)
     low_precisions=(bfloat16 float16)
@@ -63,13 +66,14 @@ else
         --set train.valid_every=15)
     test_lines=40 min_bleu=0 beam=2
     engine_sel=(-k "general-L3-feed-bi-drop")
+    engine_workers=0
     mem_args=(--config configs/toy.yaml --device cpu "${small[@]}" --set train.batch_size=8
         --set data.max_src_len=12 --set data.max_tgt_len=12)
     bench_args=(--device cpu --steps 3 --layers 1 --rnn 32 --batch 16)
     ranks_sets=("${small[@]}" --set train.device=cpu --set train.max_steps=4
         --set train.valid_every=2)
-    repeat_sets=("${small[@]}" --set train.device=cpu --set train.max_steps=4
-        --set train.valid_bleu_sample=0)
+    repeat_sets=("${small[@]}" --set train.device=cpu --set train.valid_bleu_sample=0)
+    repeat_steps=4
     low_sets=("${small[@]}" --set train.device=cpu --set train.max_steps=4
         --set train.valid_bleu_sample=0)
     low_mem=(--config configs/toy.yaml --device cpu "${small[@]}" --set train.batch_size=8
@@ -108,22 +112,34 @@ allocated() {  # cuda: each policy's allocated-vs-accounted verdict; cpu: the by
 speed() { grep -oE '^(ratios vs|step time recompute / all).*' "$1" | paste -sd ';' -; }
 
 run_engine() {
-    NMT_TEST_DEVICE=$device "$py" -m pytest -q -n 0 -p no:cacheprovider \
+    NMT_TEST_DEVICE=$device "$py" -m pytest -q -n "$engine_workers" -p no:cacheprovider \
         tests/test_engine_equivalence.py tests/test_engine_sharing.py tests/test_nn_rnn.py \
         "${engine_sel[@]}"
 }
-run_repeat() {  # train twice from the same seed, deterministic (the default): equal bits
+run_repeat() {  # deterministic (the default): two runs from one seed, and a third stopped
+    # halfway and resumed from its last.pt, end with equal bits
+    local run half=$((repeat_steps / 2))
+    rm -f "$out"/repeat-{a,b,c}.log
     for run in a b; do
-        "$py" -m nmt train --config configs/toy.yaml --out "$out/repeat-$run" --force \
-            --no-progress "${repeat_sets[@]}" > "$out/repeat-$run.log" 2>&1 || return 1
+        train_toy "$out/repeat-$run" --set train.max_steps=$repeat_steps || return 1
     done
-    "$py" - "$out/repeat-a/last.pt" "$out/repeat-b/last.pt" <<'PY'
+    train_toy "$out/repeat-c" --set train.max_steps=$half || return 1
+    train_toy "$out/repeat-c" --set train.max_steps=$repeat_steps \
+        --resume "$out/repeat-c/last.pt" || return 1
+    "$py" - "$out"/repeat-{a,b,c}/last.pt <<'PY'
 import sys, torch
-a, b = (torch.load(p, weights_only=True)["model"] for p in sys.argv[1:])
-same = [k for k in a if torch.equal(a[k], b[k])]
-print(f"parameters bitwise equal: {len(same)} of {len(a)} tensors")
-sys.exit(0 if len(same) == len(a) else 1)
+a, b, c = (torch.load(p, weights_only=True)["model"] for p in sys.argv[1:])
+same = lambda x: sum(torch.equal(a[k], x[k]) for k in a)
+print(f"parameters bitwise equal: {same(b)} of {len(a)} tensors (repeated),"
+      f" {same(c)} of {len(a)} (stopped halfway and resumed)")
+sys.exit(0 if same(b) == same(c) == len(a) else 1)
 PY
+}
+train_toy() {  # train_toy DIR ARGS...: a quiet toy run of the repeat check, logged in DIR.log
+    local dir=$1
+    shift
+    "$py" -m nmt train --config configs/toy.yaml --out "$dir" --force --no-progress \
+        "${repeat_sets[@]}" "$@" >> "$dir.log" 2>&1
 }
 run_train() {
     "$py" -m nmt train --config configs/toy.yaml --out "$out/toy" --force --no-progress \
@@ -180,13 +196,13 @@ check repeat last_line run_repeat
 check translate bleu run_translate
 if [ "${results[-1]}" = pass ] && ! bleu_ok; then results[-1]=FAIL; failed=1; fi
 check memreport allocated run_memreport
-check bench speed run_bench
 check precision last_line run_precision
 if [ "$device" = cpu ] || [ "$gpus" -ge 2 ]; then
     check 2-ranks trained run_ranks
 else
     skip 2-ranks "one GPU visible"
 fi
+check bench speed run_bench
 
 echo
 echo "gpu_check on $device: $(cat "$out/device.txt")"

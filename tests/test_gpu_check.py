@@ -11,7 +11,7 @@ from pathlib import Path
 from nmt import cells, granularities
 
 REPO = Path(__file__).resolve().parents[1]
-CHECKS = ["engine", "train", "repeat", "translate", "memreport", "bench", "precision", "2-ranks"]
+CHECKS = ["engine", "train", "repeat", "translate", "memreport", "precision", "2-ranks", "bench"]
 
 
 def gpu_check(tmp_path: Path, device: str, **extra: str) -> subprocess.CompletedProcess:
@@ -32,8 +32,10 @@ def test_every_check_runs_on_the_cpu(tmp_path):
     # and kernel encoder files
     structures = len(cells.names()) * len(granularities.names())
     assert " ".join(rows["engine"][2:4]) == f"{3 * structures} passed,"
-    equal = rows["repeat"][2:]  # parameters bitwise equal: N of N tensors
-    assert equal[:3] == ["parameters", "bitwise", "equal:"] and equal[3] == equal[5] != "0"
+    # parameters bitwise equal: N of N tensors (repeated), N of N (stopped halfway and resumed)
+    equal = rows["repeat"][2:]
+    assert equal[:3] == ["parameters", "bitwise", "equal:"]
+    assert equal[3] == equal[5] == equal[8] == equal[10] != "0" and "resumed)" in equal
     assert rows["translate"][2:4] == ["BLEU", "="]
     assert " ".join(rows["memreport"][2:]) == "5/5 policies match byte for byte"
     assert "step time recompute / all" in " ".join(rows["bench"][2:])
