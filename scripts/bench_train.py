@@ -48,6 +48,7 @@ from nmt.cpu_features import describe as describe_cpu
 from nmt.data.batching import Batch, epoch_order, make_batches
 from nmt.data.corpus import load_corpus
 from nmt.data.vocab import PAD
+from nmt.devices import setup_device
 from nmt.model import build_model
 from nmt.opcount import count
 from nmt.opprofile import PRODUCTS, RowOf, Shapes, op_shares, shares_table
@@ -243,6 +244,8 @@ def main() -> None:
     raw = {"data": data, "model": model, "train": {"device": args.device}}
     raw = apply_overrides(raw, args.set)
     base = from_dict(raw, "bench_train")
+    # CUDA as training sets it up (deterministic algorithms, TF32 off unless --set says)
+    setup_device(args.device, deterministic=base.train.deterministic, tf32=base.train.tf32)
     corpus = load_corpus(base.data, None, log=lambda s: None)
     vocab = (len(corpus.src_tokenizer), len(corpus.tgt_tokenizer))
     # + the warm-up batch, + the counted one, + the profiled ones
