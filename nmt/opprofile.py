@@ -8,8 +8,10 @@ its callees'), so they add up to the whole.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 
+import torch
 from torch.profiler import ProfilerActivity, profile
 
 Shapes = list[list[int]]  # an op's input shapes as the profiler records them
@@ -35,8 +37,18 @@ def op_shares(
 ) -> dict[str, float]:
     """Each op's share of the self CPU time of `repeats` calls of `fn` (shares sum to 1).
     `row_of` sums ops into rows by their name and input shapes (recorded only then): a
-    product of the output layer told from one of an LSTM layer."""
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=row_of is not None) as prof:
+    product of the output layer told from one of an LSTM layer.
+
+    Recording shapes makes torch's profiler also record ops' concrete inputs, which keeps
+    tensors made in inference mode alive to the end: a search step's N x V logits then land
+    in fresh memory at every step, whose first touch costs more than the op (a beam search
+    profiled that way ran 3x as long, the log-softmax and the bias copy half of it). Only
+    the shapes are recorded here."""
+    record_shapes = row_of is not None
+    with (
+        _no_concrete_inputs(),
+        profile(activities=[ProfilerActivity.CPU], record_shapes=record_shapes) as prof,
+    ):
         for _ in range(repeats):
             fn()
     times: dict[str, float] = {}
@@ -45,6 +57,21 @@ def op_shares(
         times[row] = times.get(row, 0.0) + float(e.self_cpu_time_total)
     total = sum(times.values()) or 1.0
     return {op: t / total for op, t in sorted(times.items(), key=lambda kv: -kv[1])}
+
+
+@contextmanager
+def _no_concrete_inputs() -> Iterator[None]:
+    """Turns off the profiler's recording of ops' concrete inputs (torch's default: on) for
+    the duration; a torch without the switch records as it does."""
+    switch = getattr(torch._C._profiler, "_set_record_concrete_inputs_enabled_val", None)
+    if switch is None:
+        yield
+        return
+    switch(False)
+    try:
+        yield
+    finally:
+        switch(True)
 
 
 def shares_table(shares: Mapping[str, Mapping[str, float]], top: int = 12) -> str:
