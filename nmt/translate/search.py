@@ -25,6 +25,7 @@ from torch import Tensor
 from nmt.data.vocab import BOS, EOS, PAD
 from nmt.errors import NmtError
 from nmt.model import DecoderState
+from nmt.translate.ranking import row_topk
 
 if TYPE_CHECKING:
     from nmt.translate.ensemble import Decodable
@@ -132,13 +133,14 @@ def candidates(scores: Tensor, logp: Tensor, width: int) -> tuple[Tensor, Tensor
     at the first step).
 
     A sentence's `width` best are among the `width` best tokens of each of its rows, so each
-    row of V is ranked first and only the k x width survivors get their hypothesis' score
-    added: the same sums as adding it to all k x V, at a fraction of the work. Where k x V is
+    row of V is ranked first (`row_topk`) and only the k x width survivors get their
+    hypothesis' score added: the same sums as adding it to all k x V, at a fraction of the
+    work. Where k x V is
     fewer than `width` (a first step over a tiny vocabulary), -inf candidates fill the rest,
     as the missing hypotheses of a full beam would.
     """
     n, k = scores.shape
-    row_logp, row_tokens = logp.topk(min(width, logp.size(1)), dim=1)  # nk x W
+    row_logp, row_tokens = row_topk(logp, min(width, logp.size(1)))  # nk x W
     W = row_logp.size(1)
     total = (scores.reshape(-1, 1) + row_logp).view(n, k * W)
     if k * W < width:
