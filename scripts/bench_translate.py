@@ -22,7 +22,9 @@ checkpoint's float32 weights rounded once to each compute dtype, as `nmt transla
 scripts/bench_peer.py does, so that searches compare step for step.
 `--output-layers by-rows,column-major --rounds 2` puts the output layer's product forms side
 by side, alternating (docs/speed.md, "The output layer's product by rows"); `loaded`, the
-default, is what `nmt translate` runs on this CPU.
+default, is what `nmt translate` runs on this CPU. `--rankings grouped,topk --rounds 3` puts
+the ranking of each row's vocabulary in groups (`nmt.translate.ranking`, what `nmt
+translate` runs) beside one `torch.topk` over the whole row.
 """
 
 from __future__ import annotations
@@ -45,16 +47,22 @@ from nmt.data.tokenizers import Tokenizer
 from nmt.model import Seq2SeqAttn, build_model
 from nmt.opprofile import op_shares, shares_table, vocabulary_rows
 from nmt.train.trainer import train
+from nmt.translate import search
 from nmt.translate.output_layer import (
     RULES,
     SearchOutputLayer,
     column_major,
     prepare_for_search,
 )
+from nmt.translate.ranking import row_topk
 from nmt.translate.run import load_model
 from nmt.translate.translator import SearchOptions, translate_ids
 
 REPO = Path(__file__).resolve().parents[1]
+RANKINGS = {  # how a beam step ranks each row of the vocabulary (`search.candidates`)
+    "grouped": row_topk,
+    "topk": lambda x, k: x.topk(k, dim=1),
+}
 
 
 def bench_config(args: argparse.Namespace, run_dir: Path) -> Config:
@@ -219,6 +227,12 @@ def main() -> None:
         "rule measured on an AMD EPYC, whatever the CPU), column-major (out @ W^T on the "
         "column-major weight at every step)",
     )
+    ap.add_argument(
+        "--rankings",
+        default="grouped",
+        help="comma list: grouped (each row ranked in groups: what nmt translate runs), topk "
+        "(torch.topk over each whole row)",
+    )
     ap.add_argument("--rounds", type=int, default=1, help="times every search runs, alternating")
     ap.add_argument("--device", default="cpu")
     args = ap.parse_args()
@@ -228,6 +242,9 @@ def main() -> None:
     names = args.precisions.split(",")
     for name in names:
         precisions.get(name)  # refuses an unknown name before anything trains
+    rankings = args.rankings.split(",")
+    if unknown := [r for r in rankings if r not in RANKINGS]:
+        ap.error(f"--rankings: unknown {', '.join(unknown)} ({', '.join(RANKINGS)})")
     with tempfile.TemporaryDirectory() as tmp:
         models, src_tok, tgt_tok = get_models(args, args.run_dir or Path(tmp), names)
     model = next(iter(models.values()))
@@ -250,16 +267,18 @@ def main() -> None:
     rows = []
     layers = output_layers(models, args.output_layers.split(","))
     runs = [
-        (int(b), g, p, o)
+        (int(b), g, p, o, r)
         for _ in range(args.rounds)
         for b in args.beams.split(",")
         for g in args.granularities.split(",")
         for p in names
         for o in args.output_layers.split(",")
+        for r in rankings
     ]
     outputs: dict[tuple[int, str], list[list[int]]] = {}
     profiles: dict[str, dict[str, float]] = {}
-    for beam, granularity, name, layer in runs:
+    for beam, granularity, name, layer, ranking in runs:
+        search.row_topk = RANKINGS[ranking]  # the name `candidates` calls
         model = models[name]
         model.cfg = dataclasses.replace(model.cfg, granularity=granularity)
         model.generator = layers[name, layer]
@@ -283,11 +302,12 @@ def main() -> None:
         same = outputs.setdefault((beam, name), tokens) == tokens
         label = ("greedy" if beam == 1 else f"beam {beam}") + f", {granularity}, {name}"
         label += f", {layer}" if len(args.output_layers.split(",")) > 1 else ""
+        label += f", {ranking}" if len(rankings) > 1 else ""
         if args.profile:
-            search = functools.partial(
+            profiled = functools.partial(
                 translate_ids, model, sources[: args.profile], options, args.batch_size
             )
-            profiles[label] = op_shares(search, row_of=vocabulary_rows(len(tgt_tok)))
+            profiles[label] = op_shares(profiled, row_of=vocabulary_rows(len(tgt_tok)))
         rows.append(
             (
                 label,

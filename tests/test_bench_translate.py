@@ -1,5 +1,6 @@
-"""scripts/bench_translate.py's output layers: each kind computes the model's logits, in the
-layout its name promises (no timing is checked)."""
+"""scripts/bench_translate.py's output layers and rankings: each kind of layer computes the
+model's logits in the layout its name promises, each ranking torch.topk's values (no timing
+is checked)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import torch
 
 from nmt.config import ModelConfig
 from nmt.model import build_model
-from nmt.translate import output_layer
+from nmt.translate import output_layer, ranking, search
 from nmt.translate.output_layer import RULES, SearchOutputLayer, prepare_for_search
 
 REPO = Path(__file__).resolve().parents[1]
@@ -49,3 +50,13 @@ def test_each_kind_of_output_layer_computes_the_models_logits(bench, monkeypatch
         out = torch.randn(rows, 16)
         for layer in layers.values():
             torch.testing.assert_close(layer(out), plain(out), rtol=1e-5, atol=1e-5)
+
+
+def test_the_rankings_are_the_searchs_own_and_one_topk(bench):
+    """`grouped` is what `nmt translate`'s search ranks with; both give torch.topk's values."""
+    assert bench.RANKINGS["grouped"] is ranking.row_topk is search.row_topk
+    x = torch.randn(3, 9000, generator=torch.Generator().manual_seed(0))
+    for rank in bench.RANKINGS.values():
+        values, columns = rank(x, 10)
+        assert torch.equal(values, x.topk(10, dim=1).values)
+        assert torch.equal(x.gather(1, columns), values)
