@@ -1,4 +1,4 @@
-from nmt.cli import main
+from nmt.launch import main
 
 if __name__ == "__main__":
     main()
