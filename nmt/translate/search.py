@@ -135,9 +135,8 @@ def candidates(scores: Tensor, logp: Tensor, width: int) -> tuple[Tensor, Tensor
     A sentence's `width` best are among the `width` best tokens of each of its rows, so each
     row of V is ranked first (`row_topk`) and only the k x width survivors get their
     hypothesis' score added: the same sums as adding it to all k x V, at a fraction of the
-    work. Where k x V is
-    fewer than `width` (a first step over a tiny vocabulary), -inf candidates fill the rest,
-    as the missing hypotheses of a full beam would.
+    work. Where k x V is fewer than `width` (a first step over a tiny vocabulary), -inf
+    candidates fill the rest, as the missing hypotheses of a full beam would.
     """
     n, k = scores.shape
     row_logp, row_tokens = row_topk(logp, min(width, logp.size(1)))  # nk x W
