@@ -147,6 +147,13 @@ class DataConfig:
     joint_vocab: bool = _opt(
         False, shape=True, doc="sentencepiece only: one model for both languages"
     )
+    subword_model: str = _opt(
+        "bpe",
+        choices=("bpe", "unigram"),
+        shape=True,
+        doc="sentencepiece only: the algorithm that learns the pieces, byte-pair merges or "
+        "a unigram language model",
+    )
     max_src_len: int = _opt(50, min=1, doc="drop pairs whose source has more tokens")
     max_tgt_len: int = _opt(50, min=1, doc="drop pairs whose target has more tokens")
     subword_dropout: float = _opt(
@@ -660,6 +667,11 @@ def _check_subword_dropout(cfg: Config, source: str, from_set: Collection[str] =
         raise NmtError(
             f"{_blame(source, from_set, 'data.subword_dropout')}: needs data.tokenizer "
             f"sentencepiece (it skips subword merges), got {cfg.data.tokenizer}"
+        )
+    if cfg.data.subword_dropout > 0 and cfg.data.subword_model != "bpe":
+        raise NmtError(
+            f"{_blame(source, from_set, 'data.subword_dropout')}: needs data.subword_model "
+            f"bpe (it skips merges a unigram model does not have), got {cfg.data.subword_model}"
         )
 
 

@@ -56,6 +56,14 @@ def test_words_refuse_subword_dropout(tmp_path):
         load_config(cfg, ["data.subword_dropout=0.1"])
 
 
+def test_a_unigram_model_refuses_subword_dropout(tmp_path):
+    cfg = write_toy_config(tmp_path / "c.yaml", "num_layers: 1", "batch_size: 32")
+    keys = [*SENTENCEPIECE, "data.subword_model=unigram", "data.subword_dropout=0.1"]
+    with pytest.raises(NmtError, match=r"'data.subword_dropout'.*subword_model bpe.*unigram"):
+        load_config(cfg, keys)
+    assert load_config(cfg, keys[:-1]).data.subword_model == "unigram"
+
+
 def run_config(tmp_path: Path) -> Path:
     """The toy task's first 2,000 training pairs, batches of 512."""
     for name in ("train.src", "train.tgt"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -174,6 +175,36 @@ def test_load_corpus_caches_sentencepiece_models_in_run_dir(tmp_path):
     assert joint.src_tokenizer is joint.tgt_tokenizer and (run / "spm.joint.model").is_file()
     with pytest.raises(NmtError, match="src_vocab_size .80. must equal .*tgt_vocab_size .90."):
         load_corpus(DataConfig(**{**cfg.__dict__, "joint_vocab": True}), None, log=lambda _: None)
+
+
+def test_data_subword_model_unigram_trains_a_unigram_model_and_the_cache_knows_it(tmp_path):
+    """A unigram model cuts the text otherwise than BPE, gives back every line, and a cached
+    model of the other type is trained anew (the log names the type)."""
+    cfg = DataConfig(
+        train_src=str(TOY / "valid.src"),
+        train_tgt=str(TOY / "valid.tgt"),
+        valid_src=str(TOY / "test.src"),
+        valid_tgt=str(TOY / "test.tgt"),
+        tokenizer="sentencepiece",
+        joint_vocab=True,
+        src_vocab_size=150,
+        tgt_vocab_size=150,
+    )
+    run = tmp_path / "run"
+    bpe = load_corpus(cfg, run, log=lambda _: None)
+    logs: list[str] = []
+    unigram_cfg = DataConfig(**{**cfg.__dict__, "subword_model": "unigram"})
+    unigram = load_corpus(unigram_cfg, run, log=logs.append)
+    assert any("was trained on model type bpe, not unigram" in m for m in logs)
+    key = json.loads(key_path(run / "spm.joint.model").read_text(encoding="utf-8"))
+    assert key["options"]["model_type"] == "unigram"
+    assert unigram.train != bpe.train  # other pieces
+    tok = unigram.tgt_tokenizer
+    for line in toy_lines("valid.tgt", 200):
+        assert tok.decode(tok.encode(line)) == " ".join(line.split())
+    logs.clear()
+    load_corpus(unigram_cfg, run, log=logs.append)
+    assert any("reusing" in m for m in logs)
 
 
 # ---- state_dict ----------------------------------------------------------------------------

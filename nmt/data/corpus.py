@@ -47,6 +47,8 @@ def build_tokenizers(
     if cfg.tokenizer == "word":
         if cfg.joint_vocab:
             log("data.joint_vocab applies to sentencepiece only; word vocabularies stay separate")
+        if cfg.subword_model != "bpe":
+            log(f"data.subword_model {cfg.subword_model} applies to sentencepiece only")
         kept = [
             (s, t)
             for s, t in pairs
@@ -62,7 +64,9 @@ def build_tokenizers(
 
     def trained(name: str, lines: list[str], key: str) -> Tokenizer:
         try:
-            return cached_sentencepiece(cache(name), lines, getattr(cfg, key), log)
+            return cached_sentencepiece(
+                cache(name), lines, getattr(cfg, key), log, cfg.subword_model
+            )
         except TrainingFailed as exc:  # which setting, for which side
             raise NmtError(f"data.{key} ({name} sentencepiece model): {exc}") from None
 

@@ -120,13 +120,11 @@ class WordTokenizer(Tokenizer):
         return {"kind": self.kind, "pieces": list(self.pieces)}
 
 
-def _train_options(vocab_size: int, hard_limit: bool) -> dict[str, Any]:
+def _train_options(vocab_size: int, hard_limit: bool, model_type: str) -> dict[str, Any]:
     return dict(
         vocab_size=vocab_size,
         hard_vocab_limit=hard_limit,
-        # BPE, not unigram: with the small vocabularies of the toy corpus unigram cuts German
-        # compounds at odd places (drei|ß|i|g) and caps the English side below 100 pieces.
-        model_type="bpe",
+        model_type=model_type,  # data.subword_model: bpe or unigram
         character_coverage=1.0,  # small corpora: never map a seen letter (ä, ß) to UNK
         pad_id=PAD,
         unk_id=UNK,
@@ -143,7 +141,7 @@ def _train_options(vocab_size: int, hard_limit: bool) -> dict[str, Any]:
 
 
 class SentencePieceTokenizer(Tokenizer):
-    """A sentencepiece BPE model whose pad/unk/bos/eos are PAD/UNK/BOS/EOS."""
+    """A sentencepiece model (BPE or unigram) whose pad/unk/bos/eos are PAD/UNK/BOS/EOS."""
 
     kind = "sentencepiece"
 
@@ -160,9 +158,14 @@ class SentencePieceTokenizer(Tokenizer):
 
     @classmethod
     def train(
-        cls, lines: list[str], vocab_size: int, log: Callable[[str], None] = print
+        cls,
+        lines: list[str],
+        vocab_size: int,
+        log: Callable[[str], None] = print,
+        model_type: str = "bpe",
     ) -> SentencePieceTokenizer:
-        """Train on `lines`, deterministically (one thread).
+        """Train a `model_type` ("bpe" or "unigram") model on `lines`, deterministically (one
+        thread).
 
         When `vocab_size` is more than the text can fill, sentencepiece refuses; we then
         retry with a soft limit, accept the smaller vocabulary and say so in the log.
@@ -170,11 +173,11 @@ class SentencePieceTokenizer(Tokenizer):
         if not lines:
             raise TrainingFailed("cannot train a sentencepiece model on no text")
         try:
-            proto = _train_proto(lines, _train_options(vocab_size, hard_limit=True))
+            proto = _train_proto(lines, _train_options(vocab_size, True, model_type))
         except RuntimeError as exc:
             if "Vocabulary size too high" not in str(exc):
                 raise TrainingFailed(_training_failure(str(exc), vocab_size)) from None
-            proto = _train_proto(lines, _train_options(vocab_size, hard_limit=False))
+            proto = _train_proto(lines, _train_options(vocab_size, False, model_type))
             tok = cls(proto)
             log(
                 f"sentencepiece: vocabulary size {vocab_size} is too large for this text; "
@@ -266,13 +269,13 @@ def tokenizer_from_state(d: dict[str, Any]) -> Tokenizer:
     raise NmtError(f"tokenizer state: unknown kind {kind!r} (expected word or sentencepiece)")
 
 
-def cache_key(lines: list[str], vocab_size: int) -> dict[str, Any]:
+def cache_key(lines: list[str], vocab_size: int, model_type: str = "bpe") -> dict[str, Any]:
     """What a sentencepiece model is a function of: the training text (its SHA-256), the
-    vocabulary size asked for and the trainer's options."""
+    vocabulary size asked for and the trainer's options, the model type among them."""
     digest = hashlib.sha256()
     for line in lines:
         digest.update(line.encode("utf-8") + b"\n")
-    options = _train_options(vocab_size, hard_limit=True)
+    options = _train_options(vocab_size, True, model_type)
     options.pop("minloglevel")  # how loud the trainer is changes nothing it trains
     return {"text_sha256": digest.hexdigest(), "lines": len(lines), "options": options}
 
@@ -291,6 +294,8 @@ def _changed(stored: Any, key: dict[str, Any]) -> str:
     old, new = stored.get("options") or {}, key["options"]
     if old.get("vocab_size") != new["vocab_size"]:
         return f"vocabulary size {old.get('vocab_size')}, not {new['vocab_size']}"
+    if old.get("model_type") != new["model_type"]:
+        return f"model type {old.get('model_type')}, not {new['model_type']}"
     if old != new:
         names = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
         return f"other trainer options ({', '.join(names)})"
@@ -341,17 +346,22 @@ def _store(path: Path, tok: SentencePieceTokenizer, key: dict[str, Any]) -> None
 
 
 def cached_sentencepiece(
-    path: Path | None, lines: list[str], vocab_size: int, log: Callable[[str], None] = print
+    path: Path | None,
+    lines: list[str],
+    vocab_size: int,
+    log: Callable[[str], None] = print,
+    model_type: str = "bpe",
 ) -> SentencePieceTokenizer:
-    """The model cached at `path` if it was trained on `lines` with `vocab_size` and today's
-    options (its key file says so, `cache_key`), else a new one, then stored there. A cached
-    model that is corrupt, lacks its key file or was trained otherwise is trained anew."""
+    """The model cached at `path` if it was trained on `lines` with `vocab_size`, `model_type`
+    and today's options (its key file says so, `cache_key`), else a new one, then stored there.
+    A cached model that is corrupt, lacks its key file or was trained otherwise is trained
+    anew."""
     if path is None:
-        return SentencePieceTokenizer.train(lines, vocab_size, log)
-    key = cache_key(lines, vocab_size)
+        return SentencePieceTokenizer.train(lines, vocab_size, log, model_type)
+    key = cache_key(lines, vocab_size, model_type)
     if (tok := _reusable(Path(path), key, log)) is not None:
         log(f"sentencepiece: reusing {path} ({len(tok)} pieces)")
         return tok
-    tok = SentencePieceTokenizer.train(lines, vocab_size, log)
+    tok = SentencePieceTokenizer.train(lines, vocab_size, log, model_type)
     _store(Path(path), tok, key)
     return tok
