@@ -31,8 +31,8 @@ def bench():
 
 @pytest.mark.parametrize("vendor", ["AuthenticAMD", "GenuineIntel"])
 def test_each_kind_of_output_layer_computes_the_models_logits(bench, monkeypatch, vendor):
-    """Whatever the loaded model holds (the weight both ways on AMD, one column-major weight
-    on Intel), `by-rows` runs the AMD rule on the row-major weight and `column-major` the one
+    """Whatever the loaded model holds (the weight both ways on AMD, the folded weight on
+    Intel), `by-rows` runs the AMD rule on the row-major weight and `column-major` the one
     form on a column-major copy."""
     monkeypatch.setattr(output_layer, "cpu_vendor", lambda: vendor)
     cfg = ModelConfig(num_layers=1, rnn_size=16, word_vec_size=16)

@@ -15,6 +15,8 @@ from nmt.cpu_features import cpu_vendor
 from nmt.model import build_model
 from nmt.translate import output_layer
 from nmt.translate.output_layer import (
+    FOLDED,
+    FOLDED_NAME,
     FORMS,
     ONE_FORM,
     ONE_FORM_NAME,
@@ -35,13 +37,27 @@ def linear() -> torch.nn.Linear:
 
 @pytest.mark.parametrize("rows", [1, 2, 5, 16, 17, 40, 64, 65, 100])
 @pytest.mark.parametrize("name", list(FORMS))
-def test_every_form_computes_the_linear_layer(linear, rows, name):
-    layer = SearchOutputLayer(linear, BY_ROWS)
+@pytest.mark.parametrize("rule", [BY_ROWS, FOLDED], ids=["by-rows", "folded"])
+def test_every_form_computes_the_linear_layer(linear, rows, name, rule):
+    layer = SearchOutputLayer(linear, rule)
     out = torch.randn(rows, 24)
     got = FORMS[name](layer, out)
     assert got.shape == (rows, 300) and got.is_contiguous()
     torch.testing.assert_close(got, linear(out), rtol=1e-5, atol=1e-5)
     assert torch.equal(F.log_softmax(got, -1).argmax(-1), F.log_softmax(linear(out), -1).argmax(-1))
+
+
+def test_the_folded_form_without_a_bias_and_over_positions():
+    """A layer without a bias folds nothing in; a B x T x H batch of positions gets B x T x V."""
+    torch.manual_seed(0)
+    for linear in (torch.nn.Linear(24, 300, bias=False), torch.nn.Linear(24, 300)):
+        layer = SearchOutputLayer(linear, FOLDED)
+        rows = 24 if linear.bias is None else 25
+        assert layer.folded.shape == (rows, 300) and layer.folded.is_contiguous()
+        for out in (torch.randn(7, 24), torch.randn(2, 5, 24)):
+            got = FORMS[FOLDED_NAME](layer, out)
+            assert got.shape == (*out.shape[:-1], 300) and got.is_contiguous()
+            torch.testing.assert_close(got, linear(out), rtol=1e-5, atol=1e-5)
 
 
 def test_the_amd_rule_picks_by_rows(linear):
@@ -57,10 +73,12 @@ def test_the_amd_rule_picks_by_rows(linear):
     torch.testing.assert_close(layer(three_d), linear(three_d), rtol=1e-5, atol=1e-5)
 
 
-def test_intel_and_unknown_vendors_run_one_form():
-    assert rule_for("GenuineIntel") == ONE_FORM and rule_for("") == ONE_FORM
-    assert not ONE_FORM.by_rows and BY_ROWS.by_rows
+def test_intel_runs_the_folded_form_and_unknown_vendors_one_form():
+    assert rule_for("GenuineIntel") == FOLDED and rule_for("") == ONE_FORM
+    assert not ONE_FORM.by_rows and not FOLDED.by_rows and BY_ROWS.by_rows
     assert {ONE_FORM.form(torch.zeros(rows, 24)) for rows in range(1, 200)} == {ONE_FORM_NAME}
+    assert {FOLDED.form(torch.zeros(rows, 24)) for rows in range(1, 200)} == {FOLDED_NAME}
+    assert FOLDED.form(torch.zeros(2, 5, 24)) == FOLDED_NAME
 
 
 def test_the_cpu_vendor_is_read():
@@ -69,13 +87,24 @@ def test_the_cpu_vendor_is_read():
     assert vendor or not Path("/proc/cpuinfo").exists()
 
 
-def test_the_layer_keeps_the_models_parameters_and_a_column_major_copy(linear):
+def test_the_layer_keeps_the_models_parameters_and_a_folded_copy(linear):
     layer = SearchOutputLayer(linear, BY_ROWS)
     assert layer.weight is linear.weight and layer.bias is linear.bias
     assert torch.equal(layer.columns, linear.weight) and layer.columns.t().is_contiguous()
+    assert torch.equal(layer.folded[24], linear.bias)
     assert [p for p in layer.parameters()] == [linear.weight, linear.bias]
-    assert "columns" not in layer.state_dict()  # a copy, not a weight of the model
+    assert list(layer.state_dict()) == ["weight", "bias"]  # the copy is not a weight
     assert (layer.in_features, layer.out_features) == (24, 300)
+
+
+def test_a_rule_of_one_form_keeps_one_copy_the_folded_one(linear):
+    """Without a W @ out^T form the layer's weight and bias are views of the folded weight:
+    the same values as the model's, no second copy."""
+    layer = SearchOutputLayer(linear, FOLDED)
+    assert torch.equal(layer.weight, linear.weight) and torch.equal(layer.bias, linear.bias)
+    assert layer.weight.data_ptr() == layer.folded.data_ptr()
+    assert layer.bias.data_ptr() == layer.folded[24].data_ptr()
+    assert list(layer.state_dict()) == ["weight", "bias"]
 
 
 @pytest.mark.parametrize("vendor", ["AuthenticAMD", "GenuineIntel"])
@@ -85,12 +114,12 @@ def test_prepare_for_search_by_vendor_and_in_a_low_precision(monkeypatch, vendor
     model = build_model(cfg, 30, 40, device="cpu", dtype=torch.float32)
     weight = model.generator.weight.detach().clone()
     prepare_for_search(model)
+    assert isinstance(model.generator, SearchOutputLayer)
     if vendor == "AuthenticAMD":  # the weight both ways, the tie kept
-        assert isinstance(model.generator, SearchOutputLayer)
         assert model.generator.weight is model.tgt_embedding.weight
-    else:  # one weight, stored column by column: no copy
-        assert isinstance(model.generator, torch.nn.Linear)
-        assert model.generator.weight.t().is_contiguous()
+    else:  # one weight, folded with the bias: no copy
+        assert model.generator.rule == FOLDED
+        assert model.generator.weight.data_ptr() == model.generator.folded.data_ptr()
         assert torch.equal(model.generator.weight, weight)
     low = build_model(cfg, 30, 40, device="cpu", dtype=torch.float32).to(torch.bfloat16)
     weight = low.generator.weight.detach().clone()

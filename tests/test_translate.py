@@ -113,18 +113,23 @@ def test_fused_granularity_translates_identically(toy_model, toy_test):
         assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-4)
 
 
-def test_loaded_output_layer_keeps_the_weight_both_ways(toy_model, toy_test, monkeypatch):
+@pytest.mark.parametrize("vendor", ["AuthenticAMD", "GenuineIntel"])
+def test_loaded_output_layer_gives_the_linear_layers_searches(
+    toy_model, toy_test, monkeypatch, vendor
+):
     """load_model's output layer on a CPU whose rule picks by rows (an AMD one) holds the
-    trained row-major weight and a column-major copy of the same values; searches whose steps
-    run every product form (1 row, a few, a few dozen, more: `nmt.translate.output_layer`)
-    give what `nn.Linear` gives."""
-    monkeypatch.setattr(output_layer, "cpu_vendor", lambda: "AuthenticAMD")
+    trained row-major weight and a folded column-major copy of the same values, on an Intel
+    one the folded copy alone; searches whose steps run every product form of the rule (1
+    row, a few, a few dozen, more: `nmt.translate.output_layer`) give what `nn.Linear`
+    gives."""
+    monkeypatch.setattr(output_layer, "cpu_vendor", lambda: vendor)
     model, src_tok, _ = load_model(toy_model, torch.device("cpu"))
     layer = model.generator
     saved = torch.load(toy_model, weights_only=True)["model"]
     assert isinstance(layer, SearchOutputLayer)
     weight = saved["generator.weight"]
-    assert torch.equal(layer.weight, weight) and layer.weight.is_contiguous()
+    assert torch.equal(layer.weight, weight)
+    assert layer.weight.is_contiguous() == (vendor == "AuthenticAMD")
     assert torch.equal(layer.columns, weight) and layer.columns.t().is_contiguous()
     assert torch.equal(layer.bias, saved["generator.bias"])
     sources = [src_tok.encode(line) for line in lines_of(toy_test[0])]

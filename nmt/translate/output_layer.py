@@ -8,12 +8,20 @@ On an AMD EPYC (AVX2) out @ W^T packs the whole weight at every call, which a fe
 pay back, while W @ out^T streams the weight past them: W @ out^T on the row-major weight is
 fastest for 2-16 rows (0.43x the time of out @ W^T at 5 rows), on a column-major weight for
 17-64 (0.9x), and out @ W^T for 1 row and for more than 64 (docs/speed.md has both tables;
-`python scripts/bench_output_layer.py` prints one for any machine). So translation on a CPU
-whose vendor has a rule of several forms (`RULES`) keeps the weight both ways - the model's
-row-major parameter (shared with a tied embedding) and a column-major copy, V x H more
-memory - and picks the form by N; elsewhere (other vendors, CUDA, the low precisions: not
-measured) the model keeps one column-major weight and one form. Training, and the
-validation searches inside it, keep the model's own `nn.Linear`.
+`python scripts/bench_output_layer.py` prints one for any machine).
+
+`nn.Linear` adds its bias by first copying it into every row of the N x V output, which the
+product then reads back and adds to: two passes over logits that do not fit a core's cache.
+The folded form makes the bias one more row of the column-major weight, (H + 1) x V, and
+the input one more column of ones, so the product writes the logits once (docs/speed.md
+has its times on the Xeon).
+
+So translation on a CPU in float32 runs `SearchOutputLayer`: each vendor's rule (`RULES`)
+names the form for each row count. One whose rule picks by rows keeps the weight both ways -
+the model's row-major parameter (shared with a tied embedding) and the folded copy, V x H
+more memory; elsewhere the folded weight is the only copy. CUDA and the low precisions (not
+measured) keep one column-major weight and `nn.Linear`. Training, and the validation
+searches inside it, keep the model's own `nn.Linear`.
 
 The dot products are the same; their rounding may differ in the last bit between forms, so
 a sentence's scores may differ by that much with the batch it is in, as they do between
@@ -33,20 +41,22 @@ from nmt.cpu_features import cpu_vendor
 from nmt.model import Seq2SeqAttn
 
 ONE_FORM_NAME = "out @ W^T, W column-major"
+FOLDED_NAME = "[out 1] @ [W b]^T, column-major"
 
 
 @dataclass(frozen=True)
 class Rule:
     """Which row counts run W @ out^T, on which copy of the weight; every other count (and a
-    B x T x H batch of positions) runs out @ W^T on the column-major weight."""
+    B x T x H batch of positions) runs `other`, an out @ W^T form."""
 
     row_major: range = range(0)  # W @ out^T on the row-major weight
     column_major: range = range(0)  # W @ out^T on the column-major copy
+    other: str = ONE_FORM_NAME
 
     @property
     def by_rows(self) -> bool:
-        """Whether some row count runs another form than out @ W^T (then the layer needs the
-        weight both ways)."""
+        """Whether some row count runs a W @ out^T form (then the layer needs the model's
+        row-major weight beside the folded one)."""
         return bool(self.row_major or self.column_major)
 
     def form(self, out: Tensor) -> str:
@@ -56,13 +66,14 @@ class Rule:
             return "W @ out^T, W row-major"
         if rows in self.column_major:
             return "W @ out^T, W column-major"
-        return ONE_FORM_NAME
+        return self.other
 
 
 ONE_FORM = Rule()
+FOLDED = Rule(other=FOLDED_NAME)
 RULES: dict[str, Rule] = {  # by `cpu_vendor()`; measured on one CPU of each (docs/speed.md)
     "AuthenticAMD": Rule(row_major=range(2, 17), column_major=range(17, 65)),
-    "GenuineIntel": ONE_FORM,
+    "GenuineIntel": FOLDED,
 }
 
 
@@ -72,19 +83,52 @@ def rule_for(vendor: str) -> Rule:
 
 
 class SearchOutputLayer(nn.Module):
-    """`nn.Linear`'s output layer with its weight kept both ways, for search steps: the same
-    parameters as the layer it stands in for, the product in the form `rule` picks."""
+    """`nn.Linear`'s output layer for search steps, the product in the form `rule` picks.
+
+    It keeps the weight column by column with the bias folded in as one more row ((H + 1) x
+    V: `folded`); `columns` is its V x H part. A rule that picks by rows also needs the
+    model's row-major weight, so the layer keeps the model's parameters (ties stay tied);
+    otherwise its `weight` and `bias` are views of the folded copy, the only one.
+    """
 
     def __init__(self, linear: nn.Linear, rule: Rule):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.weight, self.bias = linear.weight, linear.bias  # the model's: ties stay tied
-        self.register_buffer("columns", column_major(linear.weight), persistent=False)
+        folded = fold(linear.weight, linear.bias)
+        self.register_buffer("folded", folded, persistent=False)
         self.rule = rule
+        if rule.by_rows:
+            self.weight, self.bias = linear.weight, linear.bias  # the model's: ties stay tied
+        else:
+            self.weight = nn.Parameter(self.columns, requires_grad=False)
+            bias = None if linear.bias is None else folded[self.in_features]
+            self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+
+    @property
+    def columns(self) -> Tensor:
+        """The weight, V x H, stored column by column: a view of `folded`."""
+        return self.folded[: self.in_features].t()
 
     def forward(self, out: Tensor) -> Tensor:
         """out N x H (or ... x H) -> N x V logits (... x V), contiguous."""
         return FORMS[self.rule.form(out)](self, out)
+
+
+def fold(weight: Tensor, bias: Tensor | None) -> Tensor:
+    """[W b]^T, (H + 1) x V contiguous (H x V without a bias): the weight column by column
+    with the bias as its last row."""
+    rows = weight.detach().t()
+    if bias is None:
+        return rows.contiguous()
+    return torch.cat([rows, bias.detach().unsqueeze(0)])
+
+
+def _folded(layer: SearchOutputLayer, out: Tensor) -> Tensor:
+    """[out 1] @ [W b]^T: the logits written once, the bias inside the product."""
+    if layer.folded.size(0) == layer.in_features:  # no bias
+        return torch.matmul(out, layer.folded)
+    ones = out.new_ones(*out.shape[:-1], 1)
+    return torch.matmul(torch.cat([out, ones], dim=-1), layer.folded)
 
 
 def _transposed(weight: Tensor, bias: Tensor | None, out: Tensor) -> Tensor:
@@ -97,6 +141,7 @@ def _transposed(weight: Tensor, bias: Tensor | None, out: Tensor) -> Tensor:
 
 FORMS: dict[str, Callable[[SearchOutputLayer, Tensor], Tensor]] = {
     ONE_FORM_NAME: lambda layer, out: F.linear(out, layer.columns, layer.bias),
+    FOLDED_NAME: _folded,
     "W @ out^T, W row-major": lambda layer, out: _transposed(layer.weight, layer.bias, out),
     "W @ out^T, W column-major": lambda layer, out: _transposed(layer.columns, layer.bias, out),
 }
@@ -104,18 +149,17 @@ FORMS: dict[str, Callable[[SearchOutputLayer, Tensor], Tensor]] = {
 
 def prepare_for_search(model: Seq2SeqAttn, rule: Rule | None = None) -> None:
     """Give `model` the output layer search steps run fastest with: on the CPU in float32,
-    where `rule` (None: this CPU's vendor's) picks by rows, `SearchOutputLayer`; elsewhere
-    the weight stored column by column (its transpose contiguous), which out @ W^T reads in
-    order. Same values; training keeps its layer."""
+    `SearchOutputLayer` with `rule` (None: this CPU's vendor's); elsewhere the weight stored
+    column by column (its transpose contiguous), which out @ W^T reads in order. Same
+    values; training keeps its layer."""
     gen = model.generator
     if not isinstance(gen, nn.Linear):
         return
     weight = gen.weight
     if weight.device.type == "cpu" and weight.dtype == torch.float32:
         rule = rule_for(cpu_vendor()) if rule is None else rule
-        if rule.by_rows:
-            model.generator = SearchOutputLayer(gen, rule)
-            return
+        model.generator = SearchOutputLayer(gen, rule)
+        return
     gen.weight = nn.Parameter(column_major(weight), requires_grad=weight.requires_grad)
 
 
