@@ -241,12 +241,7 @@ class Seq2SeqAttn(nn.Module):
         logits = self.generator(out)
         if precisions.is_low(logits.dtype):
             logits = logits.float()
-        if logits.requires_grad or logits.device.type != "cpu":
-            return F.log_softmax(logits, dim=-1)
-        # nothing will differentiate through the logits (a search, a validation): normalise
-        # them where they are, one N x V tensor a step instead of two; the same kernel, the
-        # same numbers (CPU only: CUDA's kernels are not checked for it here)
-        return torch._log_softmax(logits, -1, False, out=logits)
+        return F.log_softmax(logits, dim=-1)
 
     def nll(
         self, src: Tensor, tgt_in: Tensor, tgt_out: Tensor, encode: Encode | None = None
