@@ -89,4 +89,3 @@ def test_batch_nll_and_gold_log_probs_agree_with_the_model(chunk: int) -> None:
     assert per_position.shape == (B, T)
     assert bool((per_position[batch.tgt_out == PAD] == 0).all())
     assert float(-per_position.sum()) == pytest.approx(ref, rel=1e-12)
-

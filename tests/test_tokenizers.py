@@ -151,16 +151,20 @@ def test_a_corrupt_cached_sentencepiece_model_is_trained_anew(tmp_path):
     assert retrained(path, lines, 60)[1].startswith("sentencepiece: reusing")
 
 
-def test_load_corpus_caches_sentencepiece_models_in_run_dir(tmp_path):
-    cfg = DataConfig(
+def toy_sentencepiece_data(**keys: object) -> DataConfig:
+    """Sentencepiece on the toy corpus's small files (valid as training, test as validation)."""
+    return DataConfig(
         train_src=str(TOY / "valid.src"),
         train_tgt=str(TOY / "valid.tgt"),
         valid_src=str(TOY / "test.src"),
         valid_tgt=str(TOY / "test.tgt"),
         tokenizer="sentencepiece",
-        src_vocab_size=80,
-        tgt_vocab_size=90,
+        **keys,
     )
+
+
+def test_load_corpus_caches_sentencepiece_models_in_run_dir(tmp_path):
+    cfg = toy_sentencepiece_data(src_vocab_size=80, tgt_vocab_size=90)
     run = tmp_path / "run"
     corpus = load_corpus(cfg, run, log=lambda _: None)
     assert (run / "spm.src.model").is_file() and (run / "spm.tgt.model").is_file()
@@ -180,16 +184,7 @@ def test_load_corpus_caches_sentencepiece_models_in_run_dir(tmp_path):
 def test_data_subword_model_unigram_trains_a_unigram_model_and_the_cache_knows_it(tmp_path):
     """A unigram model cuts the text otherwise than BPE, gives back every line, and a cached
     model of the other type is trained anew (the log names the type)."""
-    cfg = DataConfig(
-        train_src=str(TOY / "valid.src"),
-        train_tgt=str(TOY / "valid.tgt"),
-        valid_src=str(TOY / "test.src"),
-        valid_tgt=str(TOY / "test.tgt"),
-        tokenizer="sentencepiece",
-        joint_vocab=True,
-        src_vocab_size=150,
-        tgt_vocab_size=150,
-    )
+    cfg = toy_sentencepiece_data(joint_vocab=True, src_vocab_size=150, tgt_vocab_size=150)
     run = tmp_path / "run"
     bpe = load_corpus(cfg, run, log=lambda _: None)
     logs: list[str] = []
