@@ -101,8 +101,9 @@ class SearchOutputLayer(nn.Module):
             self.weight, self.bias = linear.weight, linear.bias  # the model's: ties stay tied
         else:
             self.weight = nn.Parameter(self.columns, requires_grad=False)
-            bias = None if linear.bias is None else folded[self.in_features]
-            self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+            self.bias = None
+            if linear.bias is not None:
+                self.bias = nn.Parameter(folded[self.in_features], requires_grad=False)
 
     @property
     def columns(self) -> Tensor:
