@@ -49,6 +49,7 @@ from nmt.opprofile import op_shares, shares_table, vocabulary_rows
 from nmt.train.trainer import train
 from nmt.translate import search
 from nmt.translate.output_layer import (
+    FOLDED,
     RULES,
     SearchOutputLayer,
     column_major,
@@ -140,8 +141,10 @@ def output_layers(
 ) -> dict[tuple[str, str], torch.nn.Module]:
     """Per precision and kind, the output layer to search with: `loaded` the loaded model's
     (what nmt translate runs on this CPU), `by-rows` a SearchOutputLayer with the rule of
-    several forms (`RULES["AuthenticAMD"]`) whatever the CPU, `column-major` one nn.Linear on
-    a column-major copy of the weight (the one form at every step)."""
+    several forms (`RULES["AuthenticAMD"]`) whatever the CPU, `folded` one with the folded
+    form at every step (`FOLDED`: the bias in the product, MKL packing the weight at each
+    call), `column-major` one nn.Linear on a column-major copy of the weight (the one form
+    at every step)."""
     layers = {}
     for name, model in models.items():
         loaded = model.generator
@@ -151,11 +154,13 @@ def output_layers(
                 layers[name, kind] = loaded
             elif kind == "by-rows":
                 layers[name, kind] = SearchOutputLayer(rows, RULES["AuthenticAMD"])
+            elif kind == "folded":
+                layers[name, kind] = SearchOutputLayer(rows, FOLDED)
             elif kind == "column-major":
                 layers[name, kind] = linear(loaded, column_major(loaded.weight))
             else:
                 raise SystemExit(
-                    f"--output-layers: unknown {kind!r} (loaded, by-rows, column-major)"
+                    f"--output-layers: unknown {kind!r} (loaded, by-rows, folded, column-major)"
                 )
     return layers
 
@@ -224,7 +229,8 @@ def main() -> None:
         default="loaded",
         help="comma list: loaded (what nmt translate runs on this CPU: "
         "nmt.translate.output_layer), by-rows (the product's form by the step's rows, the "
-        "rule measured on an AMD EPYC, whatever the CPU), column-major (out @ W^T on the "
+        "rule measured on an AMD EPYC, whatever the CPU), folded (the bias folded into the "
+        "product, the weight packed by MKL at every call), column-major (out @ W^T on the "
         "column-major weight at every step)",
     )
     ap.add_argument(

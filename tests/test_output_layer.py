@@ -20,8 +20,11 @@ from nmt.translate.output_layer import (
     FORMS,
     ONE_FORM,
     ONE_FORM_NAME,
+    PACKED,
+    PACKED_NAME,
     RULES,
     SearchOutputLayer,
+    pack,
     prepare_for_search,
     rule_for,
 )
@@ -37,7 +40,7 @@ def linear() -> torch.nn.Linear:
 
 @pytest.mark.parametrize("rows", [1, 2, 5, 16, 17, 40, 64, 65, 100])
 @pytest.mark.parametrize("name", list(FORMS))
-@pytest.mark.parametrize("rule", [BY_ROWS, FOLDED], ids=["by-rows", "folded"])
+@pytest.mark.parametrize("rule", [BY_ROWS, PACKED], ids=["by-rows", "packed"])
 def test_every_form_computes_the_linear_layer(linear, rows, name, rule):
     layer = SearchOutputLayer(linear, rule)
     out = torch.randn(rows, 24)
@@ -60,6 +63,55 @@ def test_the_folded_form_without_a_bias_and_over_positions():
             torch.testing.assert_close(got, linear(out), rtol=1e-5, atol=1e-5)
 
 
+MKL = torch.backends.mkl.is_available()
+
+
+def test_the_packed_form_computes_the_folded_forms_sums_bitwise():
+    """MKL's packed weight gives the plain product's sums exactly, for any number of rows
+    (its blocking is set for 256) and over positions; one row runs the folded form itself."""
+    torch.manual_seed(0)
+    for linear in (torch.nn.Linear(24, 3000), torch.nn.Linear(24, 3000, bias=False)):
+        layer = SearchOutputLayer(linear, PACKED)
+        assert (layer.packed is not None) == MKL  # a torch built with MKL packs
+        for shape in [(rows, 24) for rows in (1, 2, 3, 5, 16, 80, 81, 300)] + [(2, 5, 24)]:
+            out = torch.randn(*shape)
+            got = FORMS[PACKED_NAME](layer, out)
+            assert got.shape == (*shape[:-1], 3000) and got.is_contiguous()
+            assert torch.equal(got, FORMS[FOLDED_NAME](layer, out))
+
+
+def test_the_pack_follows_the_folded_weight_and_refuses_what_it_cannot_pack(linear):
+    layer = SearchOutputLayer(linear, PACKED)
+    first = layer.packed
+    assert layer.packed is first  # made once
+    layer.folded = layer.folded * 2  # another tensor (as after .to()): packed again
+    out = torch.randn(5, 24)
+    assert torch.equal(layer(out), FORMS[FOLDED_NAME](layer, out))
+    torch.testing.assert_close(layer(out), 2 * linear(out), rtol=1e-5, atol=1e-5)
+    for folded in (layer.folded.double(), layer.folded.bfloat16()):
+        assert pack(folded) is None  # MKL packs float32 only
+
+
+def test_a_pack_whose_sums_differ_is_not_used(monkeypatch, linear):
+    """The packed format is MKL's own: `pack` checks two row counts against the plain
+    product and gives None (the folded form runs) when they differ."""
+    monkeypatch.setattr(
+        output_layer, "_packed_product", lambda out, packed, folded: out @ folded + 1
+    )
+    layer = SearchOutputLayer(linear, PACKED)
+    assert layer.packed is None
+    out = torch.randn(5, 24)
+    assert torch.equal(layer(out), FORMS[FOLDED_NAME](layer, out))
+
+
+def test_a_product_that_needs_its_gradient_runs_the_folded_form(linear):
+    layer = SearchOutputLayer(linear, PACKED)
+    out = torch.randn(5, 24, requires_grad=True)
+    got = layer(out)
+    assert got.grad_fn is not None  # MKL's op has no backward
+    torch.testing.assert_close(got, linear(out), rtol=1e-5, atol=1e-5)
+
+
 def test_the_amd_rule_picks_by_rows(linear):
     layer = SearchOutputLayer(linear, BY_ROWS)
     picked = {rows: BY_ROWS.form(torch.zeros(rows, 24)) for rows in range(1, 100)}
@@ -73,12 +125,13 @@ def test_the_amd_rule_picks_by_rows(linear):
     torch.testing.assert_close(layer(three_d), linear(three_d), rtol=1e-5, atol=1e-5)
 
 
-def test_intel_runs_the_folded_form_and_unknown_vendors_one_form():
-    assert rule_for("GenuineIntel") == FOLDED and rule_for("") == ONE_FORM
-    assert not ONE_FORM.by_rows and not FOLDED.by_rows and BY_ROWS.by_rows
+def test_intel_runs_the_packed_form_and_unknown_vendors_one_form():
+    assert rule_for("GenuineIntel") == PACKED and rule_for("") == ONE_FORM
+    assert not ONE_FORM.by_rows and not PACKED.by_rows and not FOLDED.by_rows and BY_ROWS.by_rows
     assert {ONE_FORM.form(torch.zeros(rows, 24)) for rows in range(1, 200)} == {ONE_FORM_NAME}
-    assert {FOLDED.form(torch.zeros(rows, 24)) for rows in range(1, 200)} == {FOLDED_NAME}
-    assert FOLDED.form(torch.zeros(2, 5, 24)) == FOLDED_NAME
+    assert {PACKED.form(torch.zeros(rows, 24)) for rows in range(1, 8)} == {FOLDED_NAME}
+    assert {PACKED.form(torch.zeros(rows, 24)) for rows in range(8, 200)} == {PACKED_NAME}
+    assert PACKED.form(torch.zeros(2, 5, 24)) == PACKED_NAME
 
 
 def test_the_cpu_vendor_is_read():
@@ -97,10 +150,11 @@ def test_the_layer_keeps_the_models_parameters_and_a_folded_copy(linear):
     assert (layer.in_features, layer.out_features) == (24, 300)
 
 
-def test_a_rule_of_one_form_keeps_one_copy_the_folded_one(linear):
+@pytest.mark.parametrize("rule", [FOLDED, PACKED], ids=["folded", "packed"])
+def test_a_rule_of_one_form_keeps_one_copy_the_folded_one(linear, rule):
     """Without a W @ out^T form the layer's weight and bias are views of the folded weight:
-    the same values as the model's, no second copy."""
-    layer = SearchOutputLayer(linear, FOLDED)
+    the same values as the model's, no second copy (MKL's pack is no parameter)."""
+    layer = SearchOutputLayer(linear, rule)
     assert torch.equal(layer.weight, linear.weight) and torch.equal(layer.bias, linear.bias)
     assert layer.weight.data_ptr() == layer.folded.data_ptr()
     assert layer.bias.data_ptr() == layer.folded[24].data_ptr()
@@ -118,7 +172,7 @@ def test_prepare_for_search_by_vendor_and_in_a_low_precision(monkeypatch, vendor
     if vendor == "AuthenticAMD":  # the weight both ways, the tie kept
         assert model.generator.weight is model.tgt_embedding.weight
     else:  # one weight, folded with the bias: no copy
-        assert model.generator.rule == FOLDED
+        assert model.generator.rule == PACKED
         assert model.generator.weight.data_ptr() == model.generator.folded.data_ptr()
         assert torch.equal(model.generator.weight, weight)
     low = build_model(cfg, 30, 40, device="cpu", dtype=torch.float32).to(torch.bfloat16)

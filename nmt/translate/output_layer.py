@@ -16,12 +16,22 @@ The folded form makes the bias one more row of the column-major weight, (H + 1) 
 the input one more column of ones, so the product writes the logits once (docs/speed.md
 has its times on the Xeon).
 
+MKL's sgemm rearranges ("packs") the wide operand into its kernel's blocks at every call: a
+pass over the whole 36 MB weight for a product of a few dozen rows. A weight that never
+changes can be packed once (`cblas_sgemm_pack`, torch's `mkl._mkl_reorder_linear_weight`):
+on the Xeon the product of 80 rows alone then takes 0.85x the time, with the same sums -
+bitwise the plain product's from 2 rows on (one row runs a matrix-vector product, which
+rounds otherwise). Under 8 rows it gained nothing, so the Intel rule runs the folded form
+there. The packed copy is made at the first step that needs it and checked against the plain
+product then; where MKL is missing or the check fails, the folded form runs.
+
 So translation on a CPU in float32 runs `SearchOutputLayer`: each vendor's rule (`RULES`)
 names the form for each row count. One whose rule picks by rows keeps the weight both ways -
 the model's row-major parameter (shared with a tied embedding) and the folded copy, V x H
-more memory; elsewhere the folded weight is the only copy. CUDA and the low precisions (not
-measured) keep one column-major weight and `nn.Linear`. Training, and the validation
-searches inside it, keep the model's own `nn.Linear`.
+more memory; elsewhere the folded weight is the model's only copy, and on an Intel CPU MKL's
+packed copy of it (about V x H more) is the one the products read. CUDA and the low
+precisions (not measured) keep one column-major weight and `nn.Linear`. Training, and the
+validation searches inside it, keep the model's own `nn.Linear`.
 
 The dot products are the same; their rounding may differ in the last bit between forms, so
 a sentence's scores may differ by that much with the batch it is in, as they do between
@@ -42,15 +52,21 @@ from nmt.model import Seq2SeqAttn
 
 ONE_FORM_NAME = "out @ W^T, W column-major"
 FOLDED_NAME = "[out 1] @ [W b]^T, column-major"
+PACKED_NAME = "[out 1] @ [W b]^T, MKL-packed"
+# The row count MKL packs for, which sets its blocking (any count computes the same sums). On
+# the Xeon at 2 x 256 and 35,820 words, a pack for 256 rows ran 2-160 rows in 0.83-0.87x the
+# plain product's time; one for 8 rows took 1.27x at 80 rows, one for 16 0.97x.
+PACK_FOR_ROWS = 256
 
 
 @dataclass(frozen=True)
 class Rule:
-    """Which row counts run W @ out^T, on which copy of the weight; every other count (and a
-    B x T x H batch of positions) runs `other`, an out @ W^T form."""
+    """Which row counts run W @ out^T, on which copy of the weight, and which the folded form;
+    every other count (and a B x T x H batch of positions) runs `other`, an out @ W^T form."""
 
     row_major: range = range(0)  # W @ out^T on the row-major weight
     column_major: range = range(0)  # W @ out^T on the column-major copy
+    folded: range = range(0)  # the folded form, MKL packing the weight at each call
     other: str = ONE_FORM_NAME
 
     @property
@@ -66,14 +82,18 @@ class Rule:
             return "W @ out^T, W row-major"
         if rows in self.column_major:
             return "W @ out^T, W column-major"
+        if rows in self.folded:
+            return FOLDED_NAME
         return self.other
 
 
 ONE_FORM = Rule()
 FOLDED = Rule(other=FOLDED_NAME)
+# A few rows (beam 5 at batch 1) ran no faster from the pack made for many (docs/speed.md).
+PACKED = Rule(folded=range(1, 8), other=PACKED_NAME)
 RULES: dict[str, Rule] = {  # by `cpu_vendor()`; measured on one CPU of each (docs/speed.md)
     "AuthenticAMD": Rule(row_major=range(2, 17), column_major=range(17, 65)),
-    "GenuineIntel": FOLDED,
+    "GenuineIntel": PACKED,
 }
 
 
@@ -88,7 +108,9 @@ class SearchOutputLayer(nn.Module):
     It keeps the weight column by column with the bias folded in as one more row ((H + 1) x
     V: `folded`); `columns` is its V x H part. A rule that picks by rows also needs the
     model's row-major weight, so the layer keeps the model's parameters (ties stay tied);
-    otherwise its `weight` and `bias` are views of the folded copy, the only one.
+    otherwise its `weight` and `bias` are views of the folded copy, the only one. The packed
+    form's copy is made at its first step (`packed`), not a buffer: `.to()` leaves it, and
+    it is remade when `folded` is another tensor.
     """
 
     def __init__(self, linear: nn.Linear, rule: Rule):
@@ -97,6 +119,7 @@ class SearchOutputLayer(nn.Module):
         folded = fold(linear.weight, linear.bias)
         self.register_buffer("folded", folded, persistent=False)
         self.rule = rule
+        self._packed: tuple[int, Tensor | None] | None = None  # (folded's address, its pack)
         if rule.by_rows:
             self.weight, self.bias = linear.weight, linear.bias  # the model's: ties stay tied
         else:
@@ -109,6 +132,15 @@ class SearchOutputLayer(nn.Module):
     def columns(self) -> Tensor:
         """The weight, V x H, stored column by column: a view of `folded`."""
         return self.folded[: self.in_features].t()
+
+    @property
+    def packed(self) -> Tensor | None:
+        """MKL's packed copy of `folded` (made once, then kept while `folded` is the same
+        tensor), or None where it cannot be made or does not give the plain product's sums."""
+        address = self.folded.data_ptr()
+        if self._packed is None or self._packed[0] != address:
+            self._packed = (address, pack(self.folded))
+        return self._packed[1]
 
     def forward(self, out: Tensor) -> Tensor:
         """out N x H (or ... x H) -> N x V logits (... x V), contiguous."""
@@ -132,6 +164,47 @@ def _folded(layer: SearchOutputLayer, out: Tensor) -> Tensor:
     return torch.matmul(torch.cat([out, ones], dim=-1), layer.folded)
 
 
+def pack(folded: Tensor) -> Tensor | None:
+    """MKL's packed form of the (K x V) `folded` weight for `_packed_product`, or None: not a
+    float32 CPU tensor, a torch without MKL, or a pack whose products are not bitwise the
+    plain product's (checked on 2 and 7 rows: the format is MKL's own, not a documented one)."""
+    if folded.device.type != "cpu" or folded.dtype != torch.float32:
+        return None
+    if not torch.backends.mkl.is_available() or not hasattr(torch.ops.mkl, "_mkl_linear"):
+        return None
+    rows = folded.t().contiguous()  # V x K, as the op packs it (a transient copy)
+    try:
+        packed = torch.ops.mkl._mkl_reorder_linear_weight(rows, PACK_FOR_ROWS)
+    except RuntimeError:
+        return None
+    del rows
+    probes = torch.Generator().manual_seed(0)
+    for n in (2, 7):
+        out = torch.randn(n, folded.size(0), generator=probes)
+        if not torch.equal(_packed_product(out, packed, folded), out @ folded):
+            return None
+    return packed
+
+
+def _packed_product(out: Tensor, packed: Tensor, folded: Tensor) -> Tensor:
+    """out (... x K) @ folded (K x V) from MKL's packed copy: the rows count is passed as the
+    pack's own, so the op never falls back to its unpacked path (the format does not depend
+    on it: `pack` checks two counts against the plain product)."""
+    rows = out.numel() // out.size(-1)
+    return torch.ops.mkl._mkl_linear(out.contiguous(), packed, folded.t(), None, rows)
+
+
+def _packed(layer: SearchOutputLayer, out: Tensor) -> Tensor:
+    """The folded form's product from MKL's packed weight; one row (a matrix-vector product),
+    a product that needs its gradient, or no pack: the folded form."""
+    packed = layer.packed
+    if packed is None or out.numel() == out.size(-1) or out.requires_grad:
+        return _folded(layer, out)
+    if layer.folded.size(0) > layer.in_features:  # the bias row: a column of ones
+        out = torch.cat([out, out.new_ones(*out.shape[:-1], 1)], dim=-1)
+    return _packed_product(out, packed, layer.folded)
+
+
 def _transposed(weight: Tensor, bias: Tensor | None, out: Tensor) -> Tensor:
     """(W @ out^T + b)^T, made contiguous at once: the V x N product is freed before the
     log-softmax makes its N x V output, so a step holds no more than two N x V tensors."""
@@ -143,6 +216,7 @@ def _transposed(weight: Tensor, bias: Tensor | None, out: Tensor) -> Tensor:
 FORMS: dict[str, Callable[[SearchOutputLayer, Tensor], Tensor]] = {
     ONE_FORM_NAME: lambda layer, out: F.linear(out, layer.columns, layer.bias),
     FOLDED_NAME: _folded,
+    PACKED_NAME: _packed,
     "W @ out^T, W row-major": lambda layer, out: _transposed(layer.weight, layer.bias, out),
     "W @ out^T, W column-major": lambda layer, out: _transposed(layer.columns, layer.bias, out),
 }
