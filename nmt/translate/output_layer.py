@@ -54,7 +54,7 @@ ONE_FORM_NAME = "out @ W^T, W column-major"
 FOLDED_NAME = "[out 1] @ [W b]^T, column-major"
 PACKED_NAME = "[out 1] @ [W b]^T, MKL-packed"
 # The row count MKL packs for, which sets its blocking (any count computes the same sums). On
-# the Xeon at 2 x 256 and 35,820 words, a pack for 256 rows ran 2-160 rows in 0.83-0.87x the
+# the Xeon at 2 x 256 and 35,820 words, a pack for 256 rows ran 2-160 rows in 0.74-0.87x the
 # plain product's time; one for 8 rows took 1.27x at 80 rows, one for 16 0.97x.
 PACK_FOR_ROWS = 256
 
