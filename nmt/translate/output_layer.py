@@ -187,9 +187,9 @@ def pack(folded: Tensor) -> Tensor | None:
 
 
 def _packed_product(out: Tensor, packed: Tensor, folded: Tensor) -> Tensor:
-    """out (... x K) @ folded (K x V) from MKL's packed copy: the rows count is passed as the
-    pack's own, so the op never falls back to its unpacked path (the format does not depend
-    on it: `pack` checks two counts against the plain product)."""
+    """out (... x K) @ folded (K x V) from MKL's packed copy. The op runs the pack only for
+    the row count it is told the pack was made for, so it is told this product's: the
+    format does not depend on it (`pack` checks two counts against the plain product)."""
     rows = out.numel() // out.size(-1)
     return torch.ops.mkl._mkl_linear(out.contiguous(), packed, folded.t(), None, rows)
 
@@ -197,12 +197,11 @@ def _packed_product(out: Tensor, packed: Tensor, folded: Tensor) -> Tensor:
 def _packed(layer: SearchOutputLayer, out: Tensor) -> Tensor:
     """The folded form's product from MKL's packed weight; one row (a matrix-vector product),
     a product that needs its gradient, or no pack: the folded form."""
-    packed = layer.packed
-    if packed is None or out.numel() == out.size(-1) or out.requires_grad:
+    if out.numel() == out.size(-1) or out.requires_grad or layer.packed is None:
         return _folded(layer, out)
     if layer.folded.size(0) > layer.in_features:  # the bias row: a column of ones
         out = torch.cat([out, out.new_ones(*out.shape[:-1], 1)], dim=-1)
-    return _packed_product(out, packed, layer.folded)
+    return _packed_product(out, layer.packed, layer.folded)
 
 
 def _transposed(weight: Tensor, bias: Tensor | None, out: Tensor) -> Tensor:
