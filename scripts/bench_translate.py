@@ -50,7 +50,9 @@ from nmt.train.trainer import train
 from nmt.translate import search
 from nmt.translate.output_layer import (
     FOLDED,
+    PACKED_NAME,
     RULES,
+    Rule,
     SearchOutputLayer,
     column_major,
     prepare_for_search,
@@ -143,8 +145,9 @@ def output_layers(
     (what nmt translate runs on this CPU), `by-rows` a SearchOutputLayer with the rule of
     several forms (`RULES["AuthenticAMD"]`) whatever the CPU, `folded` one with the folded
     form at every step (`FOLDED`: the bias in the product, MKL packing the weight at each
-    call), `column-major` one nn.Linear on a column-major copy of the weight (the one form
-    at every step)."""
+    call), `packed` one with the folded form from a weight packed once at every row count
+    (the Intel rule's form from 8 rows), `column-major` one nn.Linear on a column-major copy
+    of the weight (the one form at every step)."""
     layers = {}
     for name, model in models.items():
         loaded = model.generator
@@ -156,12 +159,13 @@ def output_layers(
                 layers[name, kind] = SearchOutputLayer(rows, RULES["AuthenticAMD"])
             elif kind == "folded":
                 layers[name, kind] = SearchOutputLayer(rows, FOLDED)
+            elif kind == "packed":
+                layers[name, kind] = SearchOutputLayer(rows, Rule(other=PACKED_NAME))
             elif kind == "column-major":
                 layers[name, kind] = linear(loaded, column_major(loaded.weight))
             else:
-                raise SystemExit(
-                    f"--output-layers: unknown {kind!r} (loaded, by-rows, folded, column-major)"
-                )
+                kinds = "loaded, by-rows, folded, packed, column-major"
+                raise SystemExit(f"--output-layers: unknown {kind!r} ({kinds})")
     return layers
 
 
@@ -230,7 +234,8 @@ def main() -> None:
         help="comma list: loaded (what nmt translate runs on this CPU: "
         "nmt.translate.output_layer), by-rows (the product's form by the step's rows, the "
         "rule measured on an AMD EPYC, whatever the CPU), folded (the bias folded into the "
-        "product, the weight packed by MKL at every call), column-major (out @ W^T on the "
+        "product, the weight packed by MKL at every call), packed (the same from a weight "
+        "packed once, at every row count), column-major (out @ W^T on the "
         "column-major weight at every step)",
     )
     ap.add_argument(
