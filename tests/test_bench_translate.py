@@ -32,7 +32,8 @@ def bench():
 @pytest.mark.parametrize("vendor", ["AuthenticAMD", "GenuineIntel"])
 def test_each_kind_of_output_layer_computes_the_models_logits(bench, monkeypatch, vendor):
     """Whatever the loaded model holds (the weight both ways on AMD, the folded weight on
-    Intel), `by-rows` runs the AMD rule on the row-major weight and `column-major` the one
+    Intel), `by-rows` runs the AMD rule on the row-major weight, `folded` and `packed` the
+    folded form (packed once for the latter) at every row count, and `column-major` the one
     form on a column-major copy."""
     monkeypatch.setattr(output_layer, "cpu_vendor", lambda: vendor)
     cfg = ModelConfig(num_layers=1, rnn_size=16, word_vec_size=16)
@@ -40,12 +41,17 @@ def test_each_kind_of_output_layer_computes_the_models_logits(bench, monkeypatch
     plain = torch.nn.Linear(16, 40)
     plain.load_state_dict(model.generator.state_dict())
     prepare_for_search(model)
-    layers = bench.output_layers({"float32": model}, ["loaded", "by-rows", "column-major"])
+    kinds = ["loaded", "by-rows", "folded", "packed", "column-major"]
+    layers = bench.output_layers({"float32": model}, kinds)
     assert layers["float32", "loaded"] is model.generator
     by_rows = layers["float32", "by-rows"]
     assert isinstance(by_rows, SearchOutputLayer) and by_rows.rule == RULES["AuthenticAMD"]
     assert by_rows.weight.is_contiguous() and by_rows.columns.t().is_contiguous()
     assert layers["float32", "column-major"].weight.t().is_contiguous()
+    rows_40 = torch.zeros(40, 16)
+    assert layers["float32", "folded"].rule.form(rows_40) == output_layer.FOLDED_NAME
+    assert layers["float32", "packed"].rule.form(rows_40) == output_layer.PACKED_NAME
+    assert layers["float32", "packed"].rule.form(rows_40[:5]) == output_layer.PACKED_NAME
     for rows in (1, 5, 40, 80):
         out = torch.randn(rows, 16)
         for layer in layers.values():
