@@ -156,12 +156,17 @@ def fold(weight: Tensor, bias: Tensor | None) -> Tensor:
     return torch.cat([rows, bias.detach().unsqueeze(0)])
 
 
+def _with_ones(layer: SearchOutputLayer, out: Tensor) -> Tensor:
+    """[out 1]: the decoder's output with the column of ones the folded bias row multiplies
+    (`out` itself for a layer without a bias)."""
+    if layer.folded.size(0) == layer.in_features:  # no bias
+        return out
+    return torch.cat([out, out.new_ones(*out.shape[:-1], 1)], dim=-1)
+
+
 def _folded(layer: SearchOutputLayer, out: Tensor) -> Tensor:
     """[out 1] @ [W b]^T: the logits written once, the bias inside the product."""
-    if layer.folded.size(0) == layer.in_features:  # no bias
-        return torch.matmul(out, layer.folded)
-    ones = out.new_ones(*out.shape[:-1], 1)
-    return torch.matmul(torch.cat([out, ones], dim=-1), layer.folded)
+    return torch.matmul(_with_ones(layer, out), layer.folded)
 
 
 def pack(folded: Tensor) -> Tensor | None:
@@ -197,11 +202,10 @@ def _packed_product(out: Tensor, packed: Tensor, folded: Tensor) -> Tensor:
 def _packed(layer: SearchOutputLayer, out: Tensor) -> Tensor:
     """The folded form's product from MKL's packed weight; one row (a matrix-vector product),
     a product that needs its gradient, or no pack: the folded form."""
-    if out.numel() == out.size(-1) or out.requires_grad or layer.packed is None:
+    packed = None if out.numel() == out.size(-1) or out.requires_grad else layer.packed
+    if packed is None:
         return _folded(layer, out)
-    if layer.folded.size(0) > layer.in_features:  # the bias row: a column of ones
-        out = torch.cat([out, out.new_ones(*out.shape[:-1], 1)], dim=-1)
-    return _packed_product(out, layer.packed, layer.folded)
+    return _packed_product(_with_ones(layer, out), packed, layer.folded)
 
 
 def _transposed(weight: Tensor, bias: Tensor | None, out: Tensor) -> Tensor:
