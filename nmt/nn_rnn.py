@@ -17,6 +17,12 @@ multiplied by the masks the cells would have drawn - the same draws from the sam
 in the same order (`nmt.randomness.dropout_masks`), so the decoder's masks after them are the
 same too. The loss and gradients equal the cells' to rounding, dropout on or off (float64:
 1e-10 against the clone executor). Without dropout between layers all layers run in one call.
+
+Mixed precision (`compute`): the input, the initial state and the flat weights are cast to
+the compute dtype before each call - what autocast would do for the kernel, done first, so
+that torch picks the kernel by the dtype that runs. Left to the CPU's autocast, torch picks
+oneDNN's LSTM by the float32 input and casts inside it, and on a CPU without float16 units
+(no `avx512_fp16`) that primitive fails to build; the GRU kernel it leaves in float32.
 """
 
 from __future__ import annotations
@@ -39,8 +45,9 @@ class KernelEncoder:
     """`Seq2SeqAttn.encode` for training batches (one source length, no mask) on the RNN
     kernel of the model's cell; pass it as `model.nll(..., encode=KernelEncoder(model))`."""
 
-    def __init__(self, model: Seq2SeqAttn):
+    def __init__(self, model: Seq2SeqAttn, compute: torch.dtype | None = None):
         self.model = model
+        self.compute = compute  # the kernel's dtype under mixed precision (None: the model's)
         self._rows: dict[torch.device, Tensor] = {}
         self._zero_bias: dict[tuple[torch.device, torch.dtype], Tensor] = {}
 
@@ -74,15 +81,16 @@ class KernelEncoder:
         masks = dropout_masks(S, kinds, x) if kinds else []  # each S x B x (E or H)
         if p_emb > 0:
             x = x * masks.pop(0)
+        dtype = self.compute or x.dtype
         if not between:
-            zeros = x.new_zeros(len(layers), B, H)
-            return cell.kernel(x, zeros, self._weights(layers), len(layers), train)
-        zeros = x.new_zeros(1, B, H)
+            zeros = x.new_zeros(len(layers), B, H, dtype=dtype)
+            return cell.kernel(x.to(dtype), zeros, self._weights(layers), len(layers), train)
+        zeros = x.new_zeros(1, B, H, dtype=dtype)
         final: list[State] = []
         for idx, layer in enumerate(layers):
             if idx > 0:
                 x = x * masks[idx - 1]
-            x, (state,) = cell.kernel(x, zeros, self._weights([layer]), 1, train)
+            x, (state,) = cell.kernel(x.to(dtype), zeros, self._weights([layer]), 1, train)
             final.append(state)
         return x, final
 
@@ -98,6 +106,8 @@ class KernelEncoder:
                 self._bias_hh(layer.i2h.bias),
             ]
         flat = torch.cat([t.reshape(-1) for t in tensors])
+        if self.compute is not None:
+            flat = flat.to(self.compute)
         views, offset = [], 0
         for t in tensors:
             views.append(flat[offset : offset + t.numel()].view(t.shape))

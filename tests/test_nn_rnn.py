@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from nmt import precisions
 from nmt.config import Config, TrainConfig
 from nmt.nn_rnn import KernelEncoder
 from nmt.opcount import count
@@ -114,3 +115,49 @@ def test_the_config_key_picks_the_encoder() -> None:
             model=model.cfg, train=TrainConfig(executor="autograd", autograd_encoder=encoder)
         )
         assert isinstance(make_executor(cfg, model).encode, kind)
+
+
+@pytest.mark.parametrize("rnn_type", ["lstm", "gru"])
+@pytest.mark.parametrize("precision", ["bfloat16", "float16"])
+def test_mixed_precision_runs_the_kernel_in_the_compute_dtype(
+    precision: str, rnn_type: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kernel gets its input, state and weights in the compute dtype, on every CPU (left
+    to the CPU's autocast, float16's oneDNN LSTM fails to build without `avx512_fp16`), and
+    its gradients are as close to float64's as the cells' under autocast."""
+    structure = {"num_layers": 2, "bidirectional": True, "rnn_type": rnn_type}
+    model, reference = make_model(**structure).float(), make_model(**structure)
+    batch = make_batch()
+    cell, seen = model.encoder.cell, []
+    kernel = cell.kernel
+
+    def recording(x: torch.Tensor, zeros: torch.Tensor, weights: list[torch.Tensor], *rest):
+        seen.append({x.dtype, zeros.dtype, *(w.dtype for w in weights)})
+        return kernel(x, zeros, weights, *rest)
+
+    monkeypatch.setattr(cell, "kernel", staticmethod(recording))
+    exact = grads_of(reference, AutogradExecutor(reference), batch)
+    runs = {
+        encoder: grads_of(
+            model, AutogradExecutor(model, encoder=encoder, precision=precision), batch
+        )
+        for encoder in ("cells", "kernel")
+    }
+    compute = precisions.get(precision).compute
+    assert seen and all(dtypes == {compute} for dtypes in seen)
+    eps = torch.finfo(compute).eps
+
+    def error(g: torch.Tensor, name: str) -> float:
+        return ((g.double() - exact[name]).abs().max() / exact[name].abs().max()).item()
+
+    for name, g in runs["kernel"].items():
+        mine, cells = error(g, name), error(runs["cells"][name], name)
+        assert mine <= max(4 * eps, 3 * cells), (name, mine / eps, cells / eps)
+    assert max(error(g, name) for name, g in runs["kernel"].items()) > eps / 4  # it ran low
+
+
+def grads_of(model, executor, batch) -> dict[str, torch.Tensor]:
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(5)  # the same dropout masks
+    executor.forward_backward(batch)
+    return {n: p.grad.clone() for n, p in model.named_parameters()}

@@ -57,8 +57,9 @@ class AutogradExecutor:
         precision: str = "float32",
     ):
         self.model, self.loss_chunk, self.label_smoothing = model, loss_chunk, label_smoothing
-        self.encode = KernelEncoder(model) if encoder == "kernel" else None
         self.precision = precisions.get(precision)
+        compute = self.precision.compute if self.precision.mixed else None
+        self.encode = KernelEncoder(model, compute) if encoder == "kernel" else None
         # float16's dynamic loss scale (a device tensor, `nmt.train.scaling`)
         self.loss_scale: Tensor | None = None
 
