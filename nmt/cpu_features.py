@@ -1,10 +1,12 @@
 """What this CPU offers a low precision, and which kernel torch runs a product with.
 
-bfloat16 is fast on a CPU only where it has AMX tiles (`amx_bf16`). With AVX-512's bfloat16
-dot products alone (`avx512_bf16`, no AMX) oneDNN runs it natively but slower than float32
-runs on the same CPU; with neither, torch emulates it, many times slower. float16 likewise
-with `amx_fp16` / `avx512_fp16`. The benchmarks say which the machine has and name the kernel
-a product ran on (oneDNN's verbose log), so a speed figure comes with the reason for it.
+Whether bfloat16 runs faster than float32 on a CPU depends on its units and its maker. AMX
+tiles (`amx_bf16`) run it faster on any CPU. AVX-512's bfloat16 dot products alone
+(`avx512_bf16`, no AMX) run it natively, faster than float32 on an AMD EPYC (Zen 4: the dot
+product does twice float32's multiply-adds per cycle) and slower on an Intel Xeon. With
+neither, torch emulates it, many times slower. float16 likewise with `amx_fp16` /
+`avx512_fp16`. The benchmarks say which the machine has and name the kernel a product ran
+on (oneDNN's verbose log), so a speed figure comes with the reason for it.
 """
 
 from __future__ import annotations
@@ -23,13 +25,21 @@ LOW_PRECISION_UNITS: dict[torch.dtype, tuple[str, ...]] = {
     torch.bfloat16: ("amx_bf16", "avx512_bf16"),
     torch.float16: ("amx_fp16", "avx512_fp16"),
 }
-# Those with which a low precision ran faster than float32. With only the vector ones (an
-# AVX-512 Xeon without AMX) training ran at 0.57-0.62x float32's speed in bfloat16 and 0.82x
-# in float16, bfloat16 beam search at 0.65-0.70x (docs/precision.md).
-FASTER_THAN_FLOAT32_UNITS: dict[torch.dtype, tuple[str, ...]] = {
-    torch.bfloat16: ("amx_bf16",),
-    torch.float16: ("amx_fp16",),
+# Those with which a low precision ran faster than float32, by `cpu_vendor()` ("": any other).
+# With only the vector ones, an AVX-512 Xeon without AMX trained at 0.57-0.62x float32's speed
+# in bfloat16 and 0.82x in float16, its bfloat16 beam search at 0.65-0.70x; an AMD EPYC
+# (Zen 4) trained at 1.53-1.69x in bfloat16, its beam search at 1.54-1.69x (docs/precision.md).
+FASTER_THAN_FLOAT32_UNITS: dict[torch.dtype, dict[str, tuple[str, ...]]] = {
+    torch.bfloat16: {"": ("amx_bf16",), "AuthenticAMD": ("amx_bf16", "avx512_bf16")},
+    torch.float16: {"": ("amx_fp16",)},
 }
+
+
+def faster_than_float32_units(dtype: torch.dtype, vendor: str) -> tuple[str, ...]:
+    """The flags any one of which makes `dtype`'s products faster than float32's on a CPU of
+    `vendor`."""
+    by_vendor = FASTER_THAN_FLOAT32_UNITS[dtype]
+    return by_vendor.get(vendor, by_vendor[""])
 
 
 def cpu_flags() -> set[str]:

@@ -16,15 +16,20 @@ from dataclasses import dataclass
 
 import torch
 
-from nmt.cpu_features import FASTER_THAN_FLOAT32_UNITS, LOW_PRECISION_UNITS, cpu_flags
+from nmt.cpu_features import (
+    LOW_PRECISION_UNITS,
+    cpu_flags,
+    cpu_vendor,
+    faster_than_float32_units,
+)
 from nmt.errors import NmtError
 
 # What runs a low compute dtype's products faster than float32: one of the CPU's instructions
-# (`FASTER_THAN_FLOAT32_UNITS`: AMX), or a GPU of at least this compute capability (tensor
-# cores: float16 from Volta, bfloat16 from Ampere). Without any units for the dtype
-# (`LOW_PRECISION_UNITS`) torch emulates it: on a 2-core AVX2 CPU, products of the sizes a
-# 2 x 256 model multiplies ran 20-90x slower in bfloat16 or float16 than in float32
-# (docs/precision.md).
+# (`faster_than_float32_units`: AMX; AVX-512's bfloat16 on an AMD CPU), or a GPU of at least
+# this compute capability (tensor cores: float16 from Volta, bfloat16 from Ampere). Without
+# any units for the dtype (`LOW_PRECISION_UNITS`) torch emulates it: on a 2-core AVX2 CPU,
+# products of the sizes a 2 x 256 model multiplies ran 20-90x slower in bfloat16 or float16
+# than in float32 (docs/precision.md).
 CUDA_CAPABILITY: dict[torch.dtype, tuple[int, int]] = {
     torch.bfloat16: (8, 0),
     torch.float16: (7, 0),
@@ -70,7 +75,8 @@ class Precision:
         if device.type != "cpu":
             return None
         flags = cpu_flags()
-        units, faster = LOW_PRECISION_UNITS[self.compute], FASTER_THAN_FLOAT32_UNITS[self.compute]
+        units = LOW_PRECISION_UNITS[self.compute]
+        faster = faster_than_float32_units(self.compute, cpu_vendor())
         if not flags or not flags.isdisjoint(faster):
             return None
         if flags.isdisjoint(units):
@@ -121,9 +127,10 @@ def choices() -> tuple[str, ...]:
 
 def auto_choice(device: torch.device) -> tuple[str, str]:
     """`train.precision: auto` on `device`: the precision and why. A low precision only where
-    the hardware is known to run it faster than float32 - a CPU with AMX, a GPU with tensor
-    cores for it (bfloat16 from compute capability 8.0, float16 with loss scaling from 7.0) -
-    and float32 elsewhere, a CPU whose flags cannot be read included."""
+    the hardware is known to run it faster than float32 - a CPU with AMX or an AMD CPU with
+    AVX-512's bfloat16, a GPU with tensor cores for it (bfloat16 from compute capability 8.0,
+    float16 with loss scaling from 7.0) - and float32 elsewhere, a CPU whose flags cannot be
+    read included."""
     if device.type == "cuda":
         have, gpu = torch.cuda.get_device_capability(device), torch.cuda.get_device_name(device)
         for name in ("bfloat16", "float16"):
@@ -131,7 +138,7 @@ def auto_choice(device: torch.device) -> tuple[str, str]:
                 return name, f"{gpu} is compute capability {have[0]}.{have[1]}"
         return "float32", f"{gpu} is compute capability {have[0]}.{have[1]}, below 7.0"
     if device.type == "cpu":
-        units = FASTER_THAN_FLOAT32_UNITS[torch.bfloat16]
+        units = faster_than_float32_units(torch.bfloat16, cpu_vendor())
         if found := [unit for unit in units if unit in cpu_flags()]:
             return "bfloat16", f"this CPU has {', '.join(found)}"
         return "float32", f"this CPU has no {', '.join(units)}"
@@ -164,7 +171,8 @@ def is_low(dtype: torch.dtype) -> bool:
 
 def describe(sep: str = "; ") -> str:
     auto = (
-        f"{AUTO}: bfloat16 on a CPU with AMX or a GPU from compute capability 8.0, float16 on "
-        "one from 7.0, float32 elsewhere (the run's log says which and why)"
+        f"{AUTO}: bfloat16 on a CPU with AMX, an AMD CPU with AVX-512 bfloat16 or a GPU from "
+        "compute capability 8.0, float16 on one from 7.0, float32 elsewhere (the run's log "
+        "says which and why)"
     )
     return sep.join([auto] + [f"{p.name}: {p.description}" for p in REGISTRY.values()])
