@@ -271,6 +271,9 @@ def main() -> None:
     }
     if args.device == "cpu":
         print(describe_cpu())
+    for name in filter(None, names):  # an emulated precision takes minutes a batch: say why
+        if why := precisions.get(name).slower_than_float32(torch.device(args.device)):
+            print(f"warning: {name}: {why}", flush=True)
     sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
 
     for runner in runners.values():  # batch 0 warms up: buffers grow to size, kernels load

@@ -251,8 +251,9 @@ def main() -> None:
         torch.set_num_threads(args.threads)
 
     names = args.precisions.split(",")
-    for name in names:
-        precisions.get(name)  # refuses an unknown name before anything trains
+    for name in names:  # refuses an unknown name before anything trains; says which run slow
+        if why := precisions.get(name).slower_than_float32(torch.device(args.device)):
+            print(f"warning: {name}: {why}", flush=True)
     rankings = args.rankings.split(",")
     if unknown := [r for r in rankings if r not in RANKINGS]:
         ap.error(f"--rankings: unknown {', '.join(unknown)} ({', '.join(RANKINGS)})")

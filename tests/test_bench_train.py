@@ -10,6 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+
+from nmt import precisions
 
 REPO = Path(__file__).resolve().parents[1]
 NAMES = {
@@ -142,3 +145,15 @@ def test_product_roles_by_shape():
     )
     assert row_of("aten::mm", [[B, 512], [512, 256]]) == "products: other (attention W_a, W_c)"
     assert row_of("aten::mul_", [[B, G], [B, G]]) == "aten::mul_"  # not a product: its own row
+
+
+def test_a_precision_slower_than_float32_here_is_named(tmp_path):
+    """float16 is emulated on a CPU without its units (minutes a batch at real sizes): the
+    script says so before timing, as `nmt train` does, and says nothing where it is native."""
+    out = run_bench(
+        tmp_path, "--steps", "1", "--variants", "clones-fused", "--precisions", "float32,float16"
+    )
+    why = precisions.get("float16").slower_than_float32(torch.device("cpu"))
+    warnings = [line for line in out.splitlines() if line.startswith("warning: ")]
+    assert warnings == ([f"warning: float16: {why}"] if why else [])
+    assert {"clones-fused@float32", "clones-fused@float16"} <= set(rows(out))
