@@ -4,6 +4,8 @@ drawn as the cells draw them."""
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import torch
 
@@ -15,6 +17,7 @@ from nmt.randomness import dropout_mask, dropout_masks, private_rng
 from nmt.train.executors import AutogradExecutor, make_executor
 from tests.conftest import TEST_DEVICE, model_structures
 from tests.test_engine_equivalence import clone_grads, make_batch, make_model, max_rel_err
+from tests.test_precision import CLOSE, RATIO, grads_of
 
 
 def kernel_grads(model, batch) -> tuple[float, dict[str, torch.Tensor]]:
@@ -136,12 +139,13 @@ def test_mixed_precision_runs_the_kernel_in_the_compute_dtype(
         return kernel(x, zeros, weights, *rest)
 
     monkeypatch.setattr(cell, "kernel", staticmethod(recording))
-    exact = grads_of(reference, AutogradExecutor(reference), batch)
+    exact = grads_of(reference, partial(AutogradExecutor(reference).forward_backward, batch))
     runs = {
-        encoder: grads_of(
-            model, AutogradExecutor(model, encoder=encoder, precision=precision), batch
+        encoder: grads_of(model, partial(executor.forward_backward, batch))
+        for encoder, executor in (
+            (e, AutogradExecutor(model, encoder=e, precision=precision))
+            for e in ("cells", "kernel")
         )
-        for encoder in ("cells", "kernel")
     }
     compute = precisions.get(precision).compute
     assert seen and all(dtypes == {compute} for dtypes in seen)
@@ -152,12 +156,5 @@ def test_mixed_precision_runs_the_kernel_in_the_compute_dtype(
 
     for name, g in runs["kernel"].items():
         mine, cells = error(g, name), error(runs["cells"][name], name)
-        assert mine <= max(4 * eps, 3 * cells), (name, mine / eps, cells / eps)
+        assert mine <= max(CLOSE * eps, RATIO * cells), (name, mine / eps, cells / eps)
     assert max(error(g, name) for name, g in runs["kernel"].items()) > eps / 4  # it ran low
-
-
-def grads_of(model, executor, batch) -> dict[str, torch.Tensor]:
-    model.zero_grad(set_to_none=True)
-    torch.manual_seed(5)  # the same dropout masks
-    executor.forward_backward(batch)
-    return {n: p.grad.clone() for n, p in model.named_parameters()}

@@ -21,6 +21,7 @@ from tests.conftest import write_toy_config
 
 CPU = torch.device("cpu")
 AVX2 = {"fpu", "sse2", "avx2", "fma"}  # an x86 CPU without bfloat16 or float16 units
+ZEN4 = AVX2 | {"avx512f", "avx512_bf16"}  # an AMD EPYC 9004: no avx512_fp16
 
 
 def with_flags(
@@ -31,9 +32,6 @@ def with_flags(
 
 
 EMULATED = "torch emulates its products, many times slower than float32"
-
-
-ZEN4 = AVX2 | {"avx512f", "avx512_bf16"}  # an AMD EPYC 9004: no avx512_fp16
 
 
 @pytest.mark.parametrize(
