@@ -115,12 +115,13 @@ class KernelEncoder:
         return views
 
     def _gate_rows(self, layer: RecurrentLayer) -> Tensor:
-        """The cell's gate rows in the kernel's order."""
+        """The cell's gate rows in the kernel's order, made on the weights' device: a copy
+        from the host would be a synchronisation (of the first step) on a GPU."""
         w_hh = layer.h2h.weight
         if w_hh.device not in self._rows:
-            H = w_hh.size(1)
-            blocks = [torch.arange(g * H, (g + 1) * H) for g in layer.KERNEL_GATES]
-            self._rows[w_hh.device] = torch.cat(blocks).to(w_hh.device)
+            H, dev = w_hh.size(1), w_hh.device
+            blocks = [torch.arange(g * H, (g + 1) * H, device=dev) for g in layer.KERNEL_GATES]
+            self._rows[dev] = torch.cat(blocks)
         return self._rows[w_hh.device]
 
     def _bias_hh(self, b_ih: Tensor) -> Tensor:
