@@ -304,8 +304,10 @@ def measure_clones(
             continue
         seen.add(r.storage_key)
         parts[category(r.role)] += r.bytes
-    # the tracker saw parameters and gradients allocated at full size, buffers at size 0
-    parts["transient"] = max(0, tracker.peak - summary["param"] - summary["grad"])
+    # the tracker saw parameters and gradients allocated at full size, buffers at size 0, and
+    # a mixed precision's compute copy of the weights at full size: counted above already
+    held = summary["param"] + summary["grad"] + parts.get("weights", 0)
+    parts["transient"] = max(0, tracker.peak - held)
     return PolicyMemory(policy, summary["param"], summary["grad"], opt_bytes, parts, records)
 
 
