@@ -12,13 +12,14 @@
 #   precision  nmt train, translate and memreport in bfloat16 and float16 (loss scaling);
 #              what train.precision auto chooses
 #   2 ranks    a 2-rank torchrun run, when two GPUs are visible
-#   bench      scripts/bench_train.py --device cuda on the toy corpus (last: the only check
-#              that measures rather than proves)
+#   bench      scripts/bench_train.py --device cuda on the toy corpus, float32 and bfloat16
+#              (last: the only check that measures rather than proves)
 # It ends with one summary table and exits 1 if any check failed. Logs go to $OUT
 # (default gpu-check/).
 #
 #   bash scripts/gpu_check.sh                        # on a machine with a CUDA GPU
 #   GPU_CHECK_DEVICE=cpu bash scripts/gpu_check.sh   # the same checks, tiny, on the CPU
+#   GPU_CHECK_SKIP="engine bench" bash scripts/gpu_check.sh   # leave these checks out
 #
 # The CPU form (small sizes, a few steps, BLEU not required, 2 Gloo ranks, the engine tests
 # of one structure per cell and granularity with general attention, which the suite runs in
@@ -54,7 +55,8 @@ if [ "$device" = cuda ]; then
     engine_sel=()
     engine_workers=${GPU_CHECK_WORKERS:-8}  # test processes sharing the GPU (0: this one)
     mem_args=(--config configs/seed-4x600.yaml --device cuda)
-    bench_args=(--device cuda --steps 30 --set train.loss_chunk=8)  # as docs/speed.md's table
+    bench_args=(--device cuda --steps 30 --set train.loss_chunk=8  # as docs/speed.md's table
+        --precisions float32,bfloat16)
     ranks_sets=(--set train.device=cuda --set train.max_steps=100 --set train.valid_every=50)
     repeat_sets=(--set train.device=cuda --set train.valid_bleu_sample=0) repeat_steps=60
     low_sets=(--set train.device=cuda --set train.max_steps=300 --set train.valid_every=150)
@@ -81,11 +83,19 @@ else
     low_precisions=(bfloat16)  # the rehearsal of the loop; the suite runs float16 on the CPU
 fi
 
+# the test lines translate and precision translate (each check can run without the others)
+head -n "$test_lines" data/toy/test.src > "$out/test.src"
+head -n "$test_lines" data/toy/test.tgt > "$out/test.tgt"
+
 names=() results=() times=() details=()
 failed=0
 check() {  # check NAME DETAIL_FUNCTION COMMAND...: run, log to $out/NAME.log, record
     local name=$1 detail=$2 start=$SECONDS rc
     shift 2
+    if [[ " ${GPU_CHECK_SKIP:-} " == *" $name "* ]]; then
+        skip "$name" "in GPU_CHECK_SKIP"
+        return
+    fi
     echo "== $name"
     "$@" 2>&1 | tee "$out/$name.log"
     rc=${PIPESTATUS[0]}
@@ -109,7 +119,9 @@ allocated() {  # cuda: each policy's allocated-vs-accounted verdict; cpu: the by
         echo "$(grep -cE '^(none|attention|all|recompute|autograd) .* yes$' "$1")/5 policies match byte for byte"
     fi
 }
-speed() { grep -oE '^(ratios vs|step time recompute / all).*' "$1" | paste -sd ';' -; }
+speed() {  # clones against autograd, recompute against sharing, each precision against float32
+    grep -oE '^(ratios vs|step time recompute / all|[a-z-]+@[a-z0-9]+ / ).*' "$1" | paste -sd ';' -
+}
 
 run_engine() {
     NMT_TEST_DEVICE=$device "$py" -m pytest -q -n "$engine_workers" -p no:cacheprovider \
@@ -146,8 +158,6 @@ run_train() {
         "${train_sets[@]}"
 }
 run_translate() {
-    head -n "$test_lines" data/toy/test.src > "$out/test.src"
-    head -n "$test_lines" data/toy/test.tgt > "$out/test.tgt"
     "$py" -m nmt translate --model "$out/toy/model.pt" --src "$out/test.src" \
         --ref "$out/test.tgt" --output "$out/test.hyp" --beam-size "$beam" --device "$device" \
         --no-progress || return 1

@@ -47,3 +47,13 @@ def test_the_cuda_form_refuses_without_a_gpu(tmp_path):
     proc = gpu_check(tmp_path, "cuda", CUDA_VISIBLE_DEVICES="")  # none, even on a GPU machine
     assert proc.returncode == 1
     assert "no CUDA device visible" in proc.stderr
+
+
+def test_skipped_checks_are_listed_as_skipped(tmp_path):
+    """GPU_CHECK_SKIP leaves checks out (a short lease spends its minutes elsewhere) and the
+    table still names each one, so a skipped check never reads as a pass."""
+    proc = gpu_check(tmp_path, "cpu", GPU_CHECK_SKIP=" ".join(CHECKS))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    table = proc.stdout[proc.stdout.index("check      result") :].splitlines()[1:]
+    assert [line.split()[:2] for line in table] == [[name, "skip"] for name in CHECKS]
+    assert all(line.endswith("in GPU_CHECK_SKIP") for line in table)
