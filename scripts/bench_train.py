@@ -21,11 +21,15 @@ loss back). The counts are device-independent; --fixed-length N counts (and time
 random sentences of N words on both sides (docs/speed.md's op counts: 50).
 --output-layer-share times the output layer and loss inside the clone variants' steps: the
 part that node granularity does not change, so it bounds what fused nodes can gain.
+--determinism on,nofill,off runs every variant in each of torch's deterministic modes, switched
+before each step: what `train.deterministic: true` costs on a GPU, and how much of it is the
+fill of new memory that the mode adds.
 
     python scripts/bench_train.py                      # 2x256, batch 64, 20 batches
     python scripts/bench_train.py --data data/ende-demo --steps 40 --device cuda
     python scripts/bench_train.py --rnn 500 --fixed-length 50 --steps 0 --count-ops
     python scripts/bench_train.py --set train.loss_chunk=8   # every variant's loss over 8
+    python scripts/bench_train.py --device cuda --variants clones-fused --determinism on,off
     python scripts/bench_train.py --variants clones-fused --profile 5   # time by op
     python scripts/bench_train.py --variants clones-fused --profile 5 --profile-roles
         # the products by what they compute: output layer, LSTM forward / gradients / weights
@@ -34,6 +38,7 @@ part that node granularity does not change, so it bounds what fused nodes can ga
 from __future__ import annotations
 
 import argparse
+import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -107,6 +112,15 @@ def available() -> list[Variant]:
     return [v for v in VARIANTS if v.needs is None or v.needs in keys]
 
 
+# --determinism: torch's deterministic mode, (deterministic algorithms, new memory filled),
+# switched before each of a runner's steps, so that the modes run side by side in one process
+DETERMINISM = {
+    "on": (True, True),  # what training sets up on a GPU (`train.deterministic: true`)
+    "nofill": (True, False),  # deterministic kernels, new memory left unfilled
+    "off": (False, False),  # torch's defaults
+}
+
+
 @dataclass
 class Runner:
     """One variant's model, executor, optimizer and device-side update."""
@@ -114,9 +128,14 @@ class Runner:
     executor: Executor
     update: DeviceUpdate
     optimizer: torch.optim.Optimizer
+    determinism: tuple[bool, bool] | None = None  # None: as set up once for the process
 
     def step(self, batch: Batch, n_tokens: int) -> None:
         """The trainer's step (`Trainer.train_step` without ranks and failure handling)."""
+        if self.determinism is not None:
+            deterministic, fill = self.determinism
+            torch.use_deterministic_algorithms(deterministic)
+            torch.utils.deterministic.fill_uninitialized_memory = fill
         self.optimizer.zero_grad(set_to_none=False)
         loss = self.executor.forward_backward(batch)
         self.update.apply(loss, self.update.clip(), n_tokens)
@@ -194,6 +213,13 @@ def parse_args() -> argparse.Namespace:
         "(e.g. float32,bfloat16; default: the configured precision only)",
     )
     ap.add_argument(
+        "--determinism",
+        default="",
+        help="comma list of: on (deterministic algorithms and new memory filled, as training "
+        "sets a GPU up), nofill (deterministic algorithms only), off (torch's defaults): "
+        "every variant in each, side by side (default: train.deterministic, set up once)",
+    )
+    ap.add_argument(
         "--count-ops", action="store_true", help="print aten ops and host syncs per step"
     )
     ap.add_argument(
@@ -222,7 +248,11 @@ def parse_args() -> argparse.Namespace:
         "LSTM layers' forward, gradient and weight-gradient products, the attention's) "
         "instead of by op",
     )
-    return ap.parse_args()
+    args = ap.parse_args()
+    for mode in filter(None, args.determinism.split(",")):
+        if mode not in DETERMINISM:
+            ap.error(f"--determinism {mode!r}: expected a comma list of {', '.join(DETERMINISM)}")
+    return args
 
 
 def main() -> None:
@@ -264,11 +294,12 @@ def main() -> None:
     variants = {v.name: v for v in available()}
     chosen = [variants[name] for name in args.variants.split(",")]
     names = [p for p in args.precisions.split(",") if p] or [""]
-    runners = {
-        (v.name if p == "" else f"{v.name}@{p}"): build(v, raw, vocab, p)
-        for v in chosen
-        for p in names
-    }
+    modes = [m for m in args.determinism.split(",") if m] or [""]
+    runners = {}
+    for v, p, mode in itertools.product(chosen, names, modes):
+        runner = build(v, raw, vocab, p)
+        runner.determinism = DETERMINISM[mode] if mode else None
+        runners[v.name + (f"@{p}" if p else "") + (f"/{mode}" if mode else "")] = runner
     if args.device == "cpu":
         print(describe_cpu())
     for name in filter(None, names):  # an emulated precision takes minutes a batch: say why
@@ -419,10 +450,15 @@ def print_speeds(args: argparse.Namespace, vocab: tuple[int, int], speed: dict[s
     if {"clones-nngraph", "clones-recompute"} <= speed.keys():  # the same tokens, so 1 / speed
         ratio = speed["clones-nngraph"] / speed["clones-recompute"]
         print(f"step time recompute / all: {ratio:.2f}x")
-    low = [n for n in speed if "@" in n and not n.endswith("@float32")]
-    for name in low:  # each precision against the same variant in float32
-        base = name.split("@")[0] + "@float32"
-        if base in speed:
+    for name in speed:  # each precision against float32, each determinism against "on"
+        stem, _, mode = name.partition("/")
+        variant, _, precision = stem.partition("@")
+        bases = []
+        if precision not in ("", "float32"):
+            bases.append(f"{variant}@float32" + (f"/{mode}" if mode else ""))
+        if mode not in ("", "on"):
+            bases.append(f"{stem}/on")
+        for base in (b for b in bases if b in speed):
             print(f"{name} / {base}: {speed[name] / speed[base]:.2f}x")
 
 

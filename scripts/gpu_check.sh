@@ -12,8 +12,8 @@
 #   precision  nmt train, translate and memreport in bfloat16 and float16 (loss scaling);
 #              what train.precision auto chooses
 #   2 ranks    a 2-rank torchrun run, when two GPUs are visible
-#   bench      scripts/bench_train.py --device cuda on the toy corpus, float32 and bfloat16
-#              (last: the only check that measures rather than proves)
+#   bench      scripts/bench_train.py --device cuda on the toy corpus, float32 and bfloat16,
+#              each deterministic mode (last: the only check that measures rather than proves)
 # It ends with one summary table and exits 1 if any check failed. Logs go to $OUT
 # (default gpu-check/).
 #
@@ -56,7 +56,8 @@ if [ "$device" = cuda ]; then
     engine_workers=${GPU_CHECK_WORKERS:-8}  # test processes sharing the GPU (0: this one)
     mem_args=(--config configs/seed-4x600.yaml --device cuda)
     bench_args=(--device cuda --steps 30 --set train.loss_chunk=8  # as docs/speed.md's table
-        --precisions float32,bfloat16)
+        --variants clones-nngraph,clones-fused,autograd-kernel --precisions float32,bfloat16
+        --determinism on,nofill,off)
     ranks_sets=(--set train.device=cuda --set train.max_steps=100 --set train.valid_every=50)
     repeat_sets=(--set train.device=cuda --set train.valid_bleu_sample=0) repeat_steps=60
     low_sets=(--set train.device=cuda --set train.max_steps=300 --set train.valid_every=150)
@@ -119,9 +120,12 @@ allocated() {  # cuda: each policy's allocated-vs-accounted verdict; cpu: the by
         echo "$(grep -cE '^(none|attention|all|recompute|autograd) .* yes$' "$1")/5 policies match byte for byte"
     fi
 }
-speed() {  # clones against autograd, recompute against sharing, each precision against float32
-    grep -oE '^(ratios vs|step time recompute / all|[a-z-]+@[a-z0-9]+ / ).*' "$1" | paste -sd ';' -
+speed() {  # clones against autograd, recompute against sharing, precisions against float32,
+    # deterministic modes against "on"
+    grep -oE '^(ratios vs|step time recompute / all|[a-z-]+[@/][a-z0-9/]+ / ).*' "$1" |
+        paste -sd ';' -
 }
+low_results() { grep -E '^([a-z0-9]+: (BLEU|[a-z]+ FAILED)|train.precision auto: )' "$1" | paste -sd ';' -; }
 
 run_engine() {
     NMT_TEST_DEVICE=$device "$py" -m pytest -q -n "$engine_workers" -p no:cacheprovider \
@@ -175,19 +179,27 @@ run_bench() {  # bench_train.py reads the ende-demo file names: the toy corpus u
     ln -sf "$PWD/data/toy/valid.tgt" "$d/targ-val.txt"
     "$py" scripts/bench_train.py --data "$d" "${bench_args[@]}"
 }
-run_precision() {  # each low precision trains, translates, and memreport checks it
+run_precision() {  # each low precision trains, translates, and memreport checks it; a
+    # failure is named and the next precision still runs, so one lease sees every failure
+    local p rc=0
     for p in "${low_precisions[@]}"; do
-        "$py" -m nmt train --config configs/toy.yaml --out "$out/toy-$p" --force --no-progress \
-            --set train.precision=$p "${low_sets[@]}" > "$out/toy-$p.log" 2>&1 || return 1
+        if ! "$py" -m nmt train --config configs/toy.yaml --out "$out/toy-$p" --force \
+            --no-progress --set train.precision=$p "${low_sets[@]}" > "$out/toy-$p.log" 2>&1; then
+            echo "$p: training FAILED ($out/toy-$p.log)"
+            rc=1
+            continue
+        fi
         "$py" -m nmt translate --model "$out/toy-$p/model.pt" --src "$out/test.src" \
             --ref "$out/test.tgt" --output "$out/test-$p.hyp" --device "$device" --no-progress \
-            2>&1 | grep -o '^BLEU = [0-9.]*' | sed "s/^/$p: /" || return 1
-        "$py" -m nmt memreport "${low_mem[@]}" --precision "$p" > "$out/memreport-$p.log" \
-            2>&1 || return 1
+            2>&1 | grep -o '^BLEU = [0-9.]*' | sed "s/^/$p: /" ||
+            { echo "$p: translation FAILED"; rc=1; }
+        "$py" -m nmt memreport "${low_mem[@]}" --precision "$p" > "$out/memreport-$p.log" 2>&1 ||
+            { echo "$p: memreport FAILED: $(tail -n 1 "$out/memreport-$p.log")"; rc=1; }
     done
     # what train.precision auto chooses on this device (accounted on meta: no step runs)
     "$py" -m nmt memreport "${low_mem[@]}" --device meta --precision auto 2>&1 >/dev/null \
-        | grep '^train.precision auto: ' || return 1
+        | grep '^train.precision auto: ' || rc=1
+    return $rc
 }
 run_ranks() {
     "$py" -m torch.distributed.run --standalone --nproc_per_node 2 -m nmt train \
@@ -206,7 +218,7 @@ check repeat last_line run_repeat
 check translate bleu run_translate
 if [ "${results[-1]}" = pass ] && ! bleu_ok; then results[-1]=FAIL; failed=1; fi
 check memreport allocated run_memreport
-check precision last_line run_precision
+check precision low_results run_precision
 if [ "$device" = cpu ] || [ "$gpus" -ge 2 ]; then
     check 2-ranks trained run_ranks
 else

@@ -157,3 +157,22 @@ def test_a_precision_slower_than_float32_here_is_named(tmp_path):
     warnings = [line for line in out.splitlines() if line.startswith("warning: ")]
     assert warnings == ([f"warning: float16: {why}"] if why else [])
     assert {"clones-fused@float32", "clones-fused@float16"} <= set(rows(out))
+
+
+def test_deterministic_modes_side_by_side(tmp_path):
+    """--determinism runs each variant in each of torch's deterministic modes: a row each, and
+    each mode against "on" (what training sets a GPU up with)."""
+    out = run_bench(
+        tmp_path, "--steps", "1", "--variants", "clones-fused", "--determinism", "on,nofill,off"
+    )
+    names = [f"clones-fused/{mode}" for mode in ("on", "nofill", "off")]
+    assert list(rows(out))[1:] == names  # after the header row
+    ratios = re.findall(r"^(\S+) / (\S+): [0-9.]+x$", out, flags=re.M)
+    assert ratios == [(names[1], names[0]), (names[2], names[0])]
+
+
+def test_an_unknown_deterministic_mode_is_refused():
+    cmd = [sys.executable, str(REPO / "scripts" / "bench_train.py"), "--determinism", "on,maybe"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "--determinism 'maybe': expected a comma list of on, nofill, off" in proc.stderr
