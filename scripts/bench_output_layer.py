@@ -5,8 +5,8 @@
 Each form computes a step's logits and their log-softmax (what a search step does with them)
 for N rows of H against a V x H weight; the forms alternate, `--rounds` times, and the table
 gives each one's median milliseconds and its time over out @ W^T on the column-major weight
-(the one form). `chosen` is the form the rule for this CPU's vendor picks for N rows
-(`nmt.translate.output_layer.RULES`; `--vendor` shows another vendor's).
+(the one form). `chosen` is the form the rule for this CPU picks for N rows
+(`nmt.translate.output_layer.RULES`; `--vendor` shows another CPU's, by its key there).
 
     python scripts/bench_output_layer.py                          # 2 x 256, 36k words
     python scripts/bench_output_layer.py --vocab 8000 --rows 1,5,16,64
@@ -22,13 +22,13 @@ import time
 import torch
 import torch.nn.functional as F
 
-from nmt.cpu_features import cpu_vendor
 from nmt.cpu_features import describe as describe_cpu
 from nmt.translate.output_layer import (
     FORMS,
     ONE_FORM_NAME,
     SearchOutputLayer,
     rule_for,
+    this_cpu,
 )
 
 BASE = ONE_FORM_NAME
@@ -49,7 +49,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=4, help="alternations of the forms")
     ap.add_argument("--repeats", type=int, default=6, help="steps timed per form and round")
-    ap.add_argument("--vendor", default=cpu_vendor(), help="whose rule `chosen` shows")
+    ap.add_argument(
+        "--vendor", default=this_cpu(), help="whose rule `chosen` shows (a key of RULES)"
+    )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)

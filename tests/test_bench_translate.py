@@ -29,13 +29,13 @@ def bench():
     return module
 
 
-@pytest.mark.parametrize("vendor", ["AuthenticAMD", "GenuineIntel"])
-def test_each_kind_of_output_layer_computes_the_models_logits(bench, monkeypatch, vendor):
+@pytest.mark.parametrize("cpu", ["AuthenticAMD", "AuthenticAMD avx512f", "GenuineIntel"])
+def test_each_kind_of_output_layer_computes_the_models_logits(bench, monkeypatch, cpu):
     """Whatever the loaded model holds (the weight both ways on AMD, the folded weight on
     Intel), `by-rows` runs the AMD rule on the row-major weight, `folded` and `packed` the
     folded form (packed once for the latter) at every row count, and `column-major` the one
     form on a column-major copy."""
-    monkeypatch.setattr(output_layer, "cpu_vendor", lambda: vendor)
+    monkeypatch.setattr(output_layer, "this_cpu", lambda: cpu)
     cfg = ModelConfig(num_layers=1, rnn_size=16, word_vec_size=16)
     model = build_model(cfg, 30, 40, device="cpu", dtype=torch.float32)
     plain = torch.nn.Linear(16, 40)

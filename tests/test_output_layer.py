@@ -20,6 +20,7 @@ from nmt.translate.output_layer import (
     FORMS,
     ONE_FORM,
     ONE_FORM_NAME,
+    ONEDNN_NAME,
     PACKED,
     PACKED_NAME,
     RULES,
@@ -27,9 +28,11 @@ from nmt.translate.output_layer import (
     pack,
     prepare_for_search,
     rule_for,
+    rule_key,
 )
 
 BY_ROWS = RULES["AuthenticAMD"]
+ZEN4 = RULES["AuthenticAMD avx512f"]
 
 
 @pytest.fixture
@@ -40,7 +43,7 @@ def linear() -> torch.nn.Linear:
 
 @pytest.mark.parametrize("rows", [1, 2, 5, 16, 17, 40, 64, 65, 100])
 @pytest.mark.parametrize("name", list(FORMS))
-@pytest.mark.parametrize("rule", [BY_ROWS, PACKED], ids=["by-rows", "packed"])
+@pytest.mark.parametrize("rule", [BY_ROWS, ZEN4, PACKED], ids=["by-rows", "zen4", "packed"])
 def test_every_form_computes_the_linear_layer(linear, rows, name, rule):
     layer = SearchOutputLayer(linear, rule)
     out = torch.randn(rows, 24)
@@ -123,6 +126,42 @@ def test_the_amd_rule_picks_by_rows(linear):
     three_d = torch.randn(2, 5, 24)
     assert BY_ROWS.form(three_d) == ONE_FORM_NAME
     torch.testing.assert_close(layer(three_d), linear(three_d), rtol=1e-5, atol=1e-5)
+
+
+def test_the_zen4_rule_runs_onednn_from_9_rows(linear):
+    """On an AMD CPU with AVX-512: W @ out^T on the row-major weight for 2-8 rows, oneDNN's
+    out @ W^T from 9 (MKL's generic code on AMD, oneDNN's AVX-512: docs/speed.md)."""
+    layer = SearchOutputLayer(linear, ZEN4)
+    assert ZEN4.by_rows and layer.weight is linear.weight  # the model's row-major weight
+    picked = {rows: ZEN4.form(torch.zeros(rows, 24)) for rows in range(1, 400)}
+    assert picked[1] == ONE_FORM_NAME
+    assert {picked[n] for n in range(2, 9)} == {"W @ out^T, W row-major"}
+    assert {picked[n] for n in range(9, 400)} == {ONEDNN_NAME}
+    three_d = torch.randn(2, 5, 24)
+    assert ZEN4.form(three_d) == ONE_FORM_NAME
+    torch.testing.assert_close(layer(three_d), linear(three_d), rtol=1e-5, atol=1e-5)
+
+
+def test_the_onednn_form_falls_back_to_the_one_form(monkeypatch, linear):
+    """A product that needs its gradient, a batch of positions, or a torch without oneDNN's
+    op: the one form, with the same values."""
+    layer = SearchOutputLayer(linear, ZEN4)
+    out = torch.randn(20, 24, requires_grad=True)
+    got = FORMS[ONEDNN_NAME](layer, out)
+    assert got.grad_fn is not None
+    torch.testing.assert_close(got, linear(out), rtol=1e-5, atol=1e-5)
+    positions = torch.randn(2, 5, 24)
+    assert torch.equal(FORMS[ONEDNN_NAME](layer, positions), FORMS[ONE_FORM_NAME](layer, positions))
+    monkeypatch.setattr(output_layer, "onednn_available", lambda: False)
+    out = torch.randn(20, 24)
+    assert torch.equal(FORMS[ONEDNN_NAME](layer, out), FORMS[ONE_FORM_NAME](layer, out))
+
+
+def test_the_rule_key_tells_amd_cpus_by_avx512():
+    assert rule_key("AuthenticAMD", {"avx2", "avx512f"}) == "AuthenticAMD avx512f"
+    assert rule_key("AuthenticAMD", {"avx2"}) == "AuthenticAMD"
+    assert rule_key("GenuineIntel", {"avx512f"}) == "GenuineIntel"  # MKL's own AVX-512 there
+    assert rule_for("AuthenticAMD avx512f") == ZEN4 and rule_for("AuthenticAMD") == BY_ROWS
 
 
 def test_intel_runs_the_packed_form_and_unknown_vendors_one_form():

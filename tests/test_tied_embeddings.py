@@ -139,7 +139,7 @@ def test_a_tied_run_saves_loads_and_translates(tmp_path, monkeypatch) -> None:
     from nmt.translate import output_layer
     from nmt.translate.run import load_model
 
-    monkeypatch.setattr(output_layer, "cpu_vendor", lambda: "AuthenticAMD")
+    monkeypatch.setattr(output_layer, "this_cpu", lambda: "AuthenticAMD")
     cfg = write_toy_config(
         tmp_path / "c.yaml",
         "num_layers: 1, rnn_size: 16, word_vec_size: 16, tie_embeddings: decoder",

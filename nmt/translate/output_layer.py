@@ -25,13 +25,20 @@ rounds otherwise). Under 8 rows it gained nothing, so the Intel rule runs the fo
 there. The packed copy is made at the first step that needs it and checked against the plain
 product then; where MKL is missing or the check fails, the folded form runs.
 
-So translation on a CPU in float32 runs `SearchOutputLayer`: each vendor's rule (`RULES`)
-names the form for each row count. One whose rule picks by rows keeps the weight both ways -
-the model's row-major parameter (shared with a tied embedding) and the folded copy, V x H
-more memory; elsewhere the folded weight is the model's only copy, and on an Intel CPU MKL's
-packed copy of it (about V x H more) is the one the products read. CUDA and the low
-precisions (not measured) keep one column-major weight and `nn.Linear`. Training, and the
-validation searches inside it, keep the model's own `nn.Linear`.
+On an AMD CPU MKL names no instruction set in its verbose output ("Intel(R) Architecture
+processors"), while oneDNN, which torch carries too, runs float32 products on the CPU's
+AVX-512 (`brg_matmul:avx512_core`). On an AMD EPYC with AVX-512 (Zen 4), at 2 x 256 and
+35,820 words, oneDNN's out @ W^T on the row-major weight takes 0.57-0.81x the one form's time
+from 12 rows on and 0.75x W @ out^T's at 16, while W @ out^T on the row-major weight leads
+up to 8 rows (docs/speed.md).
+
+So translation on a CPU in float32 runs `SearchOutputLayer`: each CPU's rule (`RULES`, by
+vendor and, for AMD, AVX-512) names the form for each row count. One whose rule picks by rows
+keeps the weight both ways - the model's row-major parameter (shared with a tied embedding)
+and the folded copy, V x H more memory; elsewhere the folded weight is the model's only copy,
+and on an Intel CPU MKL's packed copy of it (about V x H more) is the one the products read.
+CUDA and the low precisions (not measured) keep one column-major weight and `nn.Linear`.
+Training, and the validation searches inside it, keep the model's own `nn.Linear`.
 
 The dot products are the same; their rounding may differ in the last bit between forms, so
 a sentence's scores may differ by that much with the batch it is in, as they do between
@@ -47,12 +54,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from nmt.cpu_features import cpu_vendor
+from nmt.cpu_features import cpu_flags, cpu_vendor
 from nmt.model import Seq2SeqAttn
 
 ONE_FORM_NAME = "out @ W^T, W column-major"
 FOLDED_NAME = "[out 1] @ [W b]^T, column-major"
 PACKED_NAME = "[out 1] @ [W b]^T, MKL-packed"
+ONEDNN_NAME = "out @ W^T, W row-major, oneDNN"
+ANY_ROWS = 1 << 30  # a range's end that no step's row count reaches
 # The row count MKL packs for, which sets its blocking (any count computes the same sums). On
 # the Xeon at 2 x 256 and 35,820 words, a pack for 256 rows ran 2-160 rows in 0.74-0.87x the
 # plain product's time; one for 8 rows took 1.27x at 80 rows, one for 16 0.97x.
@@ -67,13 +76,14 @@ class Rule:
     row_major: range = range(0)  # W @ out^T on the row-major weight
     column_major: range = range(0)  # W @ out^T on the column-major copy
     folded: range = range(0)  # the folded form, MKL packing the weight at each call
+    onednn: range = range(0)  # out @ W^T by oneDNN on the row-major weight
     other: str = ONE_FORM_NAME
 
     @property
     def by_rows(self) -> bool:
-        """Whether some row count runs a W @ out^T form (then the layer needs the model's
-        row-major weight beside the folded one)."""
-        return bool(self.row_major or self.column_major)
+        """Whether some row count runs a form on the row-major weight (then the layer needs
+        the model's weight beside the folded one)."""
+        return bool(self.row_major or self.column_major or self.onednn)
 
     def form(self, out: Tensor) -> str:
         """The product's form for these decoder outputs: a name of `FORMS`."""
@@ -84,6 +94,8 @@ class Rule:
             return "W @ out^T, W column-major"
         if rows in self.folded:
             return FOLDED_NAME
+        if rows in self.onednn:
+            return ONEDNN_NAME
         return self.other
 
 
@@ -91,15 +103,27 @@ ONE_FORM = Rule()
 FOLDED = Rule(other=FOLDED_NAME)
 # A few rows (beam 5 at batch 1) ran no faster from the pack made for many (docs/speed.md).
 PACKED = Rule(folded=range(1, 8), other=PACKED_NAME)
-RULES: dict[str, Rule] = {  # by `cpu_vendor()`; measured on one CPU of each (docs/speed.md)
-    "AuthenticAMD": Rule(row_major=range(2, 17), column_major=range(17, 65)),
+RULES: dict[str, Rule] = {  # by `rule_key`; measured on one CPU of each (docs/speed.md)
+    "AuthenticAMD": Rule(row_major=range(2, 17), column_major=range(17, 65)),  # AVX2
+    "AuthenticAMD avx512f": Rule(row_major=range(2, 9), onednn=range(9, ANY_ROWS)),  # Zen 4
     "GenuineIntel": PACKED,
 }
 
 
-def rule_for(vendor: str) -> Rule:
-    """The rule for a CPU vendor: one form where none was measured."""
-    return RULES.get(vendor, ONE_FORM)
+def rule_key(vendor: str, flags: set[str] | frozenset[str] = frozenset()) -> str:
+    """The `RULES` key of a CPU: its vendor, and for AMD whether it has AVX-512 (which
+    oneDNN uses and MKL does not)."""
+    return f"{vendor} avx512f" if vendor == "AuthenticAMD" and "avx512f" in flags else vendor
+
+
+def this_cpu() -> str:
+    """This CPU's `RULES` key."""
+    return rule_key(cpu_vendor(), cpu_flags())
+
+
+def rule_for(key: str) -> Rule:
+    """The rule for a CPU (a `RULES` key): one form where none was measured."""
+    return RULES.get(key, ONE_FORM)
 
 
 class SearchOutputLayer(nn.Module):
@@ -216,12 +240,29 @@ def _transposed(weight: Tensor, bias: Tensor | None, out: Tensor) -> Tensor:
     return torch.addmm(bias.unsqueeze(1), weight, out.t()).t().contiguous()
 
 
+def onednn_available() -> bool:
+    """Whether this torch carries oneDNN's linear op (`torch.ops.mkldnn._linear_pointwise`,
+    the one torch's compiler runs for a CPU linear layer)."""
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+def _onednn(layer: SearchOutputLayer, out: Tensor) -> Tensor:
+    """out @ W^T + b by oneDNN on the row-major weight; a product that needs its gradient,
+    a batch of positions, a tensor off the CPU, or a torch without the op: the one form."""
+    usable = out.dim() == 2 and out.device.type == "cpu" and not out.requires_grad
+    if not (usable and onednn_available()):
+        return FORMS[ONE_FORM_NAME](layer, out)
+    weight = layer.weight.contiguous()  # the model's own where the rule keeps it (by rows)
+    return torch.ops.mkldnn._linear_pointwise(out.contiguous(), weight, layer.bias, "none", [], "")
+
+
 FORMS: dict[str, Callable[[SearchOutputLayer, Tensor], Tensor]] = {
     ONE_FORM_NAME: lambda layer, out: F.linear(out, layer.columns, layer.bias),
     FOLDED_NAME: _folded,
     PACKED_NAME: _packed,
     "W @ out^T, W row-major": lambda layer, out: _transposed(layer.weight, layer.bias, out),
     "W @ out^T, W column-major": lambda layer, out: _transposed(layer.columns, layer.bias, out),
+    ONEDNN_NAME: _onednn,
 }
 
 
@@ -235,7 +276,7 @@ def prepare_for_search(model: Seq2SeqAttn, rule: Rule | None = None) -> None:
         return
     weight = gen.weight
     if weight.device.type == "cpu" and weight.dtype == torch.float32:
-        rule = rule_for(cpu_vendor()) if rule is None else rule
+        rule = rule_for(this_cpu()) if rule is None else rule
         model.generator = SearchOutputLayer(gen, rule)
         return
     gen.weight = nn.Parameter(column_major(weight), requires_grad=weight.requires_grad)
