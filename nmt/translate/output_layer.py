@@ -28,9 +28,9 @@ product then; where MKL is missing or the check fails, the folded form runs.
 On an AMD CPU MKL names no instruction set in its verbose output ("Intel(R) Architecture
 processors"), while oneDNN, which torch carries too, runs float32 products on the CPU's
 AVX-512 (`brg_matmul:avx512_core`). On an AMD EPYC with AVX-512 (Zen 4), at 2 x 256 and
-35,820 words, oneDNN's out @ W^T on the row-major weight takes 0.57-0.81x the one form's time
-from 12 rows on and 0.75x W @ out^T's at 16, while W @ out^T on the row-major weight leads
-up to 8 rows (docs/speed.md).
+35,820 words, oneDNN's out @ W^T on the row-major weight takes 0.53-0.81x the one form's time
+from 9 rows on (two runs) and about 0.75x W @ out^T's at 16, while W @ out^T on the row-major
+weight leads or ties up to 8 rows (docs/speed.md).
 
 So translation on a CPU in float32 runs `SearchOutputLayer`: each CPU's rule (`RULES`, by
 vendor and, for AMD, AVX-512) names the form for each row count. One whose rule picks by rows
