@@ -125,7 +125,9 @@ speed() {  # clones against autograd, recompute against sharing, precisions agai
     grep -oE '^(ratios vs|step time recompute / all|[a-z-]+[@/][a-z0-9/]+ / ).*' "$1" |
         paste -sd ';' -
 }
-low_results() { grep -E '^([a-z0-9]+: (BLEU|[a-z]+ FAILED)|train.precision auto: )' "$1" | paste -sd ';' -; }
+low_results() {  # each low precision's BLEU or failure, and what auto chooses
+    grep -E '^([a-z0-9]+: (BLEU|[a-z]+ FAILED)|train.precision auto: )' "$1" | paste -sd ';' -
+}
 
 run_engine() {
     NMT_TEST_DEVICE=$device "$py" -m pytest -q -n "$engine_workers" -p no:cacheprovider \
