@@ -274,8 +274,11 @@ def main() -> None:
     raw = {"data": data, "model": model, "train": {"device": args.device}}
     raw = apply_overrides(raw, args.set)
     base = from_dict(raw, "bench_train")
-    # CUDA as training sets it up (deterministic algorithms, TF32 off unless --set says)
-    setup_device(args.device, deterministic=base.train.deterministic, tf32=base.train.tf32)
+    # CUDA as training sets it up (deterministic algorithms, TF32 off unless --set says);
+    # a deterministic --determinism mode needs cuBLAS's fixed workspace set before it starts
+    modes = [m for m in args.determinism.split(",") if m] or [""]
+    deterministic = base.train.deterministic or any(DETERMINISM[m][0] for m in modes if m)
+    setup_device(args.device, deterministic=deterministic, tf32=base.train.tf32)
     corpus = load_corpus(base.data, None, log=lambda s: None)
     vocab = (len(corpus.src_tokenizer), len(corpus.tgt_tokenizer))
     # + the warm-up batch, + the counted one, + the profiled ones
@@ -294,7 +297,6 @@ def main() -> None:
     variants = {v.name: v for v in available()}
     chosen = [variants[name] for name in args.variants.split(",")]
     names = [p for p in args.precisions.split(",") if p] or [""]
-    modes = [m for m in args.determinism.split(",") if m] or [""]
     runners = {}
     for v, p, mode in itertools.product(chosen, names, modes):
         runner = build(v, raw, vocab, p)
