@@ -249,7 +249,8 @@ def parse_args() -> argparse.Namespace:
         "instead of by op",
     )
     args = ap.parse_args()
-    for mode in filter(None, args.determinism.split(",")):
+    args.determinism = [m for m in args.determinism.split(",") if m]  # [] when not given
+    for mode in args.determinism:
         if mode not in DETERMINISM:
             ap.error(f"--determinism {mode!r}: expected a comma list of {', '.join(DETERMINISM)}")
     return args
@@ -276,8 +277,8 @@ def main() -> None:
     base = from_dict(raw, "bench_train")
     # CUDA as training sets it up (deterministic algorithms, TF32 off unless --set says);
     # a deterministic --determinism mode needs cuBLAS's fixed workspace set before it starts
-    modes = [m for m in args.determinism.split(",") if m] or [""]
-    deterministic = base.train.deterministic or any(DETERMINISM[m][0] for m in modes if m)
+    modes = args.determinism or [""]
+    deterministic = base.train.deterministic or any(DETERMINISM[m][0] for m in args.determinism)
     setup_device(args.device, deterministic=deterministic, tf32=base.train.tf32)
     corpus = load_corpus(base.data, None, log=lambda s: None)
     vocab = (len(corpus.src_tokenizer), len(corpus.tgt_tokenizer))

@@ -47,6 +47,7 @@ MKL's kernels for different N in one form.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -240,9 +241,10 @@ def _transposed(weight: Tensor, bias: Tensor | None, out: Tensor) -> Tensor:
     return torch.addmm(bias.unsqueeze(1), weight, out.t()).t().contiguous()
 
 
+@functools.cache
 def onednn_available() -> bool:
     """Whether this torch carries oneDNN's linear op (`torch.ops.mkldnn._linear_pointwise`,
-    the one torch's compiler runs for a CPU linear layer)."""
+    the one torch's compiler runs for a CPU linear layer); asked once, not at every step."""
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
