@@ -50,6 +50,8 @@ from nmt.train.trainer import train
 from nmt.translate import search
 from nmt.translate.output_layer import (
     FOLDED,
+    ONEDNN_NAME,
+    ONEDNN_PACKED_NAME,
     PACKED_NAME,
     RULES,
     Rule,
@@ -146,7 +148,9 @@ def output_layers(
     several forms (`RULES["AuthenticAMD"]`) whatever the CPU, `folded` one with the folded
     form at every step (`FOLDED`: the bias in the product, MKL packing the weight at each
     call), `packed` one with the folded form from a weight packed once at every row count
-    (the Intel rule's form from 8 rows), `column-major` one nn.Linear on a column-major copy
+    (the Intel rule's form from 8 rows), `onednn` one with oneDNN's product on the row-major
+    weight at every row count, `onednn-packed` one with oneDNN's product from the weight it
+    packed once (the Zen 4 rule's form), `column-major` one nn.Linear on a column-major copy
     of the weight (the one form at every step)."""
     layers = {}
     for name, model in models.items():
@@ -161,10 +165,14 @@ def output_layers(
                 layers[name, kind] = SearchOutputLayer(rows, FOLDED)
             elif kind == "packed":
                 layers[name, kind] = SearchOutputLayer(rows, Rule(other=PACKED_NAME))
+            elif kind == "onednn":
+                layers[name, kind] = SearchOutputLayer(rows, Rule(other=ONEDNN_NAME))
+            elif kind == "onednn-packed":
+                layers[name, kind] = SearchOutputLayer(rows, Rule(other=ONEDNN_PACKED_NAME))
             elif kind == "column-major":
                 layers[name, kind] = linear(loaded, column_major(loaded.weight))
             else:
-                kinds = "loaded, by-rows, folded, packed, column-major"
+                kinds = "loaded, by-rows, folded, packed, onednn, onednn-packed, column-major"
                 raise SystemExit(f"--output-layers: unknown {kind!r} ({kinds})")
     return layers
 
@@ -235,8 +243,9 @@ def main() -> None:
         "nmt.translate.output_layer), by-rows (the product's form by the step's rows, the "
         "rule measured on an AMD EPYC, whatever the CPU), folded (the bias folded into the "
         "product, the weight packed by MKL at every call), packed (the same from a weight "
-        "packed once, at every row count), column-major (out @ W^T on the "
-        "column-major weight at every step)",
+        "packed once, at every row count), onednn (oneDNN's out @ W^T on the row-major "
+        "weight at every step), onednn-packed (the same from the weight oneDNN packed once), "
+        "column-major (out @ W^T on the column-major weight at every step)",
     )
     ap.add_argument(
         "--rankings",

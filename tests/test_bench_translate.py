@@ -31,17 +31,18 @@ def bench():
 
 @pytest.mark.parametrize("cpu", ["AuthenticAMD", "AuthenticAMD avx512f", "GenuineIntel"])
 def test_each_kind_of_output_layer_computes_the_models_logits(bench, monkeypatch, cpu):
-    """Whatever the loaded model holds (the weight both ways on AMD, the folded weight on
-    Intel), `by-rows` runs the AMD rule on the row-major weight, `folded` and `packed` the
-    folded form (packed once for the latter) at every row count, and `column-major` the one
-    form on a column-major copy."""
+    """Whatever the loaded model holds (the weight both ways on an AMD CPU with AVX2, the
+    folded weight elsewhere), `by-rows` runs the AMD rule on the row-major weight, `folded`
+    and `packed` the folded form (packed once for the latter) at every row count, `onednn`
+    and `onednn-packed` oneDNN's product (from its pack for the latter) at every row count,
+    and `column-major` the one form on a column-major copy."""
     monkeypatch.setattr(output_layer, "this_cpu", lambda: cpu)
     cfg = ModelConfig(num_layers=1, rnn_size=16, word_vec_size=16)
     model = build_model(cfg, 30, 40, device="cpu", dtype=torch.float32)
     plain = torch.nn.Linear(16, 40)
     plain.load_state_dict(model.generator.state_dict())
     prepare_for_search(model)
-    kinds = ["loaded", "by-rows", "folded", "packed", "column-major"]
+    kinds = ["loaded", "by-rows", "folded", "packed", "onednn", "onednn-packed", "column-major"]
     layers = bench.output_layers({"float32": model}, kinds)
     assert layers["float32", "loaded"] is model.generator
     by_rows = layers["float32", "by-rows"]
@@ -52,6 +53,9 @@ def test_each_kind_of_output_layer_computes_the_models_logits(bench, monkeypatch
     assert layers["float32", "folded"].rule.form(rows_40) == output_layer.FOLDED_NAME
     assert layers["float32", "packed"].rule.form(rows_40) == output_layer.PACKED_NAME
     assert layers["float32", "packed"].rule.form(rows_40[:5]) == output_layer.PACKED_NAME
+    assert layers["float32", "onednn"].rule.form(rows_40) == output_layer.ONEDNN_NAME
+    onednn_packed = layers["float32", "onednn-packed"].rule
+    assert onednn_packed.form(rows_40[:1]) == output_layer.ONEDNN_PACKED_NAME
     for rows in (1, 5, 40, 80):
         out = torch.randn(rows, 16)
         for layer in layers.values():

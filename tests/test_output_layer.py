@@ -21,11 +21,13 @@ from nmt.translate.output_layer import (
     ONE_FORM,
     ONE_FORM_NAME,
     ONEDNN_NAME,
+    ONEDNN_PACKED_NAME,
     PACKED,
     PACKED_NAME,
     RULES,
     SearchOutputLayer,
     pack,
+    pack_onednn,
     prepare_for_search,
     rule_for,
     rule_key,
@@ -128,33 +130,79 @@ def test_the_amd_rule_picks_by_rows(linear):
     torch.testing.assert_close(layer(three_d), linear(three_d), rtol=1e-5, atol=1e-5)
 
 
-def test_the_zen4_rule_runs_onednn_from_9_rows(linear):
-    """On an AMD CPU with AVX-512: W @ out^T on the row-major weight for 2-8 rows, oneDNN's
-    out @ W^T from 9 (MKL's generic code on AMD, oneDNN's AVX-512: docs/speed.md)."""
+def test_the_zen4_rule_runs_onednns_packed_weight_at_every_row_count(linear):
+    """On an AMD CPU with AVX-512: oneDNN's out @ W^T from the weight it packed once, for any
+    number of rows (MKL's generic code on AMD, oneDNN's AVX-512: docs/speed.md); one copy of
+    the weight, column-major with the bias folded in, beside the pack."""
     layer = SearchOutputLayer(linear, ZEN4)
-    assert ZEN4.by_rows and layer.weight is linear.weight  # the model's row-major weight
-    picked = {rows: ZEN4.form(torch.zeros(rows, 24)) for rows in range(1, 400)}
-    assert picked[1] == ONE_FORM_NAME
-    assert {picked[n] for n in range(2, 9)} == {"W @ out^T, W row-major"}
-    assert {picked[n] for n in range(9, 400)} == {ONEDNN_NAME}
-    three_d = torch.randn(2, 5, 24)
-    assert ZEN4.form(three_d) == ONE_FORM_NAME
+    assert not ZEN4.by_rows and layer.weight is not linear.weight
+    assert {ZEN4.form(torch.zeros(rows, 24)) for rows in range(1, 400)} == {ONEDNN_PACKED_NAME}
+    three_d = torch.randn(2, 5, 24)  # a batch of positions: the one form
     torch.testing.assert_close(layer(three_d), linear(three_d), rtol=1e-5, atol=1e-5)
 
 
-def test_the_onednn_form_falls_back_to_the_one_form(monkeypatch, linear):
+ONEDNN = output_layer.onednn_available()
+
+
+def test_onednns_pack_gives_its_plain_products_sums_bitwise():
+    """From 2 rows on, the packed weight's sums are oneDNN's on the plain weight exactly, with
+    and without a bias; one row (a matrix-vector product there) agrees to rounding."""
+    torch.manual_seed(0)
+    for linear in (torch.nn.Linear(24, 3000), torch.nn.Linear(24, 3000, bias=False)):
+        layer = SearchOutputLayer(linear, ZEN4)
+        assert (layer.onednn_packed is not None) == ONEDNN  # a torch with oneDNN packs
+        for rows in (1, 2, 3, 5, 16, 80, 81, 300):
+            out = torch.randn(rows, 24)
+            got = FORMS[ONEDNN_PACKED_NAME](layer, out)
+            assert got.shape == (rows, 3000) and got.is_contiguous()
+            torch.testing.assert_close(got, linear(out), rtol=1e-5, atol=1e-5)
+            if rows > 1:
+                assert torch.equal(got, FORMS[ONEDNN_NAME](layer, out))
+
+
+def test_onednns_pack_follows_the_weight_and_refuses_what_it_cannot_pack(monkeypatch, linear):
+    layer = SearchOutputLayer(linear, ZEN4)
+    first = layer.onednn_packed
+    assert layer.onednn_packed is first  # made once
+    layer.folded = layer.folded * 2  # another tensor (as after .to()): packed again
+    layer.weight = torch.nn.Parameter(layer.columns, requires_grad=False)
+    layer.bias = torch.nn.Parameter(layer.folded[24], requires_grad=False)
+    out = torch.randn(5, 24)
+    torch.testing.assert_close(layer(out), 2 * linear(out), rtol=1e-5, atol=1e-5)
+    for weight in (linear.weight.double(), linear.weight.bfloat16()):
+        assert pack_onednn(weight, None) is None  # float32 only
+    monkeypatch.setattr(output_layer, "onednn_available", lambda: False)
+    assert pack_onednn(linear.weight, linear.bias) is None
+
+
+def test_a_onednn_pack_whose_sums_differ_is_not_used(monkeypatch, linear):
+    """The packed layout is oneDNN's own: `pack_onednn` checks two row counts against the
+    plain product and gives None (the one form runs) when they differ."""
+    product = output_layer._onednn_product
+    monkeypatch.setattr(
+        output_layer, "_onednn_product", lambda out, packed, bias: product(out, packed, bias) + 1
+    )
+    layer = SearchOutputLayer(linear, ZEN4)
+    assert layer.onednn_packed is None
+    out = torch.randn(5, 24)
+    assert torch.equal(layer(out), FORMS[ONE_FORM_NAME](layer, out))
+
+
+@pytest.mark.parametrize("name", [ONEDNN_NAME, ONEDNN_PACKED_NAME])
+def test_the_onednn_forms_fall_back_to_the_one_form(monkeypatch, linear, name):
     """A product that needs its gradient, a batch of positions, or a torch without oneDNN's
     op: the one form, with the same values."""
     layer = SearchOutputLayer(linear, ZEN4)
     out = torch.randn(20, 24, requires_grad=True)
-    got = FORMS[ONEDNN_NAME](layer, out)
+    got = FORMS[name](layer, out)
     assert got.grad_fn is not None
     torch.testing.assert_close(got, linear(out), rtol=1e-5, atol=1e-5)
     positions = torch.randn(2, 5, 24)
-    assert torch.equal(FORMS[ONEDNN_NAME](layer, positions), FORMS[ONE_FORM_NAME](layer, positions))
+    assert torch.equal(FORMS[name](layer, positions), FORMS[ONE_FORM_NAME](layer, positions))
     monkeypatch.setattr(output_layer, "onednn_available", lambda: False)
+    layer = SearchOutputLayer(linear, ZEN4)  # no pack made yet
     out = torch.randn(20, 24)
-    assert torch.equal(FORMS[ONEDNN_NAME](layer, out), FORMS[ONE_FORM_NAME](layer, out))
+    assert torch.equal(FORMS[name](layer, out), FORMS[ONE_FORM_NAME](layer, out))
 
 
 def test_the_rule_key_tells_amd_cpus_by_avx512():
@@ -200,18 +248,24 @@ def test_a_rule_of_one_form_keeps_one_copy_the_folded_one(linear, rule):
     assert list(layer.state_dict()) == ["weight", "bias"]
 
 
-@pytest.mark.parametrize("vendor", ["AuthenticAMD", "GenuineIntel"])
-def test_prepare_for_search_by_vendor_and_in_a_low_precision(monkeypatch, vendor):
+@pytest.mark.parametrize(
+    ("vendor", "flags"),
+    [("AuthenticAMD", {"avx2"}), ("AuthenticAMD", {"avx2", "avx512f"}), ("GenuineIntel", set())],
+    ids=["amd-avx2", "amd-avx512", "intel"],
+)
+def test_prepare_for_search_by_vendor_and_in_a_low_precision(monkeypatch, vendor, flags):
     monkeypatch.setattr(output_layer, "cpu_vendor", lambda: vendor)
+    monkeypatch.setattr(output_layer, "cpu_flags", lambda: flags)
+    rule = rule_for(rule_key(vendor, flags))
     cfg = ModelConfig(num_layers=1, rnn_size=16, word_vec_size=16, tie_embeddings="decoder")
     model = build_model(cfg, 30, 40, device="cpu", dtype=torch.float32)
     weight = model.generator.weight.detach().clone()
     prepare_for_search(model)
     assert isinstance(model.generator, SearchOutputLayer)
-    if vendor == "AuthenticAMD":  # the weight both ways, the tie kept
+    assert model.generator.rule == rule
+    if rule.by_rows:  # the weight both ways, the tie kept
         assert model.generator.weight is model.tgt_embedding.weight
-    else:  # one weight, folded with the bias: no copy
-        assert model.generator.rule == PACKED
+    else:  # one weight, folded with the bias: no copy (a pack, where made, is no parameter)
         assert model.generator.weight.data_ptr() == model.generator.folded.data_ptr()
         assert torch.equal(model.generator.weight, weight)
     low = build_model(cfg, 30, 40, device="cpu", dtype=torch.float32).to(torch.bfloat16)

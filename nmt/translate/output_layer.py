@@ -62,11 +62,15 @@ ONE_FORM_NAME = "out @ W^T, W column-major"
 FOLDED_NAME = "[out 1] @ [W b]^T, column-major"
 PACKED_NAME = "[out 1] @ [W b]^T, MKL-packed"
 ONEDNN_NAME = "out @ W^T, W row-major, oneDNN"
-ANY_ROWS = 1 << 30  # a range's end that no step's row count reaches
+ONEDNN_PACKED_NAME = "out @ W^T, oneDNN-packed"
 # The row count MKL packs for, which sets its blocking (any count computes the same sums). On
 # the Xeon at 2 x 256 and 35,820 words, a pack for 256 rows ran 2-160 rows in 0.74-0.87x the
 # plain product's time; one for 8 rows took 1.27x at 80 rows, one for 16 0.97x.
 PACK_FOR_ROWS = 256
+# The row count oneDNN's pack is made for (beam 5 at batch 16). On the Zen 4 EPYC at 2 x 256
+# and 35,820 words, packs made for 5, 16 and 80 rows ran 1, 5, 16 and 80 rows within 0-15%
+# of one another, none ahead at every count.
+ONEDNN_PACK_FOR_ROWS = 80
 
 
 @dataclass(frozen=True)
@@ -84,7 +88,7 @@ class Rule:
     def by_rows(self) -> bool:
         """Whether some row count runs a form on the row-major weight (then the layer needs
         the model's weight beside the folded one)."""
-        return bool(self.row_major or self.column_major or self.onednn)
+        return bool(self.row_major or self.column_major or self.onednn) or self.other == ONEDNN_NAME
 
     def form(self, out: Tensor) -> str:
         """The product's form for these decoder outputs: a name of `FORMS`."""
@@ -106,7 +110,7 @@ FOLDED = Rule(other=FOLDED_NAME)
 PACKED = Rule(folded=range(1, 8), other=PACKED_NAME)
 RULES: dict[str, Rule] = {  # by `rule_key`; measured on one CPU of each (docs/speed.md)
     "AuthenticAMD": Rule(row_major=range(2, 17), column_major=range(17, 65)),  # AVX2
-    "AuthenticAMD avx512f": Rule(row_major=range(2, 9), onednn=range(9, ANY_ROWS)),  # Zen 4
+    "AuthenticAMD avx512f": Rule(other=ONEDNN_PACKED_NAME),  # Zen 4
     "GenuineIntel": PACKED,
 }
 
@@ -145,6 +149,7 @@ class SearchOutputLayer(nn.Module):
         self.register_buffer("folded", folded, persistent=False)
         self.rule = rule
         self._packed: tuple[int, Tensor | None] | None = None  # (folded's address, its pack)
+        self._onednn_packed: tuple[int, Tensor | None] | None = None  # (weight's address, pack)
         if rule.by_rows:
             self.weight, self.bias = linear.weight, linear.bias  # the model's: ties stay tied
         else:
@@ -166,6 +171,15 @@ class SearchOutputLayer(nn.Module):
         if self._packed is None or self._packed[0] != address:
             self._packed = (address, pack(self.folded))
         return self._packed[1]
+
+    @property
+    def onednn_packed(self) -> Tensor | None:
+        """oneDNN's packed copy of `weight` (made once, then kept while `weight` lies where it
+        did), or None where it cannot be made or does not give oneDNN's plain sums."""
+        address = self.weight.data_ptr()
+        if self._onednn_packed is None or self._onednn_packed[0] != address:
+            self._onednn_packed = (address, pack_onednn(self.weight, self.bias))
+        return self._onednn_packed[1]
 
     def forward(self, out: Tensor) -> Tensor:
         """out N x H (or ... x H) -> N x V logits (... x V), contiguous."""
@@ -258,6 +272,44 @@ def _onednn(layer: SearchOutputLayer, out: Tensor) -> Tensor:
     return torch.ops.mkldnn._linear_pointwise(out.contiguous(), weight, layer.bias, "none", [], "")
 
 
+def pack_onednn(weight: Tensor, bias: Tensor | None) -> Tensor | None:
+    """oneDNN's packed form of the (V x H) `weight` for `_onednn_packed`, or None: not a
+    float32 CPU tensor, a torch without the ops, or a pack whose products are not bitwise
+    oneDNN's on the plain weight (checked on 2 and 7 rows: the blocked layout is oneDNN's own,
+    chosen for this CPU)."""
+    if weight.device.type != "cpu" or weight.dtype != torch.float32 or not onednn_available():
+        return None
+    if not hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):
+        return None
+    rows = weight.detach().contiguous()  # the layout the op packs from (a transient copy)
+    try:
+        packed = torch.ops.mkldnn._reorder_linear_weight(rows, ONEDNN_PACK_FOR_ROWS)
+    except RuntimeError:
+        return None
+    probes = torch.Generator().manual_seed(0)
+    for n in (2, 7):
+        out = torch.randn(n, weight.size(1), generator=probes)
+        plain = torch.ops.mkldnn._linear_pointwise(out, rows, bias, "none", [], "")
+        if not torch.equal(_onednn_product(out, packed, bias), plain):
+            return None
+    return packed
+
+
+def _onednn_product(out: Tensor, packed: Tensor, bias: Tensor | None) -> Tensor:
+    """out (N x H) @ W^T + b from oneDNN's packed weight."""
+    return torch.ops.mkldnn._linear_pointwise(out.contiguous(), packed, bias, "none", [], "")
+
+
+def _onednn_packed(layer: SearchOutputLayer, out: Tensor) -> Tensor:
+    """out @ W^T + b by oneDNN from the weight it packed once; a product that needs its
+    gradient, a batch of positions, or no pack: the one form."""
+    usable = out.dim() == 2 and not out.requires_grad
+    packed = layer.onednn_packed if usable else None
+    if packed is None:
+        return FORMS[ONE_FORM_NAME](layer, out)
+    return _onednn_product(out, packed, layer.bias)
+
+
 FORMS: dict[str, Callable[[SearchOutputLayer, Tensor], Tensor]] = {
     ONE_FORM_NAME: lambda layer, out: F.linear(out, layer.columns, layer.bias),
     FOLDED_NAME: _folded,
@@ -265,6 +317,7 @@ FORMS: dict[str, Callable[[SearchOutputLayer, Tensor], Tensor]] = {
     "W @ out^T, W row-major": lambda layer, out: _transposed(layer.weight, layer.bias, out),
     "W @ out^T, W column-major": lambda layer, out: _transposed(layer.columns, layer.bias, out),
     ONEDNN_NAME: _onednn,
+    ONEDNN_PACKED_NAME: _onednn_packed,
 }
 
 
