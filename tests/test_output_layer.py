@@ -31,6 +31,7 @@ from nmt.translate.output_layer import (
     prepare_for_search,
     rule_for,
     rule_key,
+    search_rule,
 )
 
 BY_ROWS = RULES["AuthenticAMD"]
@@ -169,8 +170,8 @@ def test_onednns_pack_follows_the_weight_and_refuses_what_it_cannot_pack(monkeyp
     layer.bias = torch.nn.Parameter(layer.folded[24], requires_grad=False)
     out = torch.randn(5, 24)
     torch.testing.assert_close(layer(out), 2 * linear(out), rtol=1e-5, atol=1e-5)
-    for weight in (linear.weight.double(), linear.weight.bfloat16()):
-        assert pack_onednn(weight, None) is None  # float32 only
+    for weight in (linear.weight.double(), linear.weight.half()):
+        assert pack_onednn(weight, None) is None  # float32 and bfloat16 only
     monkeypatch.setattr(output_layer, "onednn_available", lambda: False)
     assert pack_onednn(linear.weight, linear.bias) is None
 
@@ -268,8 +269,41 @@ def test_prepare_for_search_by_vendor_and_in_a_low_precision(monkeypatch, vendor
     else:  # one weight, folded with the bias: no copy (a pack, where made, is no parameter)
         assert model.generator.weight.data_ptr() == model.generator.folded.data_ptr()
         assert torch.equal(model.generator.weight, weight)
-    low = build_model(cfg, 30, 40, device="cpu", dtype=torch.float32).to(torch.bfloat16)
-    weight = low.generator.weight.detach().clone()
-    prepare_for_search(low)
-    assert isinstance(low.generator, torch.nn.Linear)  # one weight, stored column by column
-    assert low.generator.weight.t().is_contiguous() and torch.equal(low.generator.weight, weight)
+    for dtype in (torch.bfloat16, torch.float16):
+        low = build_model(cfg, 30, 40, device="cpu", dtype=torch.float32).to(dtype)
+        weight = low.generator.weight.detach().clone()
+        prepare_for_search(low)
+        if dtype == torch.bfloat16 and rule == ZEN4:  # oneDNN's pack of the bfloat16 weight
+            assert isinstance(low.generator, SearchOutputLayer) and low.generator.rule == ZEN4
+            assert torch.equal(low.generator.weight, weight)
+            continue
+        assert isinstance(low.generator, torch.nn.Linear)  # one weight, stored column by column
+        assert low.generator.weight.t().is_contiguous()
+        assert torch.equal(low.generator.weight, weight)
+
+
+def test_search_rules_by_dtype():
+    """float32 searches run every CPU's rule, bfloat16 ones the Zen 4's where measured, and
+    float16 and float64 ones `nn.Linear`."""
+    for key in (*RULES, ""):
+        assert search_rule(key, torch.float32) == rule_for(key)
+        assert search_rule(key, torch.float16) is None
+        assert search_rule(key, torch.float64) is None
+    assert search_rule("AuthenticAMD avx512f", torch.bfloat16) == ZEN4
+    assert search_rule("GenuineIntel", torch.bfloat16) is None
+
+
+def test_the_zen4_rule_in_bfloat16_gives_nn_linears_logits():
+    """oneDNN's pack of a bfloat16 weight: the bfloat16 nn.Linear's logits to its rounding
+    (bitwise oneDNN's plain product from 2 rows on), from one copy of the weight."""
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(24, 3000).to(torch.bfloat16)
+    layer = SearchOutputLayer(linear, ZEN4)
+    assert (layer.onednn_packed is not None) == ONEDNN
+    for rows in (1, 2, 5, 80):
+        out = torch.randn(rows, 24).to(torch.bfloat16)
+        got = layer(out)
+        assert got.dtype == torch.bfloat16 and got.shape == (rows, 3000)
+        torch.testing.assert_close(got, linear(out), rtol=1.6e-2, atol=1e-2)  # 2^-7 epsilon
+        if rows > 1:
+            assert torch.equal(got, FORMS[ONEDNN_NAME](layer, out))

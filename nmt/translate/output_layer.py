@@ -27,18 +27,23 @@ product then; where MKL is missing or the check fails, the folded form runs.
 
 On an AMD CPU MKL names no instruction set in its verbose output ("Intel(R) Architecture
 processors"), while oneDNN, which torch carries too, runs float32 products on the CPU's
-AVX-512 (`brg_matmul:avx512_core`). On an AMD EPYC with AVX-512 (Zen 4), at 2 x 256 and
-35,820 words, oneDNN's out @ W^T on the row-major weight takes 0.53-0.81x the one form's time
-from 9 rows on (two runs) and about 0.75x W @ out^T's at 16, while W @ out^T on the row-major
-weight leads or ties up to 8 rows (docs/speed.md).
+AVX-512 (`brg_matmul:avx512_core`). oneDNN can also pack a weight once into its own blocked
+layout (`torch.ops.mkldnn._reorder_linear_weight`). On an AMD EPYC with AVX-512 (Zen 4), at
+2 x 256 and 35,820 words, a step from that pack takes 0.35-0.56x the one form's time at
+2-160 rows (0.87x at one row), against 0.60-0.68x for oneDNN on the plain row-major weight
+at 5-160 rows and 0.47x for row-major W @ out^T at 5 (docs/speed.md): it runs at every row
+count there. The pack
+is made at its first step and checked bitwise against oneDNN's product on the plain weight.
 
 So translation on a CPU in float32 runs `SearchOutputLayer`: each CPU's rule (`RULES`, by
 vendor and, for AMD, AVX-512) names the form for each row count. One whose rule picks by rows
 keeps the weight both ways - the model's row-major parameter (shared with a tied embedding)
 and the folded copy, V x H more memory; elsewhere the folded weight is the model's only copy,
-and on an Intel CPU MKL's packed copy of it (about V x H more) is the one the products read.
-CUDA and the low precisions (not measured) keep one column-major weight and `nn.Linear`.
-Training, and the validation searches inside it, keep the model's own `nn.Linear`.
+and on an Intel CPU MKL's packed copy of it, on a Zen 4 oneDNN's (about V x H more each), is
+the one the products read. In bfloat16 the Zen 4 runs the same oneDNN form on the bfloat16
+weight (`BFLOAT16_RULES`); CUDA, float16 and bfloat16 on other CPUs (not measured) keep one
+column-major weight and `nn.Linear`. Training, and the validation searches inside it, keep
+the model's own `nn.Linear`.
 
 The dot products are the same; their rounding may differ in the last bit between forms, so
 a sentence's scores may differ by that much with the batch it is in, as they do between
@@ -71,6 +76,7 @@ PACK_FOR_ROWS = 256
 # and 35,820 words, packs made for 5, 16 and 80 rows ran 1, 5, 16 and 80 rows within 0-15%
 # of one another, none ahead at every count.
 ONEDNN_PACK_FOR_ROWS = 80
+PACKED_DTYPES = (torch.float32, torch.bfloat16)  # what `pack_onednn` packs
 
 
 @dataclass(frozen=True)
@@ -115,6 +121,11 @@ RULES: dict[str, Rule] = {  # by `rule_key`; measured on one CPU of each (docs/s
 }
 
 
+# bfloat16 searches measured on one CPU: there oneDNN's pack of the bfloat16 weight takes
+# 0.74x the time of nn.Linear's product at 80 rows and 0.28x at 5 (docs/precision.md)
+BFLOAT16_RULES: dict[str, Rule] = {"AuthenticAMD avx512f": Rule(other=ONEDNN_PACKED_NAME)}
+
+
 def rule_key(vendor: str, flags: set[str] | frozenset[str] = frozenset()) -> str:
     """The `RULES` key of a CPU: its vendor, and for AMD whether it has AVX-512 (which
     oneDNN uses and MKL does not)."""
@@ -129,6 +140,14 @@ def this_cpu() -> str:
 def rule_for(key: str) -> Rule:
     """The rule for a CPU (a `RULES` key): one form where none was measured."""
     return RULES.get(key, ONE_FORM)
+
+
+def search_rule(key: str, dtype: torch.dtype) -> Rule | None:
+    """The rule for a search in `dtype` on a CPU (a `RULES` key): float32's `rule_for`,
+    bfloat16's where one was measured (`BFLOAT16_RULES`), else None (`nn.Linear`)."""
+    if dtype == torch.float32:
+        return rule_for(key)
+    return BFLOAT16_RULES.get(key) if dtype == torch.bfloat16 else None
 
 
 class SearchOutputLayer(nn.Module):
@@ -274,12 +293,12 @@ def _onednn(layer: SearchOutputLayer, out: Tensor) -> Tensor:
 
 def pack_onednn(weight: Tensor, bias: Tensor | None) -> Tensor | None:
     """oneDNN's packed form of the (V x H) `weight` for `_onednn_packed`, or None: not a
-    float32 CPU tensor, a torch without the ops, or a pack whose products are not bitwise
-    oneDNN's on the plain weight (checked on 2 and 7 rows: the blocked layout is oneDNN's own,
-    chosen for this CPU)."""
-    if weight.device.type != "cpu" or weight.dtype != torch.float32 or not onednn_available():
+    float32 or bfloat16 CPU tensor, a torch without the ops, or a pack whose products are not
+    bitwise oneDNN's on the plain weight (checked on 2 and 7 rows: the blocked layout is
+    oneDNN's own, chosen for this CPU)."""
+    if weight.device.type != "cpu" or weight.dtype not in PACKED_DTYPES:
         return None
-    if not hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):
+    if not (onednn_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")):
         return None
     rows = weight.detach().contiguous()  # the layout the op packs from (a transient copy)
     try:
@@ -288,7 +307,7 @@ def pack_onednn(weight: Tensor, bias: Tensor | None) -> Tensor | None:
         return None
     probes = torch.Generator().manual_seed(0)
     for n in (2, 7):
-        out = torch.randn(n, weight.size(1), generator=probes)
+        out = torch.randn(n, weight.size(1), generator=probes).to(weight.dtype)
         plain = torch.ops.mkldnn._linear_pointwise(out, rows, bias, "none", [], "")
         if not torch.equal(_onednn_product(out, packed, bias), plain):
             return None
@@ -321,17 +340,17 @@ FORMS: dict[str, Callable[[SearchOutputLayer, Tensor], Tensor]] = {
 }
 
 
-def prepare_for_search(model: Seq2SeqAttn, rule: Rule | None = None) -> None:
-    """Give `model` the output layer search steps run fastest with: on the CPU in float32,
-    `SearchOutputLayer` with `rule` (None: this CPU's vendor's); elsewhere the weight stored
-    column by column (its transpose contiguous), which out @ W^T reads in order. Same
-    values; training keeps its layer."""
+def prepare_for_search(model: Seq2SeqAttn) -> None:
+    """Give `model` the output layer search steps run fastest with: on the CPU,
+    `SearchOutputLayer` with this CPU's rule for the weight's dtype (`search_rule`); elsewhere,
+    and for a dtype no rule serves, the weight stored column by column (its transpose
+    contiguous), which out @ W^T reads in order. Same values; training keeps its layer."""
     gen = model.generator
     if not isinstance(gen, nn.Linear):
         return
     weight = gen.weight
-    if weight.device.type == "cpu" and weight.dtype == torch.float32:
-        rule = rule_for(this_cpu()) if rule is None else rule
+    rule = search_rule(this_cpu(), weight.dtype) if weight.device.type == "cpu" else None
+    if rule is not None:
         model.generator = SearchOutputLayer(gen, rule)
         return
     gen.weight = nn.Parameter(column_major(weight), requires_grad=weight.requires_grad)
