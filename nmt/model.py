@@ -241,7 +241,12 @@ class Seq2SeqAttn(nn.Module):
         logits = self.generator(out)
         if precisions.is_low(logits.dtype):
             logits = logits.float()
-        return F.log_softmax(logits, dim=-1)
+        if logits.requires_grad:
+            return F.log_softmax(logits, dim=-1)
+        # without autograd (a search step, validation) the logits are this call's own - the
+        # generator's fresh product or its float32 copy - so they are normalised where they
+        # lie: one N x V tensor a step instead of two
+        return torch.log_softmax(logits, dim=-1, out=logits)
 
     def nll(
         self, src: Tensor, tgt_in: Tensor, tgt_out: Tensor, encode: Encode | None = None

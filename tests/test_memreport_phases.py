@@ -49,13 +49,16 @@ def test_beam_replay_on_meta_matches_a_real_search(
 
 
 @pytest.mark.parametrize(
-    ("vocab", "batch", "length", "source"), [(2000, 6, 9, 7), (300, 3, 20, 11)]
+    ("vocab", "batch", "length", "source", "slack"),
+    [(2000, 6, 9, 7, 1.2), (300, 3, 20, 11, 1.4)],
 )
 def test_greedy_search_peaks_within_the_replay_of_a_beam_of_one(
-    vocab: int, batch: int, length: int, source: int
+    vocab: int, batch: int, length: int, source: int, slack: float
 ) -> None:
     """Validation BLEU runs greedy search, which a run's plan accounts as the replay of a beam
-    of one: the real greedy search, run to its limit, must not peak above it (nor far below)."""
+    of one: the real greedy search, run to its limit, must not peak above it (nor far below:
+    the beam's own bookkeeping, its 2 candidates a row and a second copy of the history while
+    it reorders, which greedy search has not, weighs more beside 300 words' logits)."""
     torch.manual_seed(0)
     model = build_model(CFG, 50, vocab, device="cpu", dtype=torch.float32)
     src = torch.randint(4, 50, (batch, source))
@@ -67,7 +70,7 @@ def test_greedy_search_peaks_within_the_replay_of_a_beam_of_one(
     assert all(len(h.tokens) == length for h in found)
     meta = build_model(CFG, 50, vocab, device="meta", dtype=torch.float32)
     predicted = beam_peak(meta, source, Translation(1, batch, length))
-    assert tracker.peak <= predicted <= 1.2 * tracker.peak
+    assert tracker.peak <= predicted <= slack * tracker.peak
 
 
 @pytest.mark.parametrize("chunk", [0, 1, 3])
@@ -76,10 +79,12 @@ def test_validation_peak_on_meta_equals_the_cpu_pass(chunk: int) -> None:
     torch.manual_seed(0)
     cpu = validation_peak(setting, chunk, setting.build_model("cpu"))
     assert cpu == validation_peak(setting, chunk) > 0
-    # with the loss in chunks, one chunk of B x chunk x V log-probabilities is live at a time
+    # all positions at once hold B x T x V logits (normalised in place); in chunks, at most two
+    # chunks' worth of B x chunk x V (nn.Linear on a strided slice of the positions adds its
+    # bias out of place)
     B, T, V = 5, setting.decoder_clones, 900
     if chunk:
-        assert cpu < validation_peak(setting, 0) - (T - chunk) * B * V * 4
+        assert cpu < validation_peak(setting, 0) - (T - 2 * chunk) * B * V * 4
 
 
 def test_peak_is_the_largest_phase_and_the_budget_fits_it(tmp_path: Path) -> None:

@@ -397,6 +397,10 @@ def beam_search(
         beam = beam.select(rows, live_scores, live_tokens.reshape(-1), attn, keep_t)
         # A sentence at its length limit: its live hypotheses count as they are.
         cut = {i for i, orig in enumerate(beam.alive.tolist()) if limits[orig] == t + 1}
+        if len(cut) == beam.alive.numel():  # all at once: the beam as it is, no copy of it
+            _take_live(beam, found, lengths, alpha)
+            beam = None
+            break
         if cut:
             _take_live(
                 beam.sentences(torch.tensor(sorted(cut), device=device)), found, lengths, alpha
