@@ -24,7 +24,9 @@ scripts/bench_peer.py does, so that searches compare step for step.
 by side, alternating (docs/speed.md, "The output layer's product by rows"); `loaded`, the
 default, is what `nmt translate` runs on this CPU. `--rankings grouped,topk --rounds 3` puts
 the ranking of each row's vocabulary in groups (`nmt.translate.ranking`, what `nmt
-translate` runs) beside one `torch.topk` over the whole row.
+translate` runs) beside one `torch.topk` over the whole row; `--gates loaded,two-products`
+the fused LSTM's gates from oneDNN's pack (where `nmt translate` packs them) beside the two
+products training runs.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from pathlib import Path
 import torch
 
 from nmt import precisions
+from nmt.cells.lstm import LSTMLayer
 from nmt.config import Config, from_dict
 from nmt.cpu_features import describe as describe_cpu
 from nmt.data.corpus import load_corpus
@@ -64,6 +67,7 @@ from nmt.translate.run import load_model
 from nmt.translate.translator import SearchOptions, translate_ids
 
 REPO = Path(__file__).resolve().parents[1]
+GATES = ("loaded", "two-products")  # how the fused LSTM's gates are computed (`--gates`)
 RANKINGS = {  # how a beam step ranks each row of the vocabulary (`search.candidates`)
     "grouped": row_topk,
     "topk": lambda x, k: x.topk(k, dim=1),
@@ -177,6 +181,12 @@ def output_layers(
     return layers
 
 
+def packed_gates(model: Seq2SeqAttn) -> list[tuple[LSTMLayer, torch.Tensor | None]]:
+    """Each LSTM layer of `model` with the pack of its gate weights it was loaded with (None:
+    the two products), for `--gates` to switch."""
+    return [(m, m.packed_gates) for m in model.modules() if isinstance(m, LSTMLayer)]
+
+
 def linear(layer: torch.nn.Module, weight: torch.Tensor) -> torch.nn.Linear:
     """An nn.Linear with `layer`'s bias and `weight` (its values, in the layout given)."""
     single = torch.nn.Linear(layer.in_features, layer.out_features)
@@ -253,6 +263,13 @@ def main() -> None:
         help="comma list: grouped (each row ranked in groups: what nmt translate runs), topk "
         "(torch.topk over each whole row)",
     )
+    ap.add_argument(
+        "--gates",
+        default="loaded",
+        help="comma list: loaded (the fused LSTM's gates as nmt translate runs them on this "
+        "CPU: one product from oneDNN's pack of [W_ih W_hh] where the output layer's rule "
+        "packs too), two-products (x W_ih^T + b + h W_hh^T, as in training)",
+    )
     ap.add_argument("--rounds", type=int, default=1, help="times every search runs, alternating")
     ap.add_argument("--device", default="cpu")
     args = ap.parse_args()
@@ -266,6 +283,9 @@ def main() -> None:
     rankings = args.rankings.split(",")
     if unknown := [r for r in rankings if r not in RANKINGS]:
         ap.error(f"--rankings: unknown {', '.join(unknown)} ({', '.join(RANKINGS)})")
+    gates = args.gates.split(",")
+    if unknown := [g for g in gates if g not in GATES]:
+        ap.error(f"--gates: unknown {', '.join(unknown)} ({', '.join(GATES)})")
     with tempfile.TemporaryDirectory() as tmp:
         models, src_tok, tgt_tok = get_models(args, args.run_dir or Path(tmp), names)
     model = next(iter(models.values()))
@@ -287,19 +307,23 @@ def main() -> None:
 
     rows = []
     layers = output_layers(models, args.output_layers.split(","))
+    packs = {name: packed_gates(model) for name, model in models.items()}
     runs = [
-        (int(b), g, p, o, r)
+        (int(b), g, p, o, r, k)
         for _ in range(args.rounds)
         for b in args.beams.split(",")
         for g in args.granularities.split(",")
         for p in names
         for o in args.output_layers.split(",")
         for r in rankings
+        for k in gates
     ]
     outputs: dict[tuple[int, str], list[list[int]]] = {}
     profiles: dict[str, dict[str, float]] = {}
-    for beam, granularity, name, layer, ranking in runs:
+    for beam, granularity, name, layer, ranking, gate in runs:
         search.row_topk = RANKINGS[ranking]  # the name `candidates` calls
+        for cell, pack in packs[name]:
+            cell.packed_gates = pack if gate == "loaded" else None
         model = models[name]
         model.cfg = dataclasses.replace(model.cfg, granularity=granularity)
         model.generator = layers[name, layer]
@@ -324,6 +348,7 @@ def main() -> None:
         label = ("greedy" if beam == 1 else f"beam {beam}") + f", {granularity}, {name}"
         label += f", {layer}" if len(args.output_layers.split(",")) > 1 else ""
         label += f", {ranking}" if len(rankings) > 1 else ""
+        label += f", gates {gate}" if len(gates) > 1 else ""
         if args.profile:
             profiled = functools.partial(
                 translate_ids, model, sources[: args.profile], options, args.batch_size

@@ -70,3 +70,15 @@ def test_the_rankings_are_the_searchs_own_and_one_topk(bench):
         values, columns = rank(x, 10)
         assert torch.equal(values, x.topk(10, dim=1).values)
         assert torch.equal(x.gather(1, columns), values)
+
+
+def test_gates_are_the_loaded_pack_and_none(bench, monkeypatch):
+    """`--gates` switches each fused LSTM layer between the pack prepare_for_search made (on
+    the Zen 4's rule) and none: `packed_gates` lists every LSTM layer with its own."""
+    monkeypatch.setattr(output_layer, "this_cpu", lambda: "AuthenticAMD avx512f")
+    cfg = ModelConfig(num_layers=2, rnn_size=16, word_vec_size=16, granularity="fused")
+    model = build_model(cfg, 30, 40, device="cpu", dtype=torch.float32)
+    prepare_for_search(model)
+    packs = bench.packed_gates(model)
+    assert len(packs) == 4 and bench.GATES == ("loaded", "two-products")
+    assert all(cell.packed_gates is pack for cell, pack in packs)

@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from nmt import onednn
 from nmt.config import ModelConfig
 from nmt.cpu_features import cpu_vendor
 from nmt.model import build_model
@@ -27,7 +28,6 @@ from nmt.translate.output_layer import (
     RULES,
     SearchOutputLayer,
     pack,
-    pack_onednn,
     prepare_for_search,
     rule_for,
     rule_key,
@@ -142,22 +142,25 @@ def test_the_zen4_rule_runs_onednns_packed_weight_at_every_row_count(linear):
     torch.testing.assert_close(layer(three_d), linear(three_d), rtol=1e-5, atol=1e-5)
 
 
-ONEDNN = output_layer.onednn_available()
+# Measured on the Zen 4: there oneDNN packs these weights with the plain product's sums; on
+# another CPU its kernels may round a pack's sums otherwise, and `onednn.pack` declines
+ZEN4_HERE = onednn.available() and output_layer.this_cpu() == "AuthenticAMD avx512f"
 
 
 def test_onednns_pack_gives_its_plain_products_sums_bitwise():
     """From 2 rows on, the packed weight's sums are oneDNN's on the plain weight exactly, with
-    and without a bias; one row (a matrix-vector product there) agrees to rounding."""
+    and without a bias (on the Zen 4, where measured); one row (a matrix-vector product
+    there) agrees to rounding, and so does every row count on any CPU."""
     torch.manual_seed(0)
     for linear in (torch.nn.Linear(24, 3000), torch.nn.Linear(24, 3000, bias=False)):
         layer = SearchOutputLayer(linear, ZEN4)
-        assert (layer.onednn_packed is not None) == ONEDNN  # a torch with oneDNN packs
+        assert layer.onednn_packed is not None or not ZEN4_HERE
         for rows in (1, 2, 3, 5, 16, 80, 81, 300):
             out = torch.randn(rows, 24)
             got = FORMS[ONEDNN_PACKED_NAME](layer, out)
             assert got.shape == (rows, 3000) and got.is_contiguous()
             torch.testing.assert_close(got, linear(out), rtol=1e-5, atol=1e-5)
-            if rows > 1:
+            if rows > 1 and ZEN4_HERE:
                 assert torch.equal(got, FORMS[ONEDNN_NAME](layer, out))
 
 
@@ -171,18 +174,20 @@ def test_onednns_pack_follows_the_weight_and_refuses_what_it_cannot_pack(monkeyp
     out = torch.randn(5, 24)
     torch.testing.assert_close(layer(out), 2 * linear(out), rtol=1e-5, atol=1e-5)
     for weight in (linear.weight.double(), linear.weight.half()):
-        assert pack_onednn(weight, None) is None  # float32 and bfloat16 only
-    monkeypatch.setattr(output_layer, "onednn_available", lambda: False)
-    assert pack_onednn(linear.weight, linear.bias) is None
+        assert onednn.pack(weight, None) is None  # float32 and bfloat16 only
+    monkeypatch.setattr(onednn, "available", lambda: False)
+    assert onednn.pack(linear.weight, linear.bias) is None
 
 
 def test_a_onednn_pack_whose_sums_differ_is_not_used(monkeypatch, linear):
-    """The packed layout is oneDNN's own: `pack_onednn` checks two row counts against the
+    """The packed layout is oneDNN's own: `onednn.pack` checks two row counts against the
     plain product and gives None (the one form runs) when they differ."""
-    product = output_layer._onednn_product
-    monkeypatch.setattr(
-        output_layer, "_onednn_product", lambda out, packed, bias: product(out, packed, bias) + 1
-    )
+    product = onednn.linear
+
+    def off_by_one_when_packed(x, weight, bias):
+        return product(x, weight, bias) + (weight.layout == torch._mkldnn)
+
+    monkeypatch.setattr(onednn, "linear", off_by_one_when_packed)
     layer = SearchOutputLayer(linear, ZEN4)
     assert layer.onednn_packed is None
     out = torch.randn(5, 24)
@@ -200,7 +205,7 @@ def test_the_onednn_forms_fall_back_to_the_one_form(monkeypatch, linear, name):
     torch.testing.assert_close(got, linear(out), rtol=1e-5, atol=1e-5)
     positions = torch.randn(2, 5, 24)
     assert torch.equal(FORMS[name](layer, positions), FORMS[ONE_FORM_NAME](layer, positions))
-    monkeypatch.setattr(output_layer, "onednn_available", lambda: False)
+    monkeypatch.setattr(onednn, "available", lambda: False)
     layer = SearchOutputLayer(linear, ZEN4)  # no pack made yet
     out = torch.randn(20, 24)
     assert torch.equal(FORMS[name](layer, out), FORMS[ONE_FORM_NAME](layer, out))
@@ -299,11 +304,11 @@ def test_the_zen4_rule_in_bfloat16_gives_nn_linears_logits():
     torch.manual_seed(0)
     linear = torch.nn.Linear(24, 3000).to(torch.bfloat16)
     layer = SearchOutputLayer(linear, ZEN4)
-    assert (layer.onednn_packed is not None) == ONEDNN
+    assert layer.onednn_packed is not None or not ZEN4_HERE
     for rows in (1, 2, 5, 80):
         out = torch.randn(rows, 24).to(torch.bfloat16)
         got = layer(out)
         assert got.dtype == torch.bfloat16 and got.shape == (rows, 3000)
         torch.testing.assert_close(got, linear(out), rtol=1.6e-2, atol=1e-2)  # 2^-7 epsilon
-        if rows > 1:
+        if rows > 1 and ZEN4_HERE:
             assert torch.equal(got, FORMS[ONEDNN_NAME](layer, out))

@@ -56,6 +56,11 @@ class RecurrentLayer(nn.Module):
         """The module form."""
         raise NotImplementedError
 
+    def pack_for_search(self) -> None:
+        """Prepare the fused cell's products for a model that only searches from here on, on
+        a CPU where oneDNN's packed weights run fastest (`nmt.onednn`); a cell without such a
+        form keeps its products."""
+
     def fused(self, x: Tensor, state: State, buf: Buf = fresh) -> State:
         """The fused cell, into the buffers `buf` gives."""
         raise NotImplementedError

@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from nmt import onednn
 from nmt.cells.base import RecurrentLayer, State
 from nmt.nodes.modules import CAdd, CMul, Linear, Sigmoid, Split, Tanh
 from nmt.wiring import Buf, FusedBuffers, FusedFacts, Value, Wiring, fresh
@@ -41,6 +42,14 @@ class LSTMLayer(RecurrentLayer):
         backward_scratch=("grad_gates", "grad_next_c", "ones"),
     )
     KERNEL_GATES = (0, 1, 3, 2)  # torch's gates i f g o as blocks of ours (i f o g)
+    packed_gates: Tensor | None = None  # oneDNN's pack of [W_ih W_hh], for search only
+
+    def pack_for_search(self) -> None:
+        """Let the fused cell's gates be one product of [x h] with [W_ih W_hh], packed once
+        by oneDNN (`nmt.onednn`; None where it cannot be). For a model that only searches
+        from here on: the pack does not follow the weights."""
+        weight = torch.cat([self.i2h.weight, self.h2h.weight], 1).detach()
+        self.packed_gates = onednn.pack(weight, self.i2h.bias)
 
     def cell(self, x: Tensor, state: State) -> State:
         h, c = state
@@ -51,11 +60,15 @@ class LSTMLayer(RecurrentLayer):
         return next_h, next_c
 
     def fused(self, x: Tensor, state: State, buf: Buf = fresh) -> State:
-        """Into the buffers "gates" (activated, B x 4H), "c", "tanh_c" and "h"."""
+        """Into the buffers "gates" (activated, B x 4H), "c", "tanh_c" and "h" (the gates a
+        fresh tensor where the layer is packed for search, `pack_for_search`)."""
         h, c = state
         B, H = h.shape
-        gates = torch.addmm(self.i2h.bias, x, self.i2h.weight.t(), out=buf("gates", (B, 4 * H)))
-        gates.addmm_(h, self.h2h.weight.t())
+        if self.packed_gates is not None:  # [x h] @ [W_ih W_hh]^T + b: one product
+            gates = onednn.linear(torch.cat([x, h], 1), self.packed_gates, self.i2h.bias)
+        else:
+            gates = torch.addmm(self.i2h.bias, x, self.i2h.weight.t(), out=buf("gates", (B, 4 * H)))
+            gates.addmm_(h, self.h2h.weight.t())
         gates[:, : 3 * H].sigmoid_()
         gates[:, 3 * H :].tanh_()
         i, f, o, g = gates.chunk(4, 1)

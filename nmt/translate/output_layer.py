@@ -52,7 +52,6 @@ MKL's kernels for different N in one form.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -60,6 +59,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from nmt import onednn
+from nmt.cells.base import RecurrentLayer
 from nmt.cpu_features import cpu_flags, cpu_vendor
 from nmt.model import Seq2SeqAttn
 
@@ -72,11 +73,6 @@ ONEDNN_PACKED_NAME = "out @ W^T, oneDNN-packed"
 # the Xeon at 2 x 256 and 35,820 words, a pack for 256 rows ran 2-160 rows in 0.74-0.87x the
 # plain product's time; one for 8 rows took 1.27x at 80 rows, one for 16 0.97x.
 PACK_FOR_ROWS = 256
-# The row count oneDNN's pack is made for (beam 5 at batch 16). On the Zen 4 EPYC at 2 x 256
-# and 35,820 words, packs made for 5, 16 and 80 rows ran 1, 5, 16 and 80 rows within 0-15%
-# of one another, none ahead at every count.
-ONEDNN_PACK_FOR_ROWS = 80
-PACKED_DTYPES = (torch.float32, torch.bfloat16)  # what `pack_onednn` packs
 
 
 @dataclass(frozen=True)
@@ -197,7 +193,7 @@ class SearchOutputLayer(nn.Module):
         did), or None where it cannot be made or does not give oneDNN's plain sums."""
         address = self.weight.data_ptr()
         if self._onednn_packed is None or self._onednn_packed[0] != address:
-            self._onednn_packed = (address, pack_onednn(self.weight, self.bias))
+            self._onednn_packed = (address, onednn.pack(self.weight, self.bias))
         return self._onednn_packed[1]
 
     def forward(self, out: Tensor) -> Tensor:
@@ -274,49 +270,14 @@ def _transposed(weight: Tensor, bias: Tensor | None, out: Tensor) -> Tensor:
     return torch.addmm(bias.unsqueeze(1), weight, out.t()).t().contiguous()
 
 
-@functools.cache
-def onednn_available() -> bool:
-    """Whether this torch carries oneDNN's linear op (`torch.ops.mkldnn._linear_pointwise`,
-    the one torch's compiler runs for a CPU linear layer); asked once, not at every step."""
-    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-
-
 def _onednn(layer: SearchOutputLayer, out: Tensor) -> Tensor:
     """out @ W^T + b by oneDNN on the row-major weight; a product that needs its gradient,
     a batch of positions, a tensor off the CPU, or a torch without the op: the one form."""
     usable = out.dim() == 2 and out.device.type == "cpu" and not out.requires_grad
-    if not (usable and onednn_available()):
+    if not (usable and onednn.available()):
         return FORMS[ONE_FORM_NAME](layer, out)
     weight = layer.weight.contiguous()  # the model's own where the rule keeps it (by rows)
-    return torch.ops.mkldnn._linear_pointwise(out.contiguous(), weight, layer.bias, "none", [], "")
-
-
-def pack_onednn(weight: Tensor, bias: Tensor | None) -> Tensor | None:
-    """oneDNN's packed form of the (V x H) `weight` for `_onednn_packed`, or None: not a
-    float32 or bfloat16 CPU tensor, a torch without the ops, or a pack whose products are not
-    bitwise oneDNN's on the plain weight (checked on 2 and 7 rows: the blocked layout is
-    oneDNN's own, chosen for this CPU)."""
-    if weight.device.type != "cpu" or weight.dtype not in PACKED_DTYPES:
-        return None
-    if not (onednn_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")):
-        return None
-    rows = weight.detach().contiguous()  # the layout the op packs from (a transient copy)
-    try:
-        packed = torch.ops.mkldnn._reorder_linear_weight(rows, ONEDNN_PACK_FOR_ROWS)
-    except RuntimeError:
-        return None
-    probes = torch.Generator().manual_seed(0)
-    for n in (2, 7):
-        out = torch.randn(n, weight.size(1), generator=probes).to(weight.dtype)
-        plain = torch.ops.mkldnn._linear_pointwise(out, rows, bias, "none", [], "")
-        if not torch.equal(_onednn_product(out, packed, bias), plain):
-            return None
-    return packed
-
-
-def _onednn_product(out: Tensor, packed: Tensor, bias: Tensor | None) -> Tensor:
-    """out (N x H) @ W^T + b from oneDNN's packed weight."""
-    return torch.ops.mkldnn._linear_pointwise(out.contiguous(), packed, bias, "none", [], "")
+    return onednn.linear(out, weight, layer.bias)
 
 
 def _onednn_packed(layer: SearchOutputLayer, out: Tensor) -> Tensor:
@@ -326,7 +287,7 @@ def _onednn_packed(layer: SearchOutputLayer, out: Tensor) -> Tensor:
     packed = layer.onednn_packed if usable else None
     if packed is None:
         return FORMS[ONE_FORM_NAME](layer, out)
-    return _onednn_product(out, packed, layer.bias)
+    return onednn.linear(out, packed, layer.bias)
 
 
 FORMS: dict[str, Callable[[SearchOutputLayer, Tensor], Tensor]] = {
@@ -342,9 +303,11 @@ FORMS: dict[str, Callable[[SearchOutputLayer, Tensor], Tensor]] = {
 
 def prepare_for_search(model: Seq2SeqAttn) -> None:
     """Give `model` the output layer search steps run fastest with: on the CPU,
-    `SearchOutputLayer` with this CPU's rule for the weight's dtype (`search_rule`); elsewhere,
-    and for a dtype no rule serves, the weight stored column by column (its transpose
-    contiguous), which out @ W^T reads in order. Same values; training keeps its layer."""
+    `SearchOutputLayer` with this CPU's rule for the weight's dtype (`search_rule`), and where
+    that rule runs oneDNN's pack, the recurrent layers' fused products from oneDNN's packs
+    too (`RecurrentLayer.pack_for_search`); elsewhere, and for a dtype no rule serves, the
+    weight stored column by column (its transpose contiguous), which out @ W^T reads in
+    order. Same values to rounding; for a model that only searches from here on."""
     gen = model.generator
     if not isinstance(gen, nn.Linear):
         return
@@ -352,6 +315,10 @@ def prepare_for_search(model: Seq2SeqAttn) -> None:
     rule = search_rule(this_cpu(), weight.dtype) if weight.device.type == "cpu" else None
     if rule is not None:
         model.generator = SearchOutputLayer(gen, rule)
+        if rule.other == ONEDNN_PACKED_NAME:  # oneDNN's packs for the recurrent products too
+            for layer in model.modules():
+                if isinstance(layer, RecurrentLayer):
+                    layer.pack_for_search()
         return
     gen.weight = nn.Parameter(column_major(weight), requires_grad=weight.requires_grad)
 
