@@ -16,7 +16,10 @@ from torch.profiler import ProfilerActivity, profile
 
 Shapes = list[list[int]]  # an op's input shapes as the profiler records them
 RowOf = Callable[[str, Shapes], str]  # (op, its input shapes) -> the row it is summed into
-PRODUCTS = {"aten::mm", "aten::addmm", "aten::addmm_", "aten::bmm", "aten::baddbmm"}
+PRODUCTS = {  # aten's, and oneDNN's from a packed weight (`nmt.onednn`)
+    "aten::mm", "aten::addmm", "aten::addmm_", "aten::bmm", "aten::baddbmm",
+    "mkldnn::_linear_pointwise",
+}  # fmt: skip
 
 
 def vocabulary_rows(tgt_vocab: int) -> RowOf:
