@@ -32,8 +32,8 @@ layout (`torch.ops.mkldnn._reorder_linear_weight`). On an AMD EPYC with AVX-512 
 2 x 256 and 35,820 words, a step from that pack takes 0.35-0.56x the one form's time at
 2-160 rows (0.87x at one row), against 0.60-0.68x for oneDNN on the plain row-major weight
 at 5-160 rows and 0.47x for row-major W @ out^T at 5 (docs/speed.md): it runs at every row
-count there. The pack
-is made at its first step and checked bitwise against oneDNN's product on the plain weight.
+count there. The pack is made at its first step and checked bitwise against oneDNN's
+product on the plain weight (`nmt.onednn`).
 
 So translation on a CPU in float32 runs `SearchOutputLayer`: each CPU's rule (`RULES`, by
 vendor and, for AMD, AVX-512) names the form for each row count. One whose rule picks by rows
