@@ -137,6 +137,7 @@ def test_the_zen4_rule_runs_onednns_packed_weight_at_every_row_count(linear):
     the weight, column-major with the bias folded in, beside the pack."""
     layer = SearchOutputLayer(linear, ZEN4)
     assert not ZEN4.by_rows and layer.weight is not linear.weight
+    assert ZEN4.packs_onednn and not BY_ROWS.packs_onednn and not PACKED.packs_onednn
     assert {ZEN4.form(torch.zeros(rows, 24)) for rows in range(1, 400)} == {ONEDNN_PACKED_NAME}
     three_d = torch.randn(2, 5, 24)  # a batch of positions: the one form
     torch.testing.assert_close(layer(three_d), linear(three_d), rtol=1e-5, atol=1e-5)

@@ -83,14 +83,19 @@ class Rule:
     row_major: range = range(0)  # W @ out^T on the row-major weight
     column_major: range = range(0)  # W @ out^T on the column-major copy
     folded: range = range(0)  # the folded form, MKL packing the weight at each call
-    onednn: range = range(0)  # out @ W^T by oneDNN on the row-major weight
     other: str = ONE_FORM_NAME
 
     @property
     def by_rows(self) -> bool:
         """Whether some row count runs a form on the row-major weight (then the layer needs
         the model's weight beside the folded one)."""
-        return bool(self.row_major or self.column_major or self.onednn) or self.other == ONEDNN_NAME
+        return bool(self.row_major or self.column_major) or self.other == ONEDNN_NAME
+
+    @property
+    def packs_onednn(self) -> bool:
+        """Whether the rule runs oneDNN's pack (then the search packs the recurrent layers'
+        products too: the CPU where that was measured to pay)."""
+        return self.other == ONEDNN_PACKED_NAME
 
     def form(self, out: Tensor) -> str:
         """The product's form for these decoder outputs: a name of `FORMS`."""
@@ -101,8 +106,6 @@ class Rule:
             return "W @ out^T, W column-major"
         if rows in self.folded:
             return FOLDED_NAME
-        if rows in self.onednn:
-            return ONEDNN_NAME
         return self.other
 
 
@@ -315,7 +318,7 @@ def prepare_for_search(model: Seq2SeqAttn) -> None:
     rule = search_rule(this_cpu(), weight.dtype) if weight.device.type == "cpu" else None
     if rule is not None:
         model.generator = SearchOutputLayer(gen, rule)
-        if rule.other == ONEDNN_PACKED_NAME:  # oneDNN's packs for the recurrent products too
+        if rule.packs_onednn:  # oneDNN's packs for the recurrent products too
             for layer in model.modules():
                 if isinstance(layer, RecurrentLayer):
                     layer.pack_for_search()
