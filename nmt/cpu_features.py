@@ -11,6 +11,7 @@ on (oneDNN's verbose log), so a speed figure comes with the reason for it.
 
 from __future__ import annotations
 
+import functools
 import os
 import tempfile
 from pathlib import Path
@@ -51,6 +52,19 @@ def cpu_vendor() -> str:
     """The CPU's vendor id ('GenuineIntel', 'AuthenticAMD'; Linux only, elsewhere '').
     MKL picks its float32 kernels by it, so which product form is fastest depends on it."""
     return _cpuinfo_field("vendor_id").strip()
+
+
+def rule_key(vendor: str, flags: set[str] | frozenset[str] = frozenset()) -> str:
+    """The key by which the measured rules (`nmt.translate.output_layer.RULES`,
+    `nmt.wide_linear.BLOCK_ROWS`) know a CPU: its vendor, and for AMD whether it has AVX-512
+    (which oneDNN uses and MKL does not)."""
+    return f"{vendor} avx512f" if vendor == "AuthenticAMD" and "avx512f" in flags else vendor
+
+
+@functools.cache
+def this_cpu() -> str:
+    """This CPU's `rule_key` (read once: the nodes of every clone ask it)."""
+    return rule_key(cpu_vendor(), cpu_flags())
 
 
 def _cpuinfo_field(name: str) -> str:

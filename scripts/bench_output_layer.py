@@ -23,13 +23,13 @@ import torch
 import torch.nn.functional as F
 
 from nmt.cpu_features import describe as describe_cpu
+from nmt.cpu_features import this_cpu
 from nmt.translate.output_layer import (
     FORMS,
     ONE_FORM_NAME,
     RULES,
     SearchOutputLayer,
     rule_for,
-    this_cpu,
 )
 
 BASE = ONE_FORM_NAME

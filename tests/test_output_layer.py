@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from nmt import onednn
 from nmt.config import ModelConfig
-from nmt.cpu_features import cpu_vendor
+from nmt.cpu_features import cpu_vendor, rule_key
 from nmt.model import build_model
 from nmt.translate import output_layer
 from nmt.translate.output_layer import (
@@ -30,7 +30,6 @@ from nmt.translate.output_layer import (
     pack,
     prepare_for_search,
     rule_for,
-    rule_key,
     search_rule,
 )
 
@@ -261,8 +260,7 @@ def test_a_rule_of_one_form_keeps_one_copy_the_folded_one(linear, rule):
     ids=["amd-avx2", "amd-avx512", "intel"],
 )
 def test_prepare_for_search_by_vendor_and_in_a_low_precision(monkeypatch, vendor, flags):
-    monkeypatch.setattr(output_layer, "cpu_vendor", lambda: vendor)
-    monkeypatch.setattr(output_layer, "cpu_flags", lambda: flags)
+    monkeypatch.setattr(output_layer, "this_cpu", lambda: rule_key(vendor, flags))
     rule = rule_for(rule_key(vendor, flags))
     cfg = ModelConfig(num_layers=1, rnn_size=16, word_vec_size=16, tie_embeddings="decoder")
     model = build_model(cfg, 30, 40, device="cpu", dtype=torch.float32)

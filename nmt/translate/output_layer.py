@@ -61,7 +61,7 @@ from torch import Tensor, nn
 
 from nmt import onednn
 from nmt.cells.base import RecurrentLayer
-from nmt.cpu_features import cpu_flags, cpu_vendor
+from nmt.cpu_features import this_cpu
 from nmt.model import Seq2SeqAttn
 
 ONE_FORM_NAME = "out @ W^T, W column-major"
@@ -113,7 +113,8 @@ ONE_FORM = Rule()
 FOLDED = Rule(other=FOLDED_NAME)
 # A few rows (beam 5 at batch 1) ran no faster from the pack made for many (docs/speed.md).
 PACKED = Rule(folded=range(1, 8), other=PACKED_NAME)
-RULES: dict[str, Rule] = {  # by `rule_key`; measured on one CPU of each (docs/speed.md)
+# by `cpu_features.rule_key`; measured on one CPU of each (docs/speed.md)
+RULES: dict[str, Rule] = {
     "AuthenticAMD": Rule(row_major=range(2, 17), column_major=range(17, 65)),  # AVX2
     "AuthenticAMD avx512f": Rule(other=ONEDNN_PACKED_NAME),  # Zen 4
     "GenuineIntel": PACKED,
@@ -123,17 +124,6 @@ RULES: dict[str, Rule] = {  # by `rule_key`; measured on one CPU of each (docs/s
 # bfloat16 searches measured on one CPU: there oneDNN's pack of the bfloat16 weight takes
 # 0.74x the time of nn.Linear's product at 80 rows and 0.28x at 5 (docs/precision.md)
 BFLOAT16_RULES: dict[str, Rule] = {"AuthenticAMD avx512f": Rule(other=ONEDNN_PACKED_NAME)}
-
-
-def rule_key(vendor: str, flags: set[str] | frozenset[str] = frozenset()) -> str:
-    """The `RULES` key of a CPU: its vendor, and for AMD whether it has AVX-512 (which
-    oneDNN uses and MKL does not)."""
-    return f"{vendor} avx512f" if vendor == "AuthenticAMD" and "avx512f" in flags else vendor
-
-
-def this_cpu() -> str:
-    """This CPU's `RULES` key."""
-    return rule_key(cpu_vendor(), cpu_flags())
 
 
 def rule_for(key: str) -> Rule:
