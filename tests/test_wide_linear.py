@@ -1,0 +1,82 @@
+"""The output layer's product in blocks of its weight's rows (`nmt.wide_linear`): the one
+product's logits and fused training step, to the last bits a BLAS kernel's choice may round apart
+(MKL's blocks came out bitwise equal in float32 at the shapes measured, not in float64)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nmt import wide_linear
+from nmt.config import ModelConfig
+from nmt.data.batching import Batch
+from nmt.engine import planner
+from nmt.engine.clones import CloneExecutor
+from nmt.engine.spec import ExecutorSpec
+from nmt.model import Seq2SeqAttn
+from tests.test_engine_equivalence import S, T, make_batch
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("rows", [1, 7, 64, 200])
+@pytest.mark.parametrize("bias", [True, False])
+def test_blocks_compute_the_one_products_logits(dtype, rows: int, bias: bool) -> None:
+    """1,000 rows of weight in blocks of 128 (the last one 104): every column of the logits
+    written, each logit the one product's to a few units in its last place."""
+    torch.manual_seed(0)
+    weight = torch.randn(1000, 96, dtype=dtype)
+    b = torch.randn(1000, dtype=dtype) if bias else None
+    x = torch.randn(rows, 96, dtype=dtype)
+    whole = wide_linear.linear_into(torch.empty(rows, 1000, dtype=dtype), x, weight, b, 0)
+    nan = torch.full((rows, 1000), float("nan"), dtype=dtype)
+    blocks = wide_linear.linear_into(nan, x, weight, b, 128)
+    assert blocks is nan
+    eps = torch.finfo(dtype).eps
+    assert torch.allclose(blocks, whole, rtol=8 * eps, atol=8 * eps * 96)  # |logit| ~ 10
+    reference = x @ weight.t() + (b if bias else 0)
+    assert torch.allclose(whole, reference, rtol=1e-5, atol=1e-4)
+
+
+def test_the_block_follows_the_cpus_rule(monkeypatch) -> None:
+    monkeypatch.setattr(wide_linear, "this_cpu", lambda: "AuthenticAMD avx512f")
+    block = wide_linear.BLOCK_ROWS["AuthenticAMD avx512f"]
+    wide = torch.empty(wide_linear.MIN_BLOCKS * block, 8)
+    assert wide_linear.block_rows(wide) == block
+    assert wide_linear.block_rows(wide[1:]) == 0  # fewer than MIN_BLOCKS blocks: one product
+    assert wide_linear.block_rows(wide.bfloat16()) == 0  # oneDNN's products: not measured
+    assert wide_linear.block_rows(wide.double()) == 0
+    monkeypatch.setattr(wide_linear, "this_cpu", lambda: "GenuineIntel")
+    assert wide_linear.block_rows(wide) == 0  # no rule: one product
+    with wide_linear.blocks_of(4):
+        assert wide_linear.block_rows(wide.double()) == 4  # forced: any dtype
+        with wide_linear.blocks_of(0):
+            assert wide_linear.block_rows(wide) == 0
+        assert wide_linear.block_rows(torch.empty(15, 8)) == 0  # under MIN_BLOCKS x 4 rows
+    assert wide_linear.block_rows(wide) == 0  # the rule again
+
+
+def _float32_step(granularity: str, block: int, batch: Batch) -> tuple[float, dict, CloneExecutor]:
+    cfg = ModelConfig(num_layers=2, rnn_size=6, word_vec_size=5, dropout=0.3)
+    cfg.granularity = granularity
+    torch.manual_seed(1)
+    model = Seq2SeqAttn(cfg, 11, 13).train()  # float32, CPU: the dtype the rule is for
+    with wide_linear.blocks_of(block):
+        spec = ExecutorSpec(cfg, S - 2, T - 1, label_smoothing=0.1, loss_chunk=2)
+        executor = CloneExecutor(model, spec, planner.plan(cfg, "all"))
+    torch.manual_seed(5)
+    loss = float(executor.forward_backward(batch))
+    return loss, {n: p.grad.clone() for n, p in model.named_parameters()}, executor
+
+
+def test_a_fused_training_step_in_blocks_is_the_one_products() -> None:
+    """13 target words in blocks of 3 (the 13th a block of one): the fused output layer took
+    the block, and the loss and every gradient are the one product's to float32 rounding."""
+    batch = make_batch()
+    loss, grads, whole = _float32_step("fused", 0, batch)
+    blocked_loss, blocked_grads, blocked = _float32_step("fused", 3, batch)
+    assert blocked.generator.fused.block == 3
+    assert whole.generator.fused.block == 0
+    assert blocked_loss == pytest.approx(loss, rel=1e-6)
+    for name, grad in grads.items():
+        err = (blocked_grads[name] - grad).abs().max() / grad.abs().max()
+        assert err < 1e-5, name
