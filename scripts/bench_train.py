@@ -24,6 +24,9 @@ part that node granularity does not change, so it bounds what fused nodes can ga
 --determinism on,nofill,off runs every variant in each of torch's deterministic modes, switched
 before each step: what `train.deterministic: true` costs on a GPU, and how much of it is the
 fill of new memory that the mode adds.
+--logits-blocks one,512 builds every variant once per form of the output layer's product
+(`nmt.wide_linear`: one product, or blocks of N of the weight's rows; `rule`: what this CPU
+runs), side by side, and prints each form against one product.
 
     python scripts/bench_train.py                      # 2x256, batch 64, 20 batches
     python scripts/bench_train.py --data data/ende-demo --steps 40 --device cuda
@@ -31,6 +34,8 @@ fill of new memory that the mode adds.
     python scripts/bench_train.py --set train.loss_chunk=8   # every variant's loss over 8
     python scripts/bench_train.py --device cuda --variants clones-fused --determinism on,off
     python scripts/bench_train.py --variants clones-fused --profile 5   # time by op
+    python scripts/bench_train.py --variants clones-fused --set train.loss_chunk=8 \
+        --logits-blocks one,512   # the output layer's product in blocks against one
     python scripts/bench_train.py --variants clones-fused --profile 5 --profile-roles
         # the products by what they compute: output layer, LSTM forward / gradients / weights
 """
@@ -38,6 +43,7 @@ fill of new memory that the mode adds.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import time
 from collections.abc import Callable
@@ -47,7 +53,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from nmt import policies, precisions
+from nmt import policies, precisions, wide_linear
 from nmt.config import all_keys, apply_overrides, from_dict
 from nmt.cpu_features import describe as describe_cpu
 from nmt.data.batching import Batch, epoch_order, make_batches
@@ -220,6 +226,13 @@ def parse_args() -> argparse.Namespace:
         "every variant in each, side by side (default: train.deterministic, set up once)",
     )
     ap.add_argument(
+        "--logits-blocks",
+        default="",
+        help="comma list of the output layer's product forms (nmt.wide_linear): one (one "
+        "product), N (blocks of N of the weight's rows), rule (this CPU's): every variant in "
+        "each, side by side (default: the rule only)",
+    )
+    ap.add_argument(
         "--count-ops", action="store_true", help="print aten ops and host syncs per step"
     )
     ap.add_argument(
@@ -250,6 +263,10 @@ def parse_args() -> argparse.Namespace:
     )
     args = ap.parse_args()
     args.determinism = [m for m in args.determinism.split(",") if m]  # [] when not given
+    args.logits_blocks = [b for b in args.logits_blocks.split(",") if b]
+    for form in args.logits_blocks:
+        if form not in ("one", "rule") and not (form.isdigit() and int(form) > 0):
+            ap.error(f"--logits-blocks {form!r}: expected one, rule or a block size")
     for mode in args.determinism:
         if mode not in DETERMINISM:
             ap.error(f"--determinism {mode!r}: expected a comma list of {', '.join(DETERMINISM)}")
@@ -299,10 +316,12 @@ def main() -> None:
     chosen = [variants[name] for name in args.variants.split(",")]
     names = [p for p in args.precisions.split(",") if p] or [""]
     runners = {}
-    for v, p, mode in itertools.product(chosen, names, modes):
-        runner = build(v, raw, vocab, p)
+    for v, p, mode, form in itertools.product(chosen, names, modes, args.logits_blocks or [""]):
+        with logits_form(form):
+            runner = build(v, raw, vocab, p)
         runner.determinism = DETERMINISM[mode] if mode else None
-        runners[v.name + (f"@{p}" if p else "") + (f"/{mode}" if mode else "")] = runner
+        name = v.name + (f"@{p}" if p else "") + (f"/{mode}" if mode else "")
+        runners[name + (f" [{form}]" if form else "")] = runner
     if args.device == "cpu":
         print(describe_cpu())
     for name in filter(None, names):  # an emulated precision takes minutes a batch: say why
@@ -351,6 +370,13 @@ def main() -> None:
                 top=16,
             )
         )
+
+
+def logits_form(form: str) -> contextlib.AbstractContextManager:
+    """Build inside this to give the output layer's product `form` (--logits-blocks)."""
+    if form in ("", "rule"):
+        return contextlib.nullcontext()
+    return wide_linear.blocks_of(0 if form == "one" else int(form))
 
 
 def profile_steps(
@@ -453,15 +479,20 @@ def print_speeds(args: argparse.Namespace, vocab: tuple[int, int], speed: dict[s
     if {"clones-nngraph", "clones-recompute"} <= speed.keys():  # the same tokens, so 1 / speed
         ratio = speed["clones-nngraph"] / speed["clones-recompute"]
         print(f"step time recompute / all: {ratio:.2f}x")
+    for name in speed:  # each product form against one product
+        stem, _, form = name.partition(" [")
+        if form and form != "one]" and f"{stem} [one]" in speed:
+            print(f"{name} / {stem} [one]: {speed[name] / speed[f'{stem} [one]']:.2f}x")
     for name in speed:  # each precision against float32, each determinism against "on"
-        stem, _, mode = name.partition("/")
+        head, bracket, form = name.partition(" [")
+        stem, _, mode = head.partition("/")
         variant, _, precision = stem.partition("@")
         bases = []
         if precision not in ("", "float32"):
             bases.append(f"{variant}@float32" + (f"/{mode}" if mode else ""))
         if mode not in ("", "on"):
             bases.append(f"{stem}/on")
-        for base in (b for b in bases if b in speed):
+        for base in (b + bracket + form for b in bases if b + bracket + form in speed):
             print(f"{name} / {base}: {speed[name] / speed[base]:.2f}x")
 
 

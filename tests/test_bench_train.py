@@ -176,3 +176,24 @@ def test_an_unknown_deterministic_mode_is_refused():
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert "--determinism 'maybe': expected a comma list of on, nofill, off" in proc.stderr
+
+
+def test_output_layer_product_forms_side_by_side(tmp_path):
+    """--logits-blocks builds each variant once per form of the output layer's product: a row
+    each, and each form against one product."""
+    out = run_bench(
+        tmp_path,
+        *("--steps", "1", "--variants", "clones-fused", "--logits-blocks", "one,4,rule"),
+        *("--set", "train.loss_chunk=2"),
+    )
+    names = [f"clones-fused [{form}]" for form in ("one", "4", "rule")]
+    assert list(rows(out))[1:] == names
+    ratios = re.findall(r"^(.+) / (.+): [0-9.]+x$", out, flags=re.M)
+    assert ratios == [(names[1], names[0]), (names[2], names[0])]
+
+
+def test_an_unknown_product_form_is_refused():
+    cmd = [sys.executable, str(REPO / "scripts" / "bench_train.py"), "--logits-blocks", "one,0"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "--logits-blocks '0': expected one, rule or a block size" in proc.stderr
