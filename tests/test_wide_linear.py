@@ -40,15 +40,17 @@ def test_blocks_compute_the_one_products_logits(dtype, rows: int, bias: bool) ->
 def test_the_block_follows_the_cpus_rule(monkeypatch) -> None:
     monkeypatch.setattr(wide_linear, "this_cpu", lambda: "AuthenticAMD avx512f")
     block = wide_linear.BLOCK_ROWS["AuthenticAMD avx512f"]
-    wide = torch.empty(wide_linear.MIN_BLOCKS * block, 8)
+    wide = torch.empty(wide_linear.MIN_BLOCKS * block + 1, 8)  # V not a multiple of 8
     assert wide_linear.block_rows(wide) == block
-    assert wide_linear.block_rows(wide[1:]) == 0  # fewer than MIN_BLOCKS blocks: one product
+    assert wide_linear.block_rows(wide[:-1]) == 0  # V a multiple of 8: one product
+    assert wide_linear.block_rows(wide[2:]) == 0  # fewer than MIN_BLOCKS blocks: one product
     assert wide_linear.block_rows(wide.bfloat16()) == 0  # oneDNN's products: not measured
     assert wide_linear.block_rows(wide.double()) == 0
     monkeypatch.setattr(wide_linear, "this_cpu", lambda: "GenuineIntel")
     assert wide_linear.block_rows(wide) == 0  # no rule: one product
     with wide_linear.blocks_of(4):
         assert wide_linear.block_rows(wide.double()) == 4  # forced: any dtype
+        assert wide_linear.block_rows(wide[:-1]) == 4  # and any V of MIN_BLOCKS blocks
         with wide_linear.blocks_of(0):
             assert wide_linear.block_rows(wide) == 0
         assert wide_linear.block_rows(torch.empty(15, 8)) == 0  # under MIN_BLOCKS x 4 rows
