@@ -4,11 +4,11 @@ The training step's logits are R rows (positions x sentences) against the V x H 
 weight: a product of a few hundred rows, tens of thousands of columns and a few hundred
 multiply-adds each. MKL, which torch runs float32 products with on a CPU, names no
 instruction set of its own on an AMD CPU (`nmt.translate.output_layer`), and on an AMD EPYC
-with AVX-512 (Zen 4) it ran that product for 512 rows at 109-117 GFLOP/s where V is not a
+with AVX-512 (Zen 4) it ran that product for 512 rows at 112-115 GFLOP/s where V is not a
 multiple of 8 (ende-demo's 35,820 target words among them: logits rows that are not whole
-32-byte vectors) and at 147-178 where it is. Cut into blocks of 512 of the weight's rows -
+32-byte vectors) and at 141-160 where it is. Cut into blocks of 512 of the weight's rows -
 each block's product writing its columns of the logits in place - the first kind ran at
-1.2-1.4x the speed (136-161 GFLOP/s), the second at 0.97-1.10x (`python
+1.30-1.52x the speed (146-171 GFLOP/s), the second at 0.98-1.03x (`python
 scripts/bench_wide_linear.py` prints the table for any machine; docs/speed.md has this
 one's). Each logit is the same dot product either way; there the logits came out bitwise the
 same (the script checks), though a BLAS library may round a block's products otherwise in
@@ -36,11 +36,11 @@ from torch import Tensor
 
 from nmt.cpu_features import this_cpu
 
-# float32 products, by `rule_key`: where V is not a multiple of 8 the Zen 4's logits product
-# of 512 rows ran 1.24-1.34x faster in blocks of 256-2,048, of 1,024 rows 1.32-1.42x.
+# float32 products, by `rule_key`: at 35,820 words the Zen 4's logits product of 512 rows ran
+# 1.39-1.45x faster in blocks of 256-2,048, of 1,024 rows 1.27-1.43x, of 64 rows 1.10-1.16x.
 BLOCK_ROWS: dict[str, int] = {"AuthenticAMD avx512f": 512}
 MIN_BLOCKS = 4
-# V a multiple of this: one product ran as fast there (blocks 0.97-1.10x), so it stays one
+# V a multiple of this: one product ran as fast there (blocks 0.98-1.03x), so it stays one
 ALIGNED_ROWS = 8
 
 _forced: list[int] = []  # `blocks_of`'s block while it lasts
