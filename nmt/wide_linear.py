@@ -22,7 +22,7 @@ weight of fewer than `MIN_BLOCKS` blocks. The fused output layer
 (`nmt.engine.generator.OutputLoss`, the `train.loss_chunk` positions' rows at once) asks once,
 when built (`block_rows`); `blocks_of` builds it with another block, for the benchmarks and
 tests. The nngraph granularity's generator, one position's rows at a time, gained nothing in
-a step from blocks (its product 1.2x faster, the step 1.00x: the blocks' ops cost as much)
+a step from blocks (its product 1.15x faster, the step 1.00x: the blocks' ops cost as much)
 and keeps one product.
 """
 
