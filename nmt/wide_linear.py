@@ -70,17 +70,12 @@ def blocks_of(rows: int) -> Iterator[None]:
         _forced.pop()
 
 
-def linear_into(out: Tensor, x: Tensor, weight: Tensor, bias: Tensor | None, block: int) -> Tensor:
-    """out (N x V) = x (N x H) @ weight (V x H)^T (+ bias), `block` rows of the weight - columns
+def linear_into(out: Tensor, x: Tensor, weight: Tensor, bias: Tensor, block: int) -> Tensor:
+    """out (N x V) = x (N x H) @ weight (V x H)^T + bias, `block` rows of the weight - columns
     of `out` - per product (0: one product)."""
     if not block:
-        if bias is None:
-            return torch.mm(x, weight.t(), out=out)
         return torch.addmm(bias, x, weight.t(), out=out)
     for start in range(0, weight.shape[0], block):
         rows = slice(start, start + block)
-        if bias is None:
-            torch.mm(x, weight[rows].t(), out=out[:, rows])
-        else:
-            torch.addmm(bias[rows], x, weight[rows].t(), out=out[:, rows])
+        torch.addmm(bias[rows], x, weight[rows].t(), out=out[:, rows])
     return out
