@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from nmt.attention.base import COMMON_FACTS, Attention, output_layer, viewed
 from nmt.nodes.modules import AddAcross, BottleLinear, Linear, Tanh, VScores
+from nmt.nodes.node import add_row_sums
 from nmt.wiring import Buf, FusedBuffers, Value, Wiring
 
 _tanh_backward = torch.ops.aten.tanh_backward.grad_input
@@ -81,7 +82,7 @@ class MLPAttention(Attention):
         g_context.view(B * S, H).addmm_(g_sum, w_k)
         w_k.grad.addmm_(g_sum.t(), context.reshape(B * S, H))
         q.weight.grad.addmm_(g_query.t(), h)
-        q.bias.grad.addmv_(g_query.t(), bufs.constant("ones", (B,), 1.0))
+        add_row_sums(q.bias.grad, g_query, bufs.constant("ones", (B,), 1.0))
         torch.addmm(g_h_out, g_query, q.weight, out=g_h)
 
     def wire_score(self, g: Wiring, h_top: Value, context: Value) -> Value:

@@ -20,6 +20,7 @@ from torch import Tensor
 
 from nmt.cells.base import RecurrentLayer, State
 from nmt.nodes.modules import CAdd, CMul, Linear, OneMinus, Sigmoid, Split, Tanh
+from nmt.nodes.node import add_row_sums
 from nmt.wiring import Buf, FusedBuffers, FusedFacts, Value, Wiring, fresh
 
 _sigmoid_backward = torch.ops.aten.sigmoid_backward.grad_input
@@ -87,7 +88,7 @@ class GRULayer(RecurrentLayer):
         grad_h.addmm_(gh, w_hh)
         w_ih.grad.addmm_(gg.t(), x)
         w_hh.grad.addmm_(gh.t(), h)
-        self.i2h.bias.grad.addmv_(gg.t(), bufs.constant("ones", (B,), 1.0))
+        add_row_sums(self.i2h.bias.grad, gg, bufs.constant("ones", (B,), 1.0))
 
     def wire(self, g: Wiring, prefix: str, x: Value, state: tuple[Value, ...]) -> tuple:
         """15 nodes, as OpenNMT-lua's GRU: i2h, h2h, a split of each, r's and z's sums and

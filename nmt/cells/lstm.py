@@ -22,6 +22,7 @@ from torch import Tensor
 from nmt import onednn
 from nmt.cells.base import RecurrentLayer, State
 from nmt.nodes.modules import CAdd, CMul, Linear, Sigmoid, Split, Tanh
+from nmt.nodes.node import add_row_sums
 from nmt.wiring import Buf, FusedBuffers, FusedFacts, Value, Wiring, fresh
 
 _sigmoid_backward = torch.ops.aten.sigmoid_backward.grad_input
@@ -104,7 +105,7 @@ class LSTMLayer(RecurrentLayer):
         torch.mm(gg, w_hh, out=bufs("grad_h", (B, H)))
         w_ih.grad.addmm_(gg.t(), x)
         w_hh.grad.addmm_(gg.t(), h)
-        self.i2h.bias.grad.addmv_(gg.t(), bufs.constant("ones", (B,), 1.0))
+        add_row_sums(self.i2h.bias.grad, gg, bufs.constant("ones", (B,), 1.0))
 
     def wire(self, g: Wiring, prefix: str, x: Value, state: tuple[Value, ...]) -> tuple:
         """13 nodes, seq2seq-attn's: i2h, h2h, their sum, the split into i f o g, three

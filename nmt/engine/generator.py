@@ -23,7 +23,7 @@ from nmt.loss import smoothing_value
 from nmt.model import Seq2SeqAttn
 from nmt.nodes.fused import _Fused
 from nmt.nodes.modules import Linear
-from nmt.nodes.node import Node, add_at, resized
+from nmt.nodes.node import Node, add_at, add_row_sums, resized
 
 _OUT = {"output": "output"}
 
@@ -164,7 +164,7 @@ class OutputLoss(_Fused):
         else:
             torch.mm(grad, w, out=grad_out)
         w.grad.addmm_(grad.t(), out)
-        b.grad.addmv_(grad.t(), self._constant("ones", (R,), 1.0))
+        add_row_sums(b.grad, grad, self._constant("ones", (R,), 1.0))
 
     def step_positions(
         self,
