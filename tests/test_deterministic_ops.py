@@ -52,6 +52,7 @@ DETERMINISTIC_ON_CUDA = {
             "exp_",
             "lerp",
             "logical_not",
+            "lt",
             "masked_fill",
             "maximum",
             "mul",
@@ -68,6 +69,7 @@ DETERMINISTIC_ON_CUDA = {
             "tanh",
             "tanh_",
             "tanh_backward",
+            "uniform_",  # the CPU's dropout draws (CUDA's: bernoulli_): Philox, per element
             "where",
             "zero_",
             "flip",
