@@ -29,7 +29,7 @@ LOW_PRECISION_UNITS: dict[torch.dtype, tuple[str, ...]] = {
 # Those with which a low precision ran faster than float32, by `cpu_vendor()` ("": any other).
 # With only the vector ones, an AVX-512 Xeon without AMX trained at 0.57-0.62x float32's speed
 # in bfloat16 and 0.82x in float16, its bfloat16 beam search at 0.65-0.70x; an AMD EPYC
-# (Zen 4) trained at 1.46-1.52x in bfloat16, its beam search at 1.46-1.55x (docs/precision.md).
+# (Zen 4) trained at 1.50-1.61x in bfloat16, its beam search at 1.46-1.55x (docs/precision.md).
 FASTER_THAN_FLOAT32_UNITS: dict[torch.dtype, dict[str, tuple[str, ...]]] = {
     torch.bfloat16: {"": ("amx_bf16",), "AuthenticAMD": ("amx_bf16", "avx512_bf16")},
     torch.float16: {"": ("amx_fp16",)},
