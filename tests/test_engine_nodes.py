@@ -31,7 +31,7 @@ from nmt.nodes.modules import (
     Tanh,
     VScores,
 )
-from nmt.nodes.node import Node, add_at, flat
+from nmt.nodes.node import Node, add_at, add_row_sums, flat
 
 B, S, H = 3, 4, 5
 KW = {"device": torch.device("cpu"), "dtype": torch.float64}
@@ -188,3 +188,22 @@ def test_add_at_is_scatter_add_of_one_element_a_row(dtype) -> None:
     expected = rows.clone().scatter_add_(1, index, values)
     got = add_at(rows.clone(), index, values, torch.empty(0, dtype=torch.long))
     assert torch.equal(got, expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+def test_add_row_sums_adds_each_column_sum_rounded_once(dtype) -> None:
+    """A bias's gradient from its rows: in float32 and float64 one matrix-vector product (bit
+    for bit addmv_), in bfloat16 and float16 on a CPU a reduction summed in float32, within
+    one rounding of the sum and one of the addition of float64's."""
+    gen = torch.Generator().manual_seed(3)
+    rows = torch.randn(64, 40, dtype=torch.float64, generator=gen)
+    acc = torch.randn(40, dtype=torch.float64, generator=gen)
+    ones = torch.ones(64, dtype=dtype)
+    got = add_row_sums(acc.to(dtype), rows.to(dtype), ones)
+    if dtype in (torch.float32, torch.float64):
+        assert torch.equal(got, acc.to(dtype).addmv_(rows.to(dtype).t(), ones))
+        return
+    column_sums = rows.to(dtype).double().sum(0)
+    exact = acc.to(dtype).double() + column_sums
+    half_ulp = torch.finfo(dtype).eps / 2  # of a number in [1, 2)
+    assert torch.all((got.double() - exact).abs() <= half_ulp * (column_sums.abs() + exact.abs()))

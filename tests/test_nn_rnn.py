@@ -13,7 +13,7 @@ from nmt import precisions
 from nmt.config import Config, TrainConfig
 from nmt.nn_rnn import KernelEncoder
 from nmt.opcount import count
-from nmt.randomness import dropout_mask, dropout_masks, private_rng
+from nmt.randomness import dropout_mask, dropout_masks, keep_mask_, private_rng
 from nmt.train.executors import AutogradExecutor, make_executor
 from tests.conftest import TEST_DEVICE, model_structures
 from tests.test_engine_equivalence import clone_grads, make_batch, make_model, max_rel_err
@@ -158,3 +158,16 @@ def test_mixed_precision_runs_the_kernel_in_the_compute_dtype(
         mine, cells = error(g, name), error(runs["cells"][name], name)
         assert mine <= max(CLOSE * eps, RATIO * cells), (name, mine / eps, cells / eps)
     assert max(error(g, name) for name, g in runs["kernel"].items()) > eps / 4  # it ran low
+
+
+@pytest.mark.parametrize("p", [0.0, 0.3, 0.5])
+def test_keep_masks_are_the_same_draws_in_every_dtype_and_keep_1_minus_p(p: float) -> None:
+    """A mask in bfloat16 or float64 holds the draws of a float32 one (the compute dtype of a
+    mixed precision draws what float32 training draws), and keeps 1 - p of its entries."""
+    masks = []
+    for dtype in (torch.float32, torch.bfloat16, torch.float64):
+        torch.manual_seed(5)
+        masks.append(keep_mask_(torch.empty(200, 300, dtype=dtype, device=TEST_DEVICE), p))
+    assert all(torch.equal(m.float(), masks[0]) for m in masks)
+    assert set(masks[0].unique().tolist()) <= {0.0, 1.0}
+    assert abs(masks[0].mean().item() - (1 - p)) < 0.01  # 60,000 draws: 4 standard errors
