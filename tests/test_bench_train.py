@@ -171,13 +171,6 @@ def test_deterministic_modes_side_by_side(tmp_path):
     assert ratios == [(names[1], names[0]), (names[2], names[0])]
 
 
-def test_an_unknown_deterministic_mode_is_refused():
-    cmd = [sys.executable, str(REPO / "scripts" / "bench_train.py"), "--determinism", "on,maybe"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2
-    assert "--determinism 'maybe': expected a comma list of on, nofill, off" in proc.stderr
-
-
 def test_output_layer_product_forms_side_by_side(tmp_path):
     """--logits-blocks builds each variant once per form of the output layer's product: a row
     each, and each form against one product."""
@@ -192,8 +185,19 @@ def test_output_layer_product_forms_side_by_side(tmp_path):
     assert ratios == [(names[1], names[0]), (names[2], names[0])]
 
 
-def test_an_unknown_product_form_is_refused():
-    cmd = [sys.executable, str(REPO / "scripts" / "bench_train.py"), "--logits-blocks", "one,0"]
+@pytest.mark.parametrize(
+    "flag, value, message",
+    [
+        (
+            "--determinism",
+            "on,maybe",
+            "--determinism 'maybe': expected a comma list of on, nofill, off",
+        ),
+        ("--logits-blocks", "one,0", "--logits-blocks '0': expected one, rule or a block size"),
+    ],
+)
+def test_an_unknown_mode_or_product_form_is_refused(flag, value, message):
+    cmd = [sys.executable, str(REPO / "scripts" / "bench_train.py"), flag, value]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
-    assert "--logits-blocks '0': expected one, rule or a block size" in proc.stderr
+    assert message in proc.stderr
