@@ -217,10 +217,10 @@ class ModelConfig:
         doc_more=_attention_doc,
     )
     granularity: str = _opt(
-        "nngraph",
+        "fused",
         choices=_granularities,
         doc="the node set the clone executor builds, and the forms inference runs (no "
-        "parameter depends on it)",
+        "parameter depends on it); the seed's configs pin nngraph, its own graph",
         doc_more=_granularity_doc,
     )
     param_init: float = _opt(
@@ -304,13 +304,14 @@ class TrainConfig:
         doc="clones: seq2seq-attn's cloned graphs; autograd: plain PyTorch",
     )
     loss_chunk: int = _opt(
-        1,
+        8,
         min=0,
         doc="target positions whose output layer and loss are computed at once (OpenNMT-py's "
         "loss sharding): by the autograd executor, by validation and by the clone executor "
         "with model.granularity fused (larger products, near twice the speed per row on a "
         "CPU at 4-8; k x batch x vocabulary of memory, as memreport shows); nngraph's "
-        "clones, seq2seq-attn's graph, do one; 0: all positions at once",
+        "clones, seq2seq-attn's graph, do one (the seed's configs say 1); 0: all positions "
+        "at once",
     )
     autograd_encoder: str = _opt(
         "cells",

@@ -64,7 +64,7 @@ def test_micro_batch_size() -> None:
     assert micro_batch_size(64, 1, 3) == 22
     assert micro_batch_size(33, 2, 2) == 9  # ranks' shares of 17 and 16, cut in two
     cfg = Config(
-        model=ModelConfig(num_layers=1, rnn_size=4, word_vec_size=3),
+        model=ModelConfig(granularity="nngraph", num_layers=1, rnn_size=4, word_vec_size=3),
         train=TrainConfig(batch_size=10, accum_steps=4),
     )
     assert ExecutorSpec.from_config(cfg).batch_size == 3
@@ -89,7 +89,12 @@ def test_micro_batches_train_to_the_whole_batch(executor: str, extra: dict) -> N
     the summed NLL of the micro-batches is the batch's (dropout off: micro-batches draw other
     masks)."""
     model_cfg = ModelConfig(
-        num_layers=2, rnn_size=5, word_vec_size=4, dropout=0.0, bidirectional=True, **extra
+        num_layers=2,
+        rnn_size=5,
+        word_vec_size=4,
+        dropout=0.0,
+        bidirectional=True,
+        **{"granularity": "nngraph", **extra},
     )
     batches = make_batches(corpus(60, 2), 7)
     assert len({b.size for b in batches}) > 1

@@ -72,7 +72,7 @@ def test_parameters_of_each_type() -> None:
 
 
 def test_general_loads_checkpoints_with_the_old_parameter_names() -> None:
-    cfg = ModelConfig(num_layers=1, rnn_size=H, word_vec_size=3)
+    cfg = ModelConfig(granularity="nngraph", num_layers=1, rnn_size=H, word_vec_size=3)
     torch.manual_seed(1)
     trained = Seq2SeqAttn(cfg, 7, 7)
     new_to_old = {new: old for old, new in LEGACY_NAMES.items()}

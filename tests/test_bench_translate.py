@@ -37,7 +37,7 @@ def test_each_kind_of_output_layer_computes_the_models_logits(bench, monkeypatch
     and `onednn-packed` oneDNN's product (from its pack for the latter) at every row count,
     and `column-major` the one form on a column-major copy."""
     monkeypatch.setattr(output_layer, "this_cpu", lambda: cpu)
-    cfg = ModelConfig(num_layers=1, rnn_size=16, word_vec_size=16)
+    cfg = ModelConfig(granularity="nngraph", num_layers=1, rnn_size=16, word_vec_size=16)
     model = build_model(cfg, 30, 40, device="cpu", dtype=torch.float32)
     plain = torch.nn.Linear(16, 40)
     plain.load_state_dict(model.generator.state_dict())

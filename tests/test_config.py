@@ -11,6 +11,8 @@ import pytest
 from nmt.config import SECTIONS, Config, from_dict, load_config, reference_markdown
 from nmt.errors import NmtError
 
+REPO = Path(__file__).resolve().parents[1]
+
 
 @pytest.fixture
 def data_files(tmp_path: Path) -> dict[str, str]:
@@ -39,6 +41,16 @@ def test_valid_config_loads_with_defaults(tmp_path, data_files):
     assert cfg.model.rnn_size == 32
     assert cfg.model.num_layers == 2 and cfg.train.learning_rate == 1.0  # seq2seq-attn defaults
     assert cfg.train.seed == 3435 and cfg.train.max_grad_norm == 5.0
+    # a new config trains the fused nodes with the output layer over 8 positions at a time
+    assert cfg.model.granularity == "fused" and cfg.train.loss_chunk == 8
+
+
+@pytest.mark.parametrize("name", ["seed-4x600", "s2sa-1x100", "s2sa-2x500", "s2sa-4x1000"])
+def test_the_seed_configs_keep_the_seeds_graph(name: str) -> None:
+    """seq2seq-attn's configs pin its node set and its one position at a time, so their
+    memory figures stay the seed's whatever the defaults."""
+    cfg = load_config(REPO / "configs" / f"{name}.yaml", require_data=False)
+    assert cfg.model.granularity == "nngraph" and cfg.train.loss_chunk == 1
 
 
 def test_int_accepted_for_float(tmp_path, data_files):
@@ -120,13 +132,12 @@ def test_reference_lists_every_key():
 
 def test_config_reference_is_current():
     """docs/config.md is what scripts/config_reference.py writes, the whole file."""
-    repo = Path(__file__).resolve().parents[1]
     spec = importlib.util.spec_from_file_location(
-        "config_reference", repo / "scripts/config_reference.py"
+        "config_reference", REPO / "scripts/config_reference.py"
     )
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
-    written = (repo / "docs" / "config.md").read_text(encoding="utf-8")
+    written = (REPO / "docs" / "config.md").read_text(encoding="utf-8")
     assert reference_markdown().rstrip() in written
     assert written == script.document(), "run: python scripts/config_reference.py --write"
 

@@ -21,6 +21,7 @@ from nmt.errors import NmtError
 from nmt.model import Seq2SeqAttn, build_model
 from nmt.translate import decoding
 from nmt.translate.ensemble import Ensemble
+from nmt.translate.output_layer import prepare_for_search
 from nmt.translate.run import TranslateOptions, load_models, translate_file
 from nmt.translate.scoring import gold_scores
 from nmt.translate.translator import SearchOptions, evaluating, pad_sources, translate_ids
@@ -197,11 +198,13 @@ def test_one_model_is_not_wrapped_and_decodes_bitwise_as_alone(toy_model, toy_te
     assert out_list.read_bytes() == out_path.read_bytes()  # scores printed to 4 decimals
     sources = sources_of(toy_test, toy_model)
     a = translate_ids(loaded.model, sources, options.search)
-    # the same model built here from the checkpoint's weights, not through the loader
+    # the same model built here from the checkpoint's weights, not through the loader (made
+    # ready for search as the loader makes it: the fused forms' packed products round otherwise)
     ckpt = load_checkpoint(toy_model)
     cfg, src_tok, tgt_tok = checkpoint_parts(ckpt, toy_model)
     alone = build_model(cfg.model, len(src_tok), len(tgt_tok), device=CPU, dtype=torch.float32)
     alone.load_state_dict(ckpt["model"])
+    prepare_for_search(alone)
     b = translate_ids(alone.eval(), sources, options.search)
     assert [[(h.tokens, h.score) for h in hyps] for hyps in a] == [
         [(h.tokens, h.score) for h in hyps] for hyps in b
@@ -302,8 +305,8 @@ def test_subword_output_is_scored_in_the_references_tokenisation(tmp_path):
 
     train = (TOY / "train.tgt").read_text(encoding="utf-8").splitlines()[:1500]
     tok = SentencePieceTokenizer.train(train, 120, log=lambda _: None)
-    model = build_model(ModelConfig(num_layers=1, rnn_size=4, word_vec_size=4), 120, 120,
-                        device="cpu", dtype=torch.float32)  # fmt: skip
+    cfg = ModelConfig(granularity="nngraph", num_layers=1, rnn_size=4, word_vec_size=4)
+    model = build_model(cfg, 120, 120, device="cpu", dtype=torch.float32)
     translator = Translator(model, tok, tok)
     refs = (TOY / "test.tgt").read_text(encoding="utf-8").splitlines()[:40]
     texts = []

@@ -23,9 +23,10 @@ def config(tmp_path: Path, executor: str, max_steps: int = 10) -> Path:
     # batch 33: the two shards differ in size (17 + 16) and in target length
     return write_toy_config(
         tmp_path / f"{executor}.yaml",
-        "num_layers: 2, rnn_size: 12, word_vec_size: 8, dropout: 0.0, bidirectional: true",
+        "num_layers: 2, rnn_size: 12, word_vec_size: 8, dropout: 0.0, bidirectional: true, "
+        "granularity: nngraph",
         f"batch_size: 33, max_steps: {max_steps}, device: cpu, precision: float64, log_every: 1, "
-        f"executor: {executor}",
+        f"executor: {executor}, loss_chunk: 1",
     )
 
 

@@ -19,7 +19,14 @@ from nmt.engine.clones import CloneExecutor
 from nmt.engine.spec import ExecutorSpec
 from nmt.model import Seq2SeqAttn
 
-CFG = ModelConfig(num_layers=2, rnn_size=6, word_vec_size=5, dropout=0.3, bidirectional=True)
+CFG = ModelConfig(
+    granularity="nngraph",
+    num_layers=2,
+    rnn_size=6,
+    word_vec_size=5,
+    dropout=0.3,
+    bidirectional=True,
+)
 SRC_V, TGT_V, BATCH, MAX_SRC, MAX_TGT = 11, 13, 3, 4, 5
 
 
@@ -107,7 +114,9 @@ def test_sharing_saves_memory_in_order() -> None:
 
 def test_large_model_on_meta() -> None:
     """4 layers x 1000 units, vocab 50k, batch 64, length 50: computed, never allocated."""
-    cfg = ModelConfig(num_layers=4, rnn_size=1000, word_vec_size=1000, dropout=0.3)
+    cfg = ModelConfig(
+        granularity="nngraph", num_layers=4, rnn_size=1000, word_vec_size=1000, dropout=0.3
+    )
     records = {p: account(ExecutorSpec(cfg, 50, 50, p, 64), 50000, 50000) for p in ("none", "all")}
     none, all_ = summarize(records["none"]), summarize(records["all"])
     assert none["param"] == all_["param"] == none["grad"]

@@ -35,7 +35,16 @@ def make_batch(seed: int = 0, src_vocab: int = 11, tgt_vocab: int = 13) -> Batch
 
 
 def make_model(**kw) -> Seq2SeqAttn:
-    cfg = ModelConfig(**{"num_layers": 2, "rnn_size": 6, "word_vec_size": 5, "dropout": 0.3, **kw})
+    cfg = ModelConfig(
+        **{
+            "granularity": "nngraph",
+            "num_layers": 2,
+            "rnn_size": 6,
+            "word_vec_size": 5,
+            "dropout": 0.3,
+            **kw,
+        }
+    )
     torch.manual_seed(1)
     return Seq2SeqAttn(cfg, 11, 13).double().to(TEST_DEVICE).train()
 

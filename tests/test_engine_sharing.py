@@ -61,7 +61,7 @@ def test_policies_give_bitwise_identical_parameters(structure: dict, determinist
     """Every structure the config allows: training under each registered policy (recompute's
     re-run forwards included) gives the same losses, parameters and global RNG state as
     "none", bit for bit (same seed, so the same dropout masks)."""
-    cfg = ModelConfig(rnn_size=4, word_vec_size=3, **structure)
+    cfg = ModelConfig(rnn_size=4, word_vec_size=3, **{"granularity": "nngraph", **structure})
     torch.manual_seed(0)
     start = Seq2SeqAttn(cfg, 11, 11).to(TEST_DEVICE).train()
     batches = [b.to(TEST_DEVICE) for b in random_corpus(3, 11, seed=2, max_src=5, max_tgt=4)]
@@ -253,7 +253,7 @@ def test_recompute_keeps_private_only_what_leaves_a_clone(structure: dict) -> No
     """Under recompute every buffer is shared except the storages a clone hands on (its
     graph outputs: per layer h and c, the decoder's attentional output), found by the same
     analysis on a probe that recomputes - no list of nodes."""
-    cfg = ModelConfig(rnn_size=4, word_vec_size=3, **structure)
+    cfg = ModelConfig(rnn_size=4, word_vec_size=3, **{"granularity": "nngraph", **structure})
     plan = planner.plan(cfg, "recompute")
     assert plan.recompute and not planner.plan(cfg, "all").recompute
     assert plan.shared == plan.safe and plan.shared > planner.plan(cfg, "all").shared
@@ -305,7 +305,7 @@ def test_partial_recompute_is_bitwise_none(structure: dict, deterministic) -> No
     """Clones of the last positions recompute, the others run as under `all`: the same
     losses, parameters and RNG state as `none`, bit for bit, whichever clones recompute
     (batches shorter than the maximum lengths reach only some of them)."""
-    cfg = ModelConfig(rnn_size=4, word_vec_size=3, **structure)
+    cfg = ModelConfig(rnn_size=4, word_vec_size=3, **{"granularity": "nngraph", **structure})
     torch.manual_seed(0)
     start = Seq2SeqAttn(cfg, 11, 11).to(TEST_DEVICE).train()
     batches = [b.to(TEST_DEVICE) for b in random_corpus(3, 11, seed=4, max_src=5, max_tgt=4)]
@@ -327,7 +327,7 @@ def test_partial_recompute_shares_by_way_of_running() -> None:
     """A slot safe only when its clone recomputes is one tensor among the recomputing clones
     and private in the others; a slot safe both ways is one tensor for every clone; the
     clones that recompute are those of the last positions."""
-    cfg = ModelConfig(num_layers=2, rnn_size=4, word_vec_size=3, dropout=0.3)
+    cfg = ModelConfig(granularity="nngraph", num_layers=2, rnn_size=4, word_vec_size=3, dropout=0.3)
     spec = ExecutorSpec(cfg, 4, 3, policy="all", recompute_encoder=2, recompute_decoder=1)
     executor = planner.planned_executor(Seq2SeqAttn(cfg, 7, 7), spec)
     assert executor.recomputes["enc"] == [False] * 4 + [True] * 2

@@ -17,7 +17,14 @@ from nmt.engine.clones import CloneExecutor
 from nmt.engine.spec import ExecutorSpec
 from nmt.model import Seq2SeqAttn
 
-CFG = ModelConfig(num_layers=2, rnn_size=6, word_vec_size=5, dropout=0.3, bidirectional=True)
+CFG = ModelConfig(
+    granularity="nngraph",
+    num_layers=2,
+    rnn_size=6,
+    word_vec_size=5,
+    dropout=0.3,
+    bidirectional=True,
+)
 MAX_SRC, MAX_TGT, BATCH = 5, 6, 4
 
 

@@ -41,7 +41,7 @@ train: {batch_size: 6, valid_bleu_sample: 0}
 
 
 def tiny_setting(**model: object) -> Setting:
-    cfg = ModelConfig(rnn_size=8, word_vec_size=6, **model)
+    cfg = ModelConfig(rnn_size=8, word_vec_size=6, **{"granularity": "nngraph", **model})
     from nmt.engine.spec import ExecutorSpec
 
     return Setting(ExecutorSpec(cfg, 4, 5, batch_size=3), 23, 29)

@@ -50,8 +50,10 @@ model:
   word_vec_size: 6
   dropout: 0.3
   bidirectional: true
+  granularity: nngraph
 train:
   batch_size: 3
+  loss_chunk: 1
   optimizer: adam
 """
 
@@ -184,7 +186,9 @@ def test_recompute_costs_one_more_forward_of_the_clones(tiny: Setting) -> None:
     an encoder position 4*8 = 32 multiply-adds, a decoder one 32 + 3*2 + 3*2 + 2*2*2 = 52,
     the generator 2*10 per position: clones 3*32 + 2*52 = 200, generator 40; the re-run
     forward is 2*200 FLOPs of a 6*240 FLOP step."""
-    model = ModelConfig(num_layers=1, rnn_size=2, word_vec_size=2, input_feed=False)
+    model = ModelConfig(
+        granularity="nngraph", num_layers=1, rnn_size=2, word_vec_size=2, input_feed=False
+    )
     hand = Setting(
         ExecutorSpec(dataclasses.replace(model, attention="dot"), 1, 1, batch_size=1), 7, 10
     )
@@ -297,7 +301,9 @@ def test_parse_size_rejects_garbage(text: str) -> None:
 def test_device_choice(tiny: Setting, monkeypatch) -> None:
     assert choose_device("auto", tiny, 10**6)[0] == "cpu"
     assert choose_device("auto", tiny, 10**15)[0] == "meta"  # more than a quarter of RAM
-    big = Setting(ExecutorSpec(ModelConfig(), 50, 50, batch_size=64), 50000, 50000)
+    big = Setting(
+        ExecutorSpec(ModelConfig(granularity="nngraph"), 50, 50, batch_size=64), 50000, 50000
+    )
     assert choose_device("auto", big, 10**6)[0] == "meta"  # a slow CPU step
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(NmtError, match="CUDA is not available"):

@@ -21,7 +21,9 @@ from nmt.model import Seq2SeqAttn
 from nmt.nodes import modules as nodes
 from nmt.nodes.modules import Tanh
 
-STRUCTURE = ModelConfig(num_layers=1, rnn_size=4, word_vec_size=3, dropout=0.3)
+STRUCTURE = ModelConfig(
+    granularity="nngraph", num_layers=1, rnn_size=4, word_vec_size=3, dropout=0.3
+)
 
 
 class TanhWithScratch(Tanh):
@@ -77,7 +79,9 @@ def test_the_loops_reads_have_their_own_phase(dropout: float) -> None:
     """The generator's read of a decoder clone's output is booked to the loop, not to the
     clone that ran before it: even were the output not a graph output, it would not pass
     as living inside one call of its clone."""
-    cfg = ModelConfig(num_layers=1, rnn_size=4, word_vec_size=3, dropout=dropout)
+    cfg = ModelConfig(
+        granularity="nngraph", num_layers=1, rnn_size=4, word_vec_size=3, dropout=dropout
+    )
     executor, tracer = _traced_step(cfg)
     for t, g in enumerate(executor.clones["dec"]):
         out = g.outputs()[-1]
@@ -93,7 +97,9 @@ def test_the_loops_reads_have_their_own_phase(dropout: float) -> None:
 
 
 def test_bidirectional_final_states_are_read_in_a_loop_phase() -> None:
-    cfg = ModelConfig(num_layers=1, rnn_size=4, word_vec_size=3, bidirectional=True)
+    cfg = ModelConfig(
+        granularity="nngraph", num_layers=1, rnn_size=4, word_vec_size=3, bidirectional=True
+    )
     executor, tracer = _traced_step(cfg)
     last = executor.clones["enc"][-1].outputs()[0]
     assert "loop:init_state" in tracer.phases[last.untyped_storage().data_ptr()]

@@ -33,11 +33,11 @@ from tests.conftest import write_toy_config
 REPO = Path(__file__).resolve().parents[1]
 TOY = REPO / "data" / "toy"
 TINY_MODEL = "num_layers: 2, rnn_size: 8, word_vec_size: 6, dropout: 0.3"
-SMALL = ModelConfig(num_layers=2, rnn_size=8, word_vec_size=6, dropout=0.3)
+SMALL = ModelConfig(granularity="nngraph", num_layers=2, rnn_size=8, word_vec_size=6, dropout=0.3)
 MEMREPORT_YAML = """\
 data: {src_vocab_size: 23, tgt_vocab_size: 29, max_src_len: 4, max_tgt_len: 5}
-model: {num_layers: 1, rnn_size: 8, word_vec_size: 6, dropout: 0.3}
-train: {batch_size: 3}
+model: {num_layers: 1, rnn_size: 8, word_vec_size: 6, dropout: 0.3, granularity: nngraph}
+train: {batch_size: 3, loss_chunk: 1}
 """
 
 

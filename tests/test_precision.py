@@ -44,7 +44,9 @@ STRUCTURES = [
 
 
 def model_of(precision: str, **kw) -> Seq2SeqAttn:
-    cfg = ModelConfig(rnn_size=16, word_vec_size=12, param_init=0.3, **kw)
+    cfg = ModelConfig(
+        rnn_size=16, word_vec_size=12, param_init=0.3, **{"granularity": "nngraph", **kw}
+    )
     torch.manual_seed(1)
     dtype = precisions.get(precision).master
     return Seq2SeqAttn(cfg, 11, 13).to(device=TEST_DEVICE, dtype=dtype).train()

@@ -42,7 +42,9 @@ def random_sources(lengths: list[int], seed: int = 7) -> list[list[int]]:
 def copy_model(one_thread) -> Seq2SeqAttn:
     """A 1 x 32 model trained ~1 s to copy its source: peaked, realistic distributions."""
     torch.manual_seed(0)
-    cfg = ModelConfig(num_layers=1, rnn_size=32, word_vec_size=32, dropout=0.0)
+    cfg = ModelConfig(
+        granularity="nngraph", num_layers=1, rnn_size=32, word_vec_size=32, dropout=0.0
+    )
     model = Seq2SeqAttn(cfg, V, V).double()
     opt = torch.optim.Adam(model.parameters(), lr=0.02)
     g = torch.Generator().manual_seed(1)
@@ -71,6 +73,7 @@ def random_model(
     """An untrained 2 x 16 model; `eos_bias` replaces the generator's </s> bias."""
     torch.manual_seed(seed)
     cfg = ModelConfig(
+        granularity="nngraph",
         num_layers=2,
         rnn_size=16,
         word_vec_size=16,

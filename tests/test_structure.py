@@ -34,7 +34,7 @@ from nmt.train.builders import check_resume_config
 from tests.conftest import write_toy_config
 
 MODEL_FIELDS = [f.name for f in dataclasses.fields(ModelConfig)]
-SMALL = ModelConfig(num_layers=1, rnn_size=4, word_vec_size=3, dropout=0.3)
+SMALL = ModelConfig(granularity="nngraph", num_layers=1, rnn_size=4, word_vec_size=3, dropout=0.3)
 
 
 def other_value(f: dataclasses.Field, value: Any) -> Any:
@@ -85,7 +85,7 @@ def param_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 @pytest.mark.parametrize("name", MODEL_FIELDS)
 def test_every_model_field_is_in_the_planner_key_or_marked(name: str) -> None:
-    base = rates_on(ModelConfig())
+    base = rates_on(ModelConfig(granularity="nngraph"))
     key = planner.structure_key(base)
     changed = planner.structure_key(varied(base, name))
     kind = graph_kind(name)
@@ -144,7 +144,14 @@ def test_a_new_field_is_in_the_key_until_marked() -> None:
 
 
 def test_the_probe_is_the_normalised_config() -> None:
-    cfg = ModelConfig(num_layers=3, rnn_size=500, word_vec_size=300, dropout=0.2, param_init=0.3)
+    cfg = ModelConfig(
+        granularity="nngraph",
+        num_layers=3,
+        rnn_size=500,
+        word_vec_size=300,
+        dropout=0.2,
+        param_init=0.3,
+    )
     probe = graph_structure(cfg)
     assert (probe.rnn_size, probe.word_vec_size, probe.dropout) == (3, 2, 0.5)
     assert probe.param_init == ModelConfig().param_init

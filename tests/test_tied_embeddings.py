@@ -23,7 +23,7 @@ V = 13  # one vocabulary size on both sides, so that `all` can tie the source em
 def tied_model(tie: str, dtype=torch.float64, **kw) -> Seq2SeqAttn:
     cfg = ModelConfig(
         num_layers=2, rnn_size=6, word_vec_size=6, dropout=0.3, param_init=0.3,
-        tie_embeddings=tie, **kw,
+        tie_embeddings=tie, **{"granularity": "nngraph", **kw},
     )  # fmt: skip
     torch.manual_seed(1)
     return Seq2SeqAttn(cfg, V, V).to(TEST_DEVICE, dtype).train()
@@ -54,7 +54,9 @@ def test_the_roles_share_one_parameter(tie: str) -> None:
 @pytest.mark.parametrize("device", ["cpu", "meta"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_build_model_keeps_the_tie_wherever_it_builds(device: str, dtype) -> None:
-    cfg = ModelConfig(num_layers=1, rnn_size=8, word_vec_size=8, tie_embeddings="all")
+    cfg = ModelConfig(
+        granularity="nngraph", num_layers=1, rnn_size=8, word_vec_size=8, tie_embeddings="all"
+    )
     for private in (False, True):
         if private:
             with private_rng(0):

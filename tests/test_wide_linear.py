@@ -57,7 +57,7 @@ def test_the_block_follows_the_cpus_rule(monkeypatch) -> None:
 
 
 def _float32_step(granularity: str, block: int, batch: Batch) -> tuple[float, dict, CloneExecutor]:
-    cfg = ModelConfig(num_layers=2, rnn_size=6, word_vec_size=5, dropout=0.3)
+    cfg = ModelConfig(granularity="nngraph", num_layers=2, rnn_size=6, word_vec_size=5, dropout=0.3)
     cfg.granularity = granularity
     torch.manual_seed(1)
     model = Seq2SeqAttn(cfg, 11, 13).train()  # float32, CPU: the dtype the rule is for
