@@ -28,8 +28,8 @@ same number of steps. Every figure is the median over the repeats:
   search, writing); nmt: `translate_lines` timed in this process (tokenising, search,
   detokenising), no warm-up for either.
 
-Ratios are nmt / OpenNMT-py. The nmt variants (`--variants`): clones-fused (the config as
-it is: the clone executor, fused granularity, train.loss_chunk 8, prealloc all),
+Ratios are nmt / OpenNMT-py. The nmt variants (`--variants`): clones-fused (a new config's
+defaults: the clone executor, fused granularity, train.loss_chunk 8, prealloc all),
 clones-nngraph (model.granularity nngraph, train.loss_chunk 1: the seed's node set) and
 autograd-kernel (the autograd executor, its encoder on torch's nn.LSTM kernel).
 
@@ -91,7 +91,7 @@ class Variant:
 
 VARIANTS = (
     Variant("clones-nngraph", {"model.granularity": "nngraph", "train.loss_chunk": 1}),
-    Variant("clones-fused", {"model.granularity": "fused", "train.loss_chunk": 8}),  # the config
+    Variant("clones-fused", {"model.granularity": "fused", "train.loss_chunk": 8}),  # the defaults
     Variant("autograd-kernel", {"train.executor": "autograd", "train.autograd_encoder": "kernel"}),
 )
 
