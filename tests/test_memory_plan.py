@@ -171,6 +171,31 @@ def test_a_refusal_names_the_smallest_budget_and_the_largest_batch() -> None:
     assert "no batch size fits it, not even one sentence" in message
 
 
+def test_a_refusal_says_when_one_position_at_a_time_fits() -> None:
+    """The fused output layer over 8 positions holds 8 x batch x vocabulary floats: where the
+    budget fits one position at a time, the refusal says so with that peak; where that does
+    not fit either, it says nothing of it."""
+    fused = tiny_setting(num_layers=1, granularity="fused").replace(loss_chunk=8, tgt_vocab=5000)
+    shape = Shape(batch_size=64, min_accum=1, max_accum=1)
+    one = measure(shape.setting(fused.replace(loss_chunk=1), 1), "recompute").peak_bytes
+    eight = measure(shape.setting(fused, 1), "recompute").peak_bytes
+    assert one < eight
+    budget = Budget("SIZE", smallest_budget((one + eight) // 2), "test")
+    choice = choose(fused, shape, budget.usable)
+    assert choice.candidate is None
+    message = str(refusal(fused, shape, budget, choice))
+    pattern = (
+        r"; train.loss_chunk 1 \(not 8\) fits it: recompute peaks at ([\d,.]+) MiB with one "
+        r"target position's output layer at a time$"
+    )
+    said = re.search(pattern, message)
+    assert "\n" not in message and said, message
+    assert float(said.group(1).replace(",", "")) * MIB == pytest.approx(one, abs=0.1 * MIB)
+    assert choose(fused.replace(loss_chunk=1), shape, budget.usable).candidate is not None
+    tight = Budget("SIZE", smallest_budget(one) - 1, "test")
+    assert "loss_chunk" not in str(refusal(fused, shape, tight, choose(fused, shape, tight.usable)))
+
+
 def test_reserve_and_budgets(monkeypatch) -> None:
     assert usable(100 * MIB) == 100 * MIB - RESERVE_BYTES
     assert usable(4 * 2**30) == 4 * 2**30 - round(0.05 * 4 * 2**30)

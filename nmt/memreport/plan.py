@@ -40,7 +40,14 @@ from nmt.engine.spec import micro_batch_size
 from nmt.errors import NmtError
 from nmt.memreport.budget import BATCH_CAP, largest_fitting
 from nmt.memreport.flops import recompute_fraction
-from nmt.memreport.measure import PHASES, PolicyMemory, Setting, measure, optimizer_bytes
+from nmt.memreport.measure import (
+    PHASES,
+    PolicyMemory,
+    Setting,
+    measure,
+    optimizer_bytes,
+    row_loss_chunk,
+)
 from nmt.memreport.translation import Translation
 from nmt.train.memory import Budget, MemoryPlan, Plan, mib, smallest_budget
 
@@ -423,6 +430,7 @@ def refusal(base: Setting, shape: Shape, budget: Budget, choice: Choice) -> NmtE
             f"optimizer state alone take {mib(fixed)})"
         )
     micro = f" in {most} micro-batches of {least.micro_batch}" if most > 1 else ""
+    fits += _one_position(base, shape, most, choice.usable, opt)
     room = (
         f"plans may peak at {mib(choice.usable)}"
         if choice.usable > 0
@@ -432,6 +440,20 @@ def refusal(base: Setting, shape: Shape, budget: Budget, choice: Choice) -> NmtE
         f"train.memory_budget {budget.configured}: no plan fits {mib(budget.bytes)} ({room}): "
         f"the smallest, recompute{micro}, peaks at "
         f"{mib(least.peak_bytes)} and needs a budget of at least {mib(needed)}; {fits}"
+    )
+
+
+def _one_position(base: Setting, shape: Shape, accum: int, usable: int, opt: int) -> str:
+    """The refusal's last words when the output layer runs several target positions at once
+    (`train.loss_chunk`: k x batch x vocabulary floats) and one at a time would fit."""
+    if usable <= 0 or row_loss_chunk(base, RECOMPUTE) == 1:
+        return ""
+    one = measure(shape.setting(base.replace(loss_chunk=1), accum), RECOMPUTE, opt)
+    if one.peak_bytes > usable:
+        return ""
+    return (
+        f"; train.loss_chunk 1 (not {base.loss_chunk}) fits it: recompute peaks at "
+        f"{mib(one.peak_bytes)} with one target position's output layer at a time"
     )
 
 
