@@ -25,6 +25,8 @@ from nmt.train.memory import (
     Budget,
     MemoryPlan,
     Plan,
+    mib,
+    places_apart,
     resolve_budget,
     smallest_budget,
     usable,
@@ -194,6 +196,14 @@ def test_a_refusal_says_when_one_position_at_a_time_fits() -> None:
     assert choose(fused.replace(loss_chunk=1), shape, budget.usable).candidate is not None
     tight = Budget("SIZE", smallest_budget(one) - 1, "test")
     assert "loss_chunk" not in str(refusal(fused, shape, tight, choose(fused, shape, tight.usable)))
+
+
+def test_sizes_compared_in_a_line_print_apart() -> None:
+    """A peak just over its limit prints with the decimals that tell the two apart."""
+    assert places_apart((16 * MIB + 40_000, 16 * MIB)) == 2  # 16.04 against 16.00
+    assert places_apart((16 * MIB + 400, 16 * MIB)) == 3
+    assert places_apart((17 * MIB, 16 * MIB), (5, 5)) == 1  # equal sizes may print equal
+    assert mib(16 * MIB + 40_000, 2) == "16.04 MiB"
 
 
 def test_reserve_and_budgets(monkeypatch) -> None:

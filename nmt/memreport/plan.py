@@ -49,7 +49,7 @@ from nmt.memreport.measure import (
     row_loss_chunk,
 )
 from nmt.memreport.translation import Translation
-from nmt.train.memory import Budget, MemoryPlan, Plan, mib, smallest_budget
+from nmt.train.memory import Budget, MemoryPlan, Plan, mib, places_apart, smallest_budget
 
 Log = Callable[[str], None]
 ENCODER_KINDS = ("enc", "enc_bwd")  # clone kinds whose recomputing count is the encoder's
@@ -376,7 +376,8 @@ def _why(found: Candidate, frontiers: dict[int, Frontier], usable: int, shape: S
     if found.plan.accum_steps == shape.min_accum:
         if found.plan.policy == policies.DEFAULT and not found.plan.partial:
             return f"all fits with {mib(usable - all_peak)} to spare, with no extra FLOPs"
-        over = f"all peaks at {mib(all_peak)}, over {mib(usable)}"
+        d = places_apart((all_peak, usable))
+        over = f"all peaks at {mib(all_peak, d)}, over {mib(usable, d)}"
         if found.kind == "partial":
             return (
                 f"{over}; of the {first.partial_count:,} partial recompute plans, this is the "
@@ -389,9 +390,10 @@ def _why(found: Candidate, frontiers: dict[int, Frontier], usable: int, shape: S
         what = "the partial recompute plan with the fewest extra FLOPs that fits is this one"
     else:
         what = f"{found.plan.policy} fits"
+    d = places_apart((least, usable))
     return (
-        f"even recompute peaks at {mib(least)} with {fewer} micro-batch(es), over "
-        f"{mib(usable)}; with {found.plan.accum_steps} micro-batches of {found.micro_batch} "
+        f"even recompute peaks at {mib(least, d)} with {fewer} micro-batch(es), over "
+        f"{mib(usable, d)}; with {found.plan.accum_steps} micro-batches of {found.micro_batch} "
         f"sentences {what} ({full})"
     )
 
@@ -431,15 +433,16 @@ def refusal(base: Setting, shape: Shape, budget: Budget, choice: Choice) -> NmtE
         )
     micro = f" in {most} micro-batches of {least.micro_batch}" if most > 1 else ""
     fits += _one_position(base, shape, most, choice.usable, opt)
+    d = places_apart((least.peak_bytes, choice.usable), (needed, budget.bytes))
     room = (
-        f"plans may peak at {mib(choice.usable)}"
+        f"plans may peak at {mib(choice.usable, d)}"
         if choice.usable > 0
         else "what is held back for memory the accounting does not count leaves nothing"
     )
     return NmtError(
-        f"train.memory_budget {budget.configured}: no plan fits {mib(budget.bytes)} ({room}): "
-        f"the smallest, recompute{micro}, peaks at "
-        f"{mib(least.peak_bytes)} and needs a budget of at least {mib(needed)}; {fits}"
+        f"train.memory_budget {budget.configured}: no plan fits {mib(budget.bytes, d)} "
+        f"({room}): the smallest, recompute{micro}, peaks at "
+        f"{mib(least.peak_bytes, d)} and needs a budget of at least {mib(needed, d)}; {fits}"
     )
 
 
@@ -516,10 +519,11 @@ def plan_memory(
                 hint = "train.prealloc auto would run " + choice.candidate.name(
                     base.encoder_clones, base.decoder_clones
                 )
+            d = places_apart((memory.peak_bytes, usable))
             raise NmtError(
                 f"train.memory_budget {configured}: train.prealloc {plan.policy} peaks at "
-                f"{mib(memory.peak_bytes)} ({memory.peak_phase}), over the {mib(usable)} a "
-                f"budget of {mib(budget_bytes)} leaves; {hint}"
+                f"{mib(memory.peak_bytes, d)} ({memory.peak_phase}), over the {mib(usable, d)} "
+                f"a budget of {mib(budget_bytes)} leaves; {hint}"
             )
         reason = "the configured plan" + ("" if usable is None else ", within the budget")
         return record(plan, memory, micro, "config", reason)
@@ -529,9 +533,10 @@ def plan_memory(
         if memory.peak_bytes <= usable:
             reason = "the plan the run was started with (train.memory_budget unchanged); it fits"
             return record(keep, memory, micro, "kept", reason)
+        d = places_apart((memory.peak_bytes, usable))
         log(
-            f"memory plan: the plan the run was started with peaks at {mib(memory.peak_bytes)}, "
-            f"over {mib(usable)} now: planning afresh"
+            f"memory plan: the plan the run was started with peaks at "
+            f"{mib(memory.peak_bytes, d)}, over {mib(usable, d)} now: planning afresh"
         )
     choice = choose(base, shape, usable, log)
     if choice.candidate is None:

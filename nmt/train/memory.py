@@ -52,8 +52,18 @@ def smallest_budget(peak: int) -> int:
     return max(peak + RESERVE_BYTES, math.ceil(peak / (1 - RESERVE_FRACTION)))
 
 
-def mib(n: int) -> str:
-    return f"{n / MIB:,.1f} MiB"
+def mib(n: int, places: int = 1) -> str:
+    return f"{n / MIB:,.{places}f} MiB"
+
+
+def places_apart(*pairs: tuple[int, int]) -> int:
+    """The fewest decimals (1 to 3) of MiB at which each pair of unequal sizes prints as two
+    numbers: a peak over a budget must not read as equal to it ("peaks at 16.0 MiB, over
+    16.0 MiB")."""
+    for places in (1, 2, 3):
+        if all(a == b or mib(a, places) != mib(b, places) for a, b in pairs):
+            return places
+    return 3
 
 
 def size(n: int) -> str:
