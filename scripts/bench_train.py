@@ -6,8 +6,8 @@ and autograd-full):
   clones-fused      the clone executor with fused nodes (where model.granularity exists)
   autograd-cells    autograd over the model's LSTM cells, position by position
   autograd-kernel   autograd with the encoders on torch's RNN kernel (cuDNN, oneDNN)
-  clones-none       the clone executor without sharing (train.prealloc none)
-  clones-recompute  the clone executor with train.prealloc recompute (where it exists)
+  clones-none       clones-nngraph without sharing (train.prealloc none)
+  clones-recompute  clones-nngraph with train.prealloc recompute (where it exists)
   autograd-full     autograd with the loss over all positions at once (train.loss_chunk 0)
 Each trains its own copy of the same model (same initialisation) on the same ende-demo batches
 in the same order, the variants taking turns batch by batch so that machine load hits them
@@ -85,10 +85,14 @@ VARIANTS = (
         {"train.executor": "clones", "model.granularity": "fused"},
         needs="model.granularity",
     ),
-    Variant("clones-none", {"train.executor": "clones", "train.prealloc": "none"}),
+    # the seed's nodes, as clones-nngraph's: their ratios to it are the policy's alone
+    Variant(
+        "clones-none",
+        {"train.executor": "clones", "model.granularity": "nngraph", "train.prealloc": "none"},
+    ),
     Variant(
         "clones-recompute",
-        {"train.executor": "clones", "train.prealloc": "recompute"},
+        {"train.executor": "clones", "model.granularity": "nngraph", "train.prealloc": "recompute"},
         needs="recompute",
     ),
     Variant("autograd-cells", {"train.executor": "autograd", "train.autograd_encoder": "cells"}),
