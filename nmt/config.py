@@ -440,6 +440,8 @@ REPLACED_KEYS = {
 # (key, old value) -> the value that replaced it: refused in configs and --set, upgraded in
 # checkpoints (`upgrade_saved`)
 REPLACED_VALUES = {("train.autograd_encoder", "nn_lstm"): "kernel"}
+# defaults that changed: a saved config without the key was trained with the old value
+OLD_DEFAULTS = {"model.granularity": "nngraph", "train.loss_chunk": 1}
 
 
 def all_keys() -> list[str]:
@@ -619,10 +621,16 @@ def from_dict(raw: Any, source: str = "config", from_set: Collection[str] = ()) 
 def upgrade_saved(raw: Any) -> Any:
     """A config dict saved in a checkpoint by an older nmt, in today's keys and values:
     `preallocate: false` becomes `prealloc: none`, otherwise `prealloc` takes
-    `prealloc_scope`; a renamed value takes its new name. Only checkpoints are upgraded;
-    config files and --set with old keys or values are refused."""
+    `prealloc_scope`; a renamed value takes its new name; a key whose default changed since
+    takes the default it was trained with. Only checkpoints are upgraded; config files and
+    --set with old keys or values are refused."""
     if not isinstance(raw, dict):
         return raw
+    for dotted, old in OLD_DEFAULTS.items():
+        section, key = dotted.split(".")
+        part = raw.get(section)
+        if isinstance(part, dict) and key not in part:
+            raw = {**raw, section: {**part, key: old}}
     for (dotted, old), new in REPLACED_VALUES.items():
         section, key = dotted.split(".")
         part = raw.get(section)

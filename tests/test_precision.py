@@ -156,7 +156,11 @@ def test_train_dtype_names_its_successor(tmp_path) -> None:
     with pytest.raises(NmtError, match="'train.dtype' was replaced by 'train.precision'"):
         load_config(path)
     saved = {"train": {"dtype": "float64", "batch_size": 4}}
-    assert upgrade_saved(saved)["train"] == {"batch_size": 4, "precision": "float64"}
+    assert upgrade_saved(saved)["train"] == {
+        "batch_size": 4,
+        "precision": "float64",
+        "loss_chunk": 1,
+    }
 
 
 @pytest.mark.parametrize("eps", [0.0, 0.12])  # 0.12: q at the target 0.869, 0.867 in bf16
