@@ -367,10 +367,16 @@ def main() -> None:
     if args.profile:
         profiled = list(zip(batches, tokens, strict=True))[-args.profile :]
         print(f"\neach op's share of the step's time ({args.profile} batches, torch profiler):")
-        row_of = product_roles(args.rnn, vocab[1]) if args.profile_roles else None
+
+        def row_of(runner: Runner) -> RowOf | None:
+            if not args.profile_roles:
+                return None
+            generator = getattr(runner.executor, "generator", None)
+            return product_roles(args.rnn, vocab[1], getattr(generator, "block", 0))
+
         print(
             shares_table(
-                {name: profile_steps(r, profiled, row_of) for name, r in runners.items()},
+                {name: profile_steps(r, profiled, row_of(r)) for name, r in runners.items()},
                 top=16,
             )
         )
@@ -395,17 +401,26 @@ def profile_steps(
     return op_shares(one, len(batches), row_of)
 
 
-def product_roles(rnn_size: int, tgt_vocab: int) -> RowOf:
+def product_roles(rnn_size: int, tgt_vocab: int, block: int = 0) -> RowOf:
     """Sums the products by what they compute, told apart by their shapes: the output layer's
-    have the target vocabulary, an LSTM layer's the gates' 4 H; the 3-D ones are the
-    attention's. Every other op keeps its own row."""
+    have the target vocabulary (or, where its logits run in blocks of `block` of the weight's
+    rows, `nmt.wide_linear`, a bias of a block's length and a block of the weight: an mlp
+    attention's query product with rnn_size = block would count among them), an LSTM
+    layer's the gates' 4 H; the 3-D ones are the attention's. Every other op keeps its own
+    row."""
     gates = 4 * rnn_size
+    blocks = {block, tgt_vocab % block} if block else set()
 
     def row_of(op: str, shapes: Shapes) -> str:
         if op not in PRODUCTS:
             return op
         dims = [d for shape in shapes for d in shape]
         if tgt_vocab in dims:
+            return "products: output layer"
+        # a block of the logits (`nmt.wide_linear`): the block's bias, its rows of the weight^T
+        bias = shapes[0]
+        in_block = len(bias) == 1 and bias[0] in blocks and list(shapes[2]) == [rnn_size, bias[0]]
+        if op == "aten::addmm" and in_block:
             return "products: output layer"
         if gates in dims:
             if op == "aten::addmm_" and shapes[0][0] == gates:

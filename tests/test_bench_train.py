@@ -145,6 +145,13 @@ def test_product_roles_by_shape():
     )
     assert row_of("aten::mm", [[B, 512], [512, 256]]) == "products: other (attention W_a, W_c)"
     assert row_of("aten::mul_", [[B, G], [B, G]]) == "aten::mul_"  # not a product: its own row
+    # the logits in blocks of 512 of the weight's rows (the last one 35,820 mod 512 = 492)
+    blocked = bench_module().product_roles(256, 35820, block=512)
+    for block in (512, 492):
+        shapes = [[block], [512, 256], [256, block]]
+        assert blocked("aten::addmm", shapes) == "products: output layer"
+        assert row_of("aten::addmm", shapes) == "products: other (attention W_a, W_c)"
+    assert blocked("aten::mm", [[B, 512], [512, 256]]) == "products: other (attention W_a, W_c)"
 
 
 def test_a_precision_slower_than_float32_here_is_named(tmp_path):
