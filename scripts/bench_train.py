@@ -371,8 +371,8 @@ def main() -> None:
         def row_of(runner: Runner) -> RowOf | None:
             if not args.profile_roles:
                 return None
-            generator = getattr(runner.executor, "generator", None)
-            return product_roles(args.rnn, vocab[1], getattr(generator, "block", 0))
+            output_layer = getattr(getattr(runner.executor, "generator", None), "fused", None)
+            return product_roles(args.rnn, vocab[1], getattr(output_layer, "block", 0))
 
         print(
             shares_table(
