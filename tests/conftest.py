@@ -64,6 +64,15 @@ def _choices(name: str) -> tuple:
 # 3 (a bottom, a middle and a top layer, dropout between them) do not have.
 SWEPT_LAYERS = {("lstm", "nngraph"): (1, 2, 3, 4)}
 OTHER_LAYERS = (1, 3)
+# the seed's cell and graph, small: two bidirectional layers with dropout between them
+SMALL_SEED = ModelConfig(
+    granularity="nngraph",
+    num_layers=2,
+    rnn_size=6,
+    word_vec_size=5,
+    dropout=0.3,
+    bidirectional=True,
+)
 
 
 def model_structures() -> list:

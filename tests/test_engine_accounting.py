@@ -18,15 +18,9 @@ from nmt.engine.accounting import account, model_records, summarize
 from nmt.engine.clones import CloneExecutor
 from nmt.engine.spec import ExecutorSpec
 from nmt.model import Seq2SeqAttn
+from tests.conftest import SMALL_SEED
 
-CFG = ModelConfig(
-    granularity="nngraph",
-    num_layers=2,
-    rnn_size=6,
-    word_vec_size=5,
-    dropout=0.3,
-    bidirectional=True,
-)
+CFG = SMALL_SEED
 SRC_V, TGT_V, BATCH, MAX_SRC, MAX_TGT = 11, 13, 3, 4, 5
 
 

@@ -9,22 +9,15 @@ import dataclasses
 import pytest
 import torch
 
-from nmt.config import ModelConfig
 from nmt.data.batching import Batch
 from nmt.engine import planner
 from nmt.engine.accounting import account, summarize
 from nmt.engine.clones import CloneExecutor
 from nmt.engine.spec import ExecutorSpec
 from nmt.model import Seq2SeqAttn
+from tests.conftest import SMALL_SEED
 
-CFG = ModelConfig(
-    granularity="nngraph",
-    num_layers=2,
-    rnn_size=6,
-    word_vec_size=5,
-    dropout=0.3,
-    bidirectional=True,
-)
+CFG = SMALL_SEED
 MAX_SRC, MAX_TGT, BATCH = 5, 6, 4
 
 
