@@ -200,9 +200,9 @@ def test_a_refusal_says_when_one_position_at_a_time_fits() -> None:
 
 def test_sizes_compared_in_a_line_print_apart() -> None:
     """A peak just over its limit prints with the decimals that tell the two apart."""
-    assert places_apart((16 * MIB + 40_000, 16 * MIB)) == 2  # 16.04 against 16.00
-    assert places_apart((16 * MIB + 400, 16 * MIB)) == 3
-    assert places_apart((17 * MIB, 16 * MIB), (5, 5)) == 1  # equal sizes may print equal
+    assert places_apart(16 * MIB + 40_000, 16 * MIB) == 2  # 16.04 against 16.00
+    assert places_apart(16 * MIB + 400, 16 * MIB) == 3
+    assert places_apart(17 * MIB, 16 * MIB, 17 * MIB) == 1  # equal sizes may print equal
     assert mib(16 * MIB + 40_000, 2) == "16.04 MiB"
 
 

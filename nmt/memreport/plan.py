@@ -376,7 +376,7 @@ def _why(found: Candidate, frontiers: dict[int, Frontier], usable: int, shape: S
     if found.plan.accum_steps == shape.min_accum:
         if found.plan.policy == policies.DEFAULT and not found.plan.partial:
             return f"all fits with {mib(usable - all_peak)} to spare, with no extra FLOPs"
-        d = places_apart((all_peak, usable))
+        d = places_apart(all_peak, usable)
         over = f"all peaks at {mib(all_peak, d)}, over {mib(usable, d)}"
         if found.kind == "partial":
             return (
@@ -390,7 +390,7 @@ def _why(found: Candidate, frontiers: dict[int, Frontier], usable: int, shape: S
         what = "the partial recompute plan with the fewest extra FLOPs that fits is this one"
     else:
         what = f"{found.plan.policy} fits"
-    d = places_apart((least, usable))
+    d = places_apart(least, usable)
     return (
         f"even recompute peaks at {mib(least, d)} with {fewer} micro-batch(es), over "
         f"{mib(usable, d)}; with {found.plan.accum_steps} micro-batches of {found.micro_batch} "
@@ -433,7 +433,7 @@ def refusal(base: Setting, shape: Shape, budget: Budget, choice: Choice) -> NmtE
         )
     micro = f" in {most} micro-batches of {least.micro_batch}" if most > 1 else ""
     fits += _one_position(base, shape, most, choice.usable, opt)
-    d = places_apart((least.peak_bytes, choice.usable), (needed, budget.bytes))
+    d = places_apart(least.peak_bytes, choice.usable, needed, budget.bytes)
     room = (
         f"plans may peak at {mib(choice.usable, d)}"
         if choice.usable > 0
@@ -519,7 +519,7 @@ def plan_memory(
                 hint = "train.prealloc auto would run " + choice.candidate.name(
                     base.encoder_clones, base.decoder_clones
                 )
-            d = places_apart((memory.peak_bytes, usable))
+            d = places_apart(memory.peak_bytes, usable)
             raise NmtError(
                 f"train.memory_budget {configured}: train.prealloc {plan.policy} peaks at "
                 f"{mib(memory.peak_bytes, d)} ({memory.peak_phase}), over the {mib(usable, d)} "
@@ -533,7 +533,7 @@ def plan_memory(
         if memory.peak_bytes <= usable:
             reason = "the plan the run was started with (train.memory_budget unchanged); it fits"
             return record(keep, memory, micro, "kept", reason)
-        d = places_apart((memory.peak_bytes, usable))
+        d = places_apart(memory.peak_bytes, usable)
         log(
             f"memory plan: the plan the run was started with peaks at "
             f"{mib(memory.peak_bytes, d)}, over {mib(usable, d)} now: planning afresh"

@@ -56,12 +56,12 @@ def mib(n: int, places: int = 1) -> str:
     return f"{n / MIB:,.{places}f} MiB"
 
 
-def places_apart(*pairs: tuple[int, int]) -> int:
-    """The fewest decimals (1 to 3) of MiB at which each pair of unequal sizes prints as two
-    numbers: a peak over a budget must not read as equal to it ("peaks at 16.0 MiB, over
-    16.0 MiB")."""
-    for places in (1, 2, 3):
-        if all(a == b or mib(a, places) != mib(b, places) for a, b in pairs):
+def places_apart(*sizes: int) -> int:
+    """The fewest decimals (1 to 3) of MiB at which unequal sizes print as unequal numbers: a
+    peak over a budget must not read as equal to it ("peaks at 16.0 MiB, over 16.0 MiB")."""
+    distinct = set(sizes)
+    for places in (1, 2):
+        if len({mib(n, places) for n in distinct}) == len(distinct):
             return places
     return 3
 
