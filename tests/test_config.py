@@ -45,7 +45,10 @@ def test_valid_config_loads_with_defaults(tmp_path, data_files):
     assert cfg.model.granularity == "fused" and cfg.train.loss_chunk == 8
 
 
-@pytest.mark.parametrize("name", ["seed-4x600", "s2sa-1x100", "s2sa-2x500", "s2sa-4x1000"])
+SEED_CONFIGS = ["seed-4x600", *sorted(p.stem for p in (REPO / "configs").glob("s2sa-*.yaml"))]
+
+
+@pytest.mark.parametrize("name", SEED_CONFIGS)
 def test_the_seed_configs_keep_the_seeds_graph(name: str) -> None:
     """seq2seq-attn's configs pin its node set and its one position at a time, so their
     memory figures stay the seed's whatever the defaults."""
