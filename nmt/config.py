@@ -245,6 +245,12 @@ class TrainConfig:
     max_steps: int = _opt(0, min=0, doc="stop after this many updates (0: no limit)")
     optimizer: str = _opt("sgd", choices=("sgd", "adam"), doc="sgd (seq2seq-attn) or adam")
     learning_rate: float = _opt(1.0, min=0.0, min_exclusive=True, doc="initial learning rate")
+    warmup_steps: int = _opt(
+        0,
+        min=0,
+        doc="raise the learning rate linearly over the first N updates, update n at "
+        "n/N of the schedule's rate (any optimizer; 0: off)",
+    )
     lr_decay: float = _opt(0.5, min=0.0, max=1.0, doc="learning-rate factor when decaying")
     start_decay_at: int = _opt(
         9, min=1, doc="decay at the end of this epoch and of every one after (seq2seq-attn's)"

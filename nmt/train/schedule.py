@@ -15,19 +15,36 @@ class LearningRateSchedule:
 
     Decay starts at epoch `start_decay_at`, or (with `decay_on_plateau`) as soon as the
     validation perplexity rises above the previous epoch's, and then never stops - exactly
-    seq2seq-attn's `decay_lr`.
+    seq2seq-attn's `decay_lr`. With `warmup_steps`, update n < warmup_steps runs at n /
+    warmup_steps of that rate (`rate`): large batches and Adam start without a jump. The
+    warm-up is a function of the step count alone, which the checkpoint holds, so a resumed
+    run continues it exactly.
     """
 
     learning_rate: float
     lr_decay: float
     start_decay_at: int
     decay_on_plateau: bool = True
+    warmup_steps: int = 0
     decaying: bool = False
     history: list[float] = field(default_factory=list)
 
     @classmethod
     def from_config(cls, cfg: TrainConfig) -> LearningRateSchedule:
-        return cls(cfg.learning_rate, cfg.lr_decay, cfg.start_decay_at, cfg.decay_on_plateau)
+        return cls(
+            cfg.learning_rate,
+            cfg.lr_decay,
+            cfg.start_decay_at,
+            cfg.decay_on_plateau,
+            cfg.warmup_steps,
+        )
+
+    def rate(self, step: int) -> float:
+        """The learning rate of update `step` (counted from 1): the schedule's, scaled by
+        step / warmup_steps during the warm-up."""
+        if step < self.warmup_steps:
+            return self.learning_rate * max(step, 1) / self.warmup_steps
+        return self.learning_rate
 
     def end_of_epoch(self, epoch: int, valid_ppl: float) -> float:
         """Record the epoch's validation perplexity and return the next learning rate."""

@@ -357,7 +357,7 @@ class Trainer:
         if not math.isnan(bleu):
             record["bleu"] = bleu
         self.log.metrics(
-            kind="valid", step=s.step, epoch=s.epoch, lr=self.schedule.learning_rate, **record
+            kind="valid", step=s.step, epoch=s.epoch, lr=self.schedule.rate(s.step), **record
         )
         self.log(
             f"step {s.step} epoch {s.epoch}: validation perplexity {ppl:.3f}"
@@ -404,6 +404,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=False)
         part = dd.shard(batch, self.dist)
         attempt, step, zero = self.failures.attempt, self.state.step + 1, self._zero
+        set_learning_rate(self.optimizer, self.schedule.rate(step))  # train.warmup_steps
 
         def forward_backward() -> Tensor:
             return self.executor.forward_backward(part) if part is not None else zero
@@ -541,6 +542,7 @@ class Trainer:
                 f"training for {cfg.epochs} epochs"
                 + (f" or {cfg.max_steps} steps" if cfg.max_steps else "")
                 + f" (up to step {self._planned}), learning rate {self.schedule.learning_rate:g}"
+                + self._warmup_note()
             )
         self._bar = tqdm(
             total=self._planned,
@@ -568,6 +570,13 @@ class Trainer:
             self._bar.close()
         self.log(self._summary())
         return s
+
+    def _warmup_note(self) -> str:
+        """How much of the warm-up (train.warmup_steps) is still ahead, for the start line."""
+        warmup, step = self.schedule.warmup_steps, self.state.step
+        if step + 1 >= warmup:
+            return ""
+        return f", warmed up linearly from {self.schedule.rate(step + 1):g} until step {warmup}"
 
     def _summary(self) -> str:
         """The last line: why the run ended and which file holds which model."""
@@ -608,7 +617,7 @@ class Trainer:
             ppl=ppl,
             tokens=window.tokens,
             tok_s=tok_s,
-            lr=self.schedule.learning_rate,
+            lr=self.schedule.rate(s.step),
         )
         line = (
             f"step {s.step} epoch {s.epoch}: loss {avg:.3f} ppl {ppl:.2f} "
