@@ -154,6 +154,18 @@ class DataConfig:
         doc="sentencepiece only: the algorithm that learns the pieces, byte-pair merges or "
         "a unigram language model",
     )
+    spm_model: str = _opt(
+        "",
+        doc="sentencepiece only: an existing model file for both languages, used as it is "
+        "instead of one trained on the corpus (its pieces are the vocabulary; ids 0..3 must "
+        "be <blank> <unk> <s> </s>)",
+    )
+    spm_model_src: str = _opt(
+        "", doc="sentencepiece only: an existing model file for the source side (as spm_model)"
+    )
+    spm_model_tgt: str = _opt(
+        "", doc="sentencepiece only: an existing model file for the target side (as spm_model)"
+    )
     max_src_len: int = _opt(50, min=1, doc="drop pairs whose source has more tokens")
     max_tgt_len: int = _opt(50, min=1, doc="drop pairs whose target has more tokens")
     subword_dropout: float = _opt(
@@ -257,6 +269,13 @@ class TrainConfig:
     )
     decay_on_plateau: bool = _opt(True, doc="also decay once validation perplexity rises")
     max_grad_norm: float = _opt(5.0, min=0.0, doc="global gradient-norm clipping (0: off)")
+    init_from: str = _opt(
+        "",
+        doc="fine-tuning: a checkpoint whose weights start this run, and whose vocabularies "
+        "(or sentencepiece models) encode its corpus; the optimizer, schedule and step count "
+        "start afresh (unlike nmt train --resume), and the architecture and vocabulary keys "
+        "must be the checkpoint's",
+    )
     seed: int = _opt(
         3435, min=0, max=2**63 - 1, doc="seed of initialisation, dropout and batch order"
     )
@@ -621,6 +640,7 @@ def from_dict(raw: Any, source: str = "config", from_set: Collection[str] = ()) 
     _check_translate_keys(cfg, source, from_set)
     _check_tied_embeddings(cfg, source, from_set)
     _check_subword_dropout(cfg, source, from_set)
+    _check_given_vocabularies(cfg, source, from_set)
     return cfg
 
 
@@ -687,6 +707,35 @@ def _check_subword_dropout(cfg: Config, source: str, from_set: Collection[str] =
         raise NmtError(
             f"{_blame(source, from_set, 'data.subword_dropout')}: needs data.subword_model "
             f"bpe (it skips merges a unigram model does not have), got {cfg.data.subword_model}"
+        )
+
+
+SPM_MODEL_KEYS = ("spm_model", "spm_model_src", "spm_model_tgt")
+
+
+def _check_given_vocabularies(cfg: Config, source: str, from_set: Collection[str] = ()) -> None:
+    """Sentencepiece models given as files: for sentencepiece, one joint model or one per
+    side, and not beside train.init_from, which brings the checkpoint's own."""
+    d = cfg.data
+    given = [key for key in SPM_MODEL_KEYS if getattr(d, key)]
+    if not given:
+        return
+    where = _blame(source, from_set, f"data.{given[0]}")
+    if d.tokenizer != "sentencepiece":
+        raise NmtError(f"{where}: needs data.tokenizer sentencepiece, got {d.tokenizer}")
+    if d.spm_model and len(given) > 1:
+        raise NmtError(
+            f"{where}: one model for both sides; leave data.{given[1]} empty (or give the "
+            "two sides' models without data.spm_model)"
+        )
+    if d.joint_vocab and not d.spm_model:
+        raise NmtError(
+            f"{where}: data.joint_vocab takes one model for both sides: give it as data.spm_model"
+        )
+    if cfg.train.init_from:
+        raise NmtError(
+            f"{where}: train.init_from brings the checkpoint's own vocabularies; leave "
+            f"data.{given[0]} empty"
         )
 
 

@@ -6,10 +6,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nmt.config import DataConfig
+from nmt.config import DataConfig, shown_path
 from nmt.data.batching import Example
 from nmt.data.reading import read_parallel
 from nmt.data.tokenizers import (
+    SentencePieceTokenizer,
     Tokenizer,
     TrainingFailed,
     WordTokenizer,
@@ -42,7 +43,8 @@ def build_tokenizers(
     word: like preprocess.py, only pairs within the length limits are counted (for words
     the token count is known before the vocabulary is). sentencepiece: all pairs, since
     lengths are only known after; the models are cached in `run_dir` and reused from there
-    while they match the text, vocabulary size and options (`cached_sentencepiece`).
+    while they match the text, vocabulary size and options (`cached_sentencepiece`). A model
+    file the config names (`data.spm_model`, `data.spm_model_src` / `_tgt`) is used as it is.
     """
     if cfg.tokenizer == "word":
         if cfg.joint_vocab:
@@ -70,8 +72,13 @@ def build_tokenizers(
         except TrainingFailed as exc:  # which setting, for which side
             raise NmtError(f"data.{key} ({name} sentencepiece model): {exc}") from None
 
+    if cfg.spm_model:
+        joint = given_sentencepiece(cfg, "spm_model", log)
+        return joint, joint
     src_lines = [s for s, _ in pairs]
     tgt_lines = [t for _, t in pairs]
+    src_given = given_sentencepiece(cfg, "spm_model_src", log) if cfg.spm_model_src else None
+    tgt_given = given_sentencepiece(cfg, "spm_model_tgt", log) if cfg.spm_model_tgt else None
     if cfg.joint_vocab:
         if cfg.src_vocab_size != cfg.tgt_vocab_size:
             raise NmtError(
@@ -81,7 +88,31 @@ def build_tokenizers(
             )
         joint = trained("joint", src_lines + tgt_lines, "src_vocab_size")
         return joint, joint
-    return trained("src", src_lines, "src_vocab_size"), trained("tgt", tgt_lines, "tgt_vocab_size")
+    return (
+        src_given or trained("src", src_lines, "src_vocab_size"),
+        tgt_given or trained("tgt", tgt_lines, "tgt_vocab_size"),
+    )
+
+
+# how to train a model that `nmt` can use as it is, in sentencepiece's own option names
+SPM_SPECIALS_HINT = "train it with pad_id=0 unk_id=1 bos_id=2 eos_id=3 pad_piece=<blank>"
+
+
+def given_sentencepiece(cfg: DataConfig, key: str, log: Log) -> SentencePieceTokenizer:
+    """The sentencepiece model file the config names under `data.KEY`, loaded as it is (a
+    mistake names the key)."""
+    path = Path(getattr(cfg, key))
+    if not path.is_file():
+        raise NmtError(f"data.{key}: file not found: {shown_path(path)}")
+    try:
+        tok = SentencePieceTokenizer.load(path)
+    except OSError as exc:
+        raise NmtError(f"data.{key}: {path}: cannot read ({exc.strerror or exc})") from None
+    except NmtError as exc:
+        hint = f" ({SPM_SPECIALS_HINT})" if "ids 0..3" in str(exc) else ""
+        raise NmtError(f"data.{key}: {exc}{hint}") from None
+    log(f"sentencepiece: data.{key} {path} ({len(tok)} pieces, used as it is)")
+    return tok
 
 
 def encode_pairs(

@@ -2,11 +2,11 @@
 `GPTConfig -> GPT`): the trainer receives them built and only runs its loop.
 
 `build_run` does, in order: the device and the process group (and the memory budget); the
-run's log; the checkpoint to resume from (checked against the config); the corpus and its
-tokenizers; the memory plan; the model; the optimizer, learning-rate schedule, executor and
-device-side update; the training batches; what validation measures. Each step is a function
-of its own, so a part can be built alone (memreport builds an executor from the same spec,
-tests a corpus).
+run's log; the checkpoint to resume from (checked against the config), or the one to
+fine-tune (`train.init_from`); the corpus and its tokenizers; the memory plan; the model;
+the optimizer, learning-rate schedule, executor and device-side update; the training
+batches; what validation measures. Each step is a function of its own, so a part can be
+built alone (memreport builds an executor from the same spec, tests a corpus).
 """
 
 from __future__ import annotations
@@ -86,9 +86,15 @@ class Run:
     memory_plan: MemoryPlan | None = None  # what the clone executor runs as, and why
 
 
-def check_resume_config(cfg: Config, saved: dict, path: Path) -> None:
-    """A resumed run must build the same vocabularies and model as its checkpoint: the keys
-    marked as fixing parameter or vocabulary shapes (`nmt.config.shape_keys`) must agree."""
+RESUME_ADVICE = "resume with the checkpoint's value or start a new run"
+
+
+def check_resume_config(
+    cfg: Config, saved: dict, path: Path | str, advice: str = RESUME_ADVICE
+) -> None:
+    """A resumed (or fine-tuned) run must build the same vocabularies and model as its
+    checkpoint: the keys marked as fixing parameter or vocabulary shapes
+    (`nmt.config.shape_keys`) must agree."""
     current, defaults = cfg.to_dict(), Config().to_dict()
     for dotted in shape_keys():
         section, key = dotted.split(".")
@@ -97,9 +103,35 @@ def check_resume_config(cfg: Config, saved: dict, path: Path) -> None:
         new = current[section][key]
         if old != new:
             raise NmtError(
-                f"{path}: trained with {dotted}={old!r}, but the config says {new!r}; "
-                "resume with the checkpoint's value or start a new run"
+                f"{path}: trained with {dotted}={old!r}, but the config says {new!r}; {advice}"
             )
+
+
+@dataclass
+class InitialModel:
+    """What fine-tuning (`train.init_from`) takes from a checkpoint: the weights it
+    translates with and the tokenizers that encode the new corpus."""
+
+    path: Path
+    weights: dict[str, torch.Tensor]
+    tokenizers: tuple[Tokenizer, Tokenizer]
+    step: int
+
+
+def initial_model(cfg: Config) -> InitialModel:
+    """`train.init_from`'s checkpoint, checked against the config: the same architecture and
+    vocabulary keys, weights that fit them. A mistake is one line naming the key."""
+    path = Path(cfg.train.init_from)
+    try:
+        checkpoint = load_checkpoint(path)
+        saved, src_tok, tgt_tok = checkpoint_parts(checkpoint, path)
+        check_weights(checkpoint["model"], saved.model, len(src_tok), len(tgt_tok), path)
+        check_resume_config(
+            cfg, checkpoint["config"], path, "fine-tuning keeps the model and vocabularies"
+        )
+    except NmtError as exc:
+        raise NmtError(f"train.init_from: {exc}") from None
+    return InitialModel(path, checkpoint["model"], (src_tok, tgt_tok), int(checkpoint["step"]))
 
 
 def resume_state(
@@ -238,6 +270,13 @@ def build_run(
     run_log = RunLog(out_dir if dist.is_main else None, log, fresh=resume is None)
     torch.manual_seed(t.seed)
     checkpoint, tokenizers = resume_state(cfg, resume)
+    start = initial_model(cfg) if t.init_from and resume is None else None
+    if start is not None:
+        tokenizers = start.tokenizers
+        run_log(
+            f"fine-tuning {start.path} (step {start.step}): its weights and vocabularies, a "
+            "fresh optimizer, learning-rate schedule and step count (train.init_from)"
+        )
     cfg = resolve_precision(cfg, device, checkpoint, run_log)
     t = cfg.train
     corpus = build_corpus(cfg, out_dir, dist, run_log, tokenizers)
@@ -261,6 +300,8 @@ def build_run(
             device=device,
             dtype=precisions.get(t.precision).master,
         )
+        if start is not None:  # the weights in the master dtype, whatever they were saved in
+            model.load_state_dict(start.weights)
         if dist.rank > 0:  # same initial weights everywhere, own dropout masks per rank
             torch.manual_seed(t.seed + dist.rank)
         params = list(model.parameters())
