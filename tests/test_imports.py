@@ -92,6 +92,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ("translate", ("nmt.translate",)),
     ("train", ("nmt.train",)),
     ("memreport", ("nmt.memreport",)),
+    ("api", ("nmt.api",)),
     ("cli", ("nmt.cli", "nmt.__main__", "nmt.launch")),
 ]  # fmt: skip
 

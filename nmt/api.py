@@ -1,0 +1,116 @@
+"""The Python API: `nmt.load(path)` and `.translate(lines)`, what `nmt translate` writes.
+
+A thin layer over `nmt.translate.run`: the same loading (`load_models`), the same options
+(`TranslateOptions`, the model's decoding defaults under the flags given), the same
+`Translator` over the same chunks of lines - so that for the same checkpoint, lines and
+options the strings returned are the lines `nmt translate` writes. Keyword arguments are the
+command's flags in Python's spelling (`--beam-size` is `beam_size=`).
+
+    import nmt
+    model = nmt.load("runs/toy/model.pt")
+    print(model.translate(["one hundred and twenty-three"]))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from nmt.config import TranslateConfig
+from nmt.devices import resolve_device
+from nmt.errors import NmtError
+from nmt.translate import decoding
+from nmt.translate.run import CHUNK_BATCHES, Loaded, TranslateOptions, Translator, chunks
+from nmt.translate.run import load_models as _load_models
+from nmt.translate.search import SearchOptions
+
+# the `nmt translate` options besides the model's decoding options (`decoding.FLAGS`) that
+# apply to translating lines into strings, with the command's defaults
+OTHER_FLAGS = {"min_length": 0, "phrase_table": None, "batch_size": 32, "max_src_length": 0}
+
+
+class TranslationModel:
+    """A checkpoint loaded for translation. `translate(lines)` returns the best translation
+    of each line; keyword arguments (the command's flags: `beam_size`, `max_length`,
+    `max_length_ratio`, `length_penalty`, `replace_unk`, `min_length`, `phrase_table`,
+    `batch_size`, `max_src_length`) given to `nmt.load` hold for every call, given to
+    `translate` for that call; a decoding option given to neither is the model's."""
+
+    def __init__(self, loaded: Loaded, device: str, precision: str | None, **flags: Any):
+        self.loaded, self.device, self.precision = loaded, device, precision
+        self.flags = _checked(flags)
+        self.options()  # refuse impossible values now, not at the first call
+
+    def options(self, **flags: Any) -> TranslateOptions:
+        """The options a call with `flags` translates with, as `nmt translate` would
+        resolve them: each decoding option from its flag, else from the checkpoint."""
+        given = {**self.flags, **_checked(flags)}
+        model_flags = {key: given.get(key) for key in decoding.FLAGS}
+        values = decoding.from_flags(TranslateConfig(), model_flags)
+        other = {key: given.get(key, default) for key, default in OTHER_FLAGS.items()}
+        table = other["phrase_table"]
+        options = TranslateOptions(
+            search=SearchOptions(
+                beam_size=values.beam_size,
+                max_length=values.max_length,
+                max_length_ratio=values.max_length_ratio,
+                min_length=other["min_length"],
+                length_penalty=values.length_penalty,
+            ),
+            replace_unk=values.replace_unk,
+            phrase_table=None if table is None else Path(table),
+            max_src_length=other["max_src_length"],
+            batch_size=other["batch_size"],
+            device=self.device,
+            precision=self.precision,
+            progress=False,
+            from_model=decoding.not_given(model_flags),
+        )
+        options.check()
+        return options.with_model(self.loaded.decoding)
+
+    @property
+    def decoding(self) -> TranslateConfig:
+        """The decoding options a call without keyword arguments uses."""
+        return self.options().decoding()
+
+    def translate(self, lines: Iterable[str] | str, **flags: Any) -> list[str]:
+        """The best translation of each line (a blank line: an empty string), as `nmt
+        translate` writes them; one string is one line."""
+        lines = [lines] if isinstance(lines, str) else list(lines)
+        for number, line in enumerate(lines, 1):
+            if not isinstance(line, str):
+                raise NmtError(f"line {number}: expected a string, got {type(line).__name__}")
+            if "\n" in line:
+                raise NmtError(f"line {number}: holds a line break; give one line per string")
+        options = self.options(**flags)
+        loaded = self.loaded
+        translator = Translator(loaded.model, loaded.src_tok, loaded.tgt_tok, options)
+        best: list[str] = []
+        for chunk in chunks((line.strip() for line in lines), options.batch_size * CHUNK_BATCHES):
+            best += [t.best for t in translator.translate(chunk, len(best))]
+        return best
+
+
+def _checked(flags: dict[str, Any]) -> dict[str, Any]:
+    """`flags`, refusing a name that is no flag of `nmt translate`'s line translation."""
+    known = set(decoding.FLAGS) | set(OTHER_FLAGS)
+    if unknown := sorted(set(flags) - known):
+        raise TypeError(f"unknown option {unknown[0]!r}; the options: {', '.join(sorted(known))}")
+    return dict(flags)
+
+
+def load(
+    path: str | Path | list[str | Path],
+    *,
+    device: str = "auto",
+    precision: str | None = None,
+    **flags: Any,
+) -> TranslationModel:
+    """Load a checkpoint (a run's model.pt or last.pt; several: their ensemble) for
+    translation on `device` (auto, cpu, cuda, cuda:N) in `precision` (None: the one it was
+    trained in), as `nmt translate --model` does."""
+    paths = [Path(p) for p in path] if isinstance(path, list) else [Path(path)]
+    loaded = _load_models(paths, resolve_device(device, "device"), precision)
+    return TranslationModel(loaded, device, precision, **flags)
