@@ -286,6 +286,12 @@ class TrainConfig:
         doc="log a progress line every N steps (train.log, metrics.jsonl; on the progress "
         "bar, or printed with --no-progress)",
     )
+    tensorboard: bool = _opt(
+        False,
+        doc="also write the scalars of metrics.jsonl (loss, perplexity, BLEU, learning rate, "
+        "tokens/s, peak memory) as TensorBoard event files into OUT/tensorboard/ (needs the "
+        "tensorboard extra: pip install 'nmt[tensorboard]')",
+    )
     valid_bleu_sample: int = _opt(
         1000,
         min=0,

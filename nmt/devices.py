@@ -120,3 +120,17 @@ def set_tf32(enabled: bool) -> None:
     else:  # torch before 2.9
         matmul.allow_tf32 = enabled
         cudnn.allow_tf32 = enabled
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    """The most memory this process has held for `device` so far, as the training log
+    reports it: on CUDA the caching allocator's peak of allocated tensors (its statistics,
+    read without a synchronisation); on the CPU the process's peak resident set (tensors,
+    Python and libraries; 0 where the platform does not say)."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    try:
+        import resource
+    except ImportError:  # not a Unix
+        return 0
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux: KiB

@@ -34,10 +34,11 @@ from nmt.model import Seq2SeqAttn, build_model, check_weights
 from nmt.out_of_memory import batch_shape, reported, training_message
 from nmt.threads import limit_threads
 from nmt.train import distributed as dd
+from nmt.train import tensorboard
 from nmt.train.executors import Executor, make_executor
 from nmt.train.memory import Budget, MemoryPlan, Planner, kept_plan, needs_plan, resolve_budget
 from nmt.train.moving_average import WeightAverage
-from nmt.train.runlog import RunLog, clear_previous_run
+from nmt.train.runlog import RESUMED, RunLog, clear_previous_run
 from nmt.train.scaling import LossScale
 from nmt.train.schedule import LearningRateSchedule, make_optimizer
 from nmt.train.stopping import EarlyStopping
@@ -254,6 +255,8 @@ def build_run(
     what decides the memory plan (`nmt.train.memory.Planner`), needed when the config asks
     for one."""
     t = cfg.train
+    if t.tensorboard:  # a missing extra is refused before anything is built
+        tensorboard.require()
     threads = limit_threads()  # before anything runs a parallel op
     dist, device = dd.init_distributed(
         setup_device(t.device, deterministic=t.deterministic, tf32=t.tf32)
@@ -313,6 +316,11 @@ def build_run(
     average = WeightAverage(params, t.ema_decay) if t.ema_decay > 0 else None
     if resume is None and dist.is_main and (removed := clear_previous_run(out_dir)):
         run_log(f"a new run in {out_dir}: removed the previous run's {', '.join(removed)}")
+    resumed_at = None if checkpoint is None else int(checkpoint["step"])
+    if t.tensorboard and dist.is_main:
+        run_log.scalars = tensorboard.ScalarWriter(out_dir, resumed_at)
+    if resumed_at is not None:  # what was logged past the checkpoint is no longer the run's
+        run_log.metrics(kind=RESUMED, step=resumed_at)
     return Run(
         cfg=cfg,
         out_dir=out_dir,

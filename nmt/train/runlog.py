@@ -24,6 +24,8 @@ class RunLog:
     def __init__(self, out_dir: Path | None, echo: Callable[[str], None], fresh: bool = False):
         self.out_dir, self.echo = out_dir, echo
         self._unstarted = {"train.log", "metrics.jsonl"} if fresh else set()
+        # where each metrics record also goes (train.tensorboard: `ScalarWriter`)
+        self.scalars: Callable[[dict[str, Any]], None] | None = None
 
     def __call__(self, message: str) -> None:
         self.echo(message)
@@ -35,6 +37,8 @@ class RunLog:
 
     def metrics(self, **record: Any) -> None:
         self._append("metrics.jsonl", json.dumps(record, sort_keys=True))
+        if self.scalars is not None:
+            self.scalars(record)
 
     def _append(self, name: str, line: str) -> None:
         if self.out_dir is None:
@@ -129,14 +133,21 @@ def remove_if_empty(made: list[Path]) -> None:
             return
 
 
+RESUMED = "resumed"  # the record a resumed run starts with: the step of its checkpoint
+
+
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
-    """The records of `run_dir/metrics.jsonl`; for a resumed run, a step logged twice keeps
-    its last record."""
+    """The records of `run_dir/metrics.jsonl`, as the run that holds its last checkpoint saw
+    them: a resumed run's first record (`RESUMED`) drops what the interrupted process wrote
+    past that checkpoint, and a step logged twice keeps its last record."""
     path = Path(run_dir) / "metrics.jsonl"
     records: dict[tuple[str, int], dict[str, Any]] = {}
     with open(path, encoding="utf-8") as handle:
         for line in handle:
             if line.strip():
                 rec = json.loads(line)
-                records[(rec["kind"], rec["step"])] = rec
+                if rec["kind"] == RESUMED:
+                    records = {k: r for k, r in records.items() if r["step"] <= rec["step"]}
+                else:
+                    records[(rec["kind"], rec["step"])] = rec
     return sorted(records.values(), key=lambda r: (r["step"], r["kind"]))

@@ -37,6 +37,7 @@ from nmt.config import Config
 from nmt.data.batching import Batch, epoch_order, on_device
 from nmt.data.sampling import sampled_batches
 from nmt.data.word_dropout import drop_source_words
+from nmt.devices import peak_memory_bytes
 from nmt.errors import NmtError
 from nmt.out_of_memory import batch_shape, training_message
 from nmt.train import distributed as dd
@@ -618,6 +619,7 @@ class Trainer:
             tokens=window.tokens,
             tok_s=tok_s,
             lr=self.schedule.rate(s.step),
+            peak_memory_bytes=peak_memory_bytes(self.device),
         )
         line = (
             f"step {s.step} epoch {s.epoch}: loss {avg:.3f} ppl {ppl:.2f} "
