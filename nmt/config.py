@@ -166,8 +166,18 @@ class DataConfig:
     spm_model_tgt: str = _opt(
         "", doc="sentencepiece only: an existing model file for the target side (as spm_model)"
     )
-    max_src_len: int = _opt(50, min=1, doc="drop pairs whose source has more tokens")
-    max_tgt_len: int = _opt(50, min=1, doc="drop pairs whose target has more tokens")
+    max_src_len: int = _opt(
+        50,
+        min=1,
+        doc="drop training pairs whose source has more tokens (sentencepiece pieces or "
+        "words), and leave such validation pairs out of the validation perplexity, with a "
+        "warning; it sizes the encoder's clones",
+    )
+    max_tgt_len: int = _opt(
+        50,
+        min=1,
+        doc="the same for the target (tokens; it sizes the decoder's clones)",
+    )
     subword_dropout: float = _opt(
         0.0,
         min=0.0,

@@ -179,7 +179,8 @@ def test_load_corpus_word_length_filter_and_summary(tmp_path):
     assert corpus.src_tokenizer.pieces[4:] == ["a", "b"]
     assert corpus.tgt_tokenizer.pieces[4:] == ["x", "y"]
     assert corpus.train == [([4, 5], [4]), ([5, 4], [5])] == corpus.valid
-    assert sum("dropped 2 of 4 pairs" in m for m in logs) == 2
+    assert sum("dropped 2 of 4 pairs" in m for m in logs) == 1  # training's
+    assert sum(m.startswith("warning: 2 of 4 validation pairs") for m in logs) == 1
     assert "2 train / 2 valid pairs" in logs[-1] and "source 6, target 6" in logs[-1]
 
 
@@ -378,3 +379,22 @@ def test_download_script_help_runs():
         timeout=60,
     )
     assert res.returncode == 0 and "--from" in res.stdout and "--out" in res.stdout
+
+
+def test_validation_pairs_over_the_limits_are_a_warning_naming_the_keys(tmp_path):
+    """Validation keeps no pair over the limits (the clones are built for them) but says how
+    many it leaves out of the perplexity, in the unit the limits count, and which keys keep
+    them; BLEU's text keeps every pair."""
+    src, tgt = pair_files(tmp_path, "a b\na b c d\na\nb a\n", "x\nx y\nx y z w\ny\n")
+    logs: list[str] = []
+    corpus = load_corpus(word_cfg(src, tgt, max_src_len=3, max_tgt_len=3), None, logs.append)
+    warnings = [m for m in logs if m.startswith("warning:")]
+    assert warnings == [
+        f"warning: 2 of 4 validation pairs ({src}) have more than 3 source / 3 target words: "
+        "validation perplexity leaves them out (validation BLEU samples all pairs); raise "
+        "data.max_src_len / data.max_tgt_len to keep them"
+    ]
+    assert len(corpus.valid) == 2 and len(corpus.valid_text) == 4
+    logs.clear()
+    corpus = load_corpus(word_cfg(src, tgt, max_src_len=4, max_tgt_len=4), None, logs.append)
+    assert not [m for m in logs if m.startswith("warning:")] and len(corpus.valid) == 4

@@ -129,7 +129,28 @@ def length_filter(
     if len(kept) < len(examples):
         log(
             f"dropped {len(examples) - len(kept)} of {len(examples)} pairs from {name} longer "
-            f"than {max_src_len} source / {max_tgt_len} target tokens"
+            f"than {max_src_len} source / {max_tgt_len} target tokens ({LIMIT_KEYS})"
+        )
+    return kept
+
+
+LIMIT_KEYS = "data.max_src_len / data.max_tgt_len"
+
+
+def validation_filter(
+    examples: list[Example], cfg: DataConfig, name: str, unit: str, log: Log = print
+) -> list[Example]:
+    """The validation pairs within the length limits, with a warning that says how many are
+    left out of the perplexity, and which keys keep them. They are dropped rather than
+    truncated: a truncated target would be scored on an end it does not have, and the
+    limits are what the clone executor is built (and `nmt memreport` accounts) for."""
+    kept = length_filter(examples, cfg.max_src_len, cfg.max_tgt_len, name, lambda _: None)
+    if dropped := len(examples) - len(kept):
+        log(
+            f"warning: {dropped} of {len(examples)} validation pairs ({name}) have more than "
+            f"{cfg.max_src_len} source / {cfg.max_tgt_len} target {unit}: validation "
+            f"perplexity leaves them out (validation BLEU samples all pairs); raise "
+            f"{LIMIT_KEYS} to keep them"
         )
     return kept
 
@@ -148,14 +169,17 @@ def load_corpus(
     else:
         src_tok, tgt_tok = tokenizers
     limits = f"data.max_src_len {cfg.max_src_len}, data.max_tgt_len {cfg.max_tgt_len}"
+    unit = "words" if src_tok.kind == "word" else "pieces"  # what the limits count
     splits = {}
     for name, src, tgt, pairs in (
         ("training", cfg.train_src, cfg.train_tgt, train_pairs),
         ("validation", cfg.valid_src, cfg.valid_tgt, valid_pairs),
     ):
-        examples = length_filter(
-            encode_pairs(pairs, src_tok, tgt_tok), cfg.max_src_len, cfg.max_tgt_len, src, log
-        )
+        encoded = encode_pairs(pairs, src_tok, tgt_tok)
+        if name == "validation":
+            examples = validation_filter(encoded, cfg, src, unit, log)
+        else:
+            examples = length_filter(encoded, cfg.max_src_len, cfg.max_tgt_len, src, log)
         if not examples:
             raise NmtError(
                 f"{src} / {tgt}: all {len(pairs)} {name} pairs are longer than the length "
