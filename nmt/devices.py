@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 
 import torch
 
@@ -133,4 +134,5 @@ def peak_memory_bytes(device: torch.device) -> int:
         import resource
     except ImportError:  # not a Unix
         return 0
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux: KiB
+    peak = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+    return peak if sys.platform == "darwin" else peak * 1024  # bytes there, KiB on Linux

@@ -18,6 +18,7 @@ without it installed is refused before it builds anything (`require`).
 from __future__ import annotations
 
 import math
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,9 @@ class ScalarWriter:
             raise NmtError(f"{self.folder}: cannot write ({exc.strerror or exc})") from None
         purge = None if resumed_at is None else resumed_at + 1
         self.writer = SummaryWriter(str(self.folder), purge_step=purge)
+        # closed (its writer thread ended) with the run that holds it; every record is
+        # flushed as it comes, so an interrupted process loses none
+        weakref.finalize(self, self.writer.close)
 
     def __call__(self, record: dict[str, Any]) -> None:
         step, kind = int(record["step"]), record["kind"]
@@ -66,9 +70,6 @@ class ScalarWriter:
             if scalar(value) and key not in ("step", "kind"):
                 self.writer.add_scalar(f"{kind}/{key}", value, step)
         self.writer.flush()
-
-    def close(self) -> None:
-        self.writer.close()
 
 
 def scalar(value: Any) -> bool:
