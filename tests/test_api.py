@@ -55,6 +55,14 @@ def test_keyword_arguments_are_the_commands_flags(toy_model, source, tmp_path):
     assert nmt.load(toy_model, device="cpu").decoding.beam_size == 5  # the model's default
 
 
+def test_an_ensemble_as_the_command_decodes_it(toy_model, source, tmp_path):
+    lines = source.read_text(encoding="utf-8").splitlines()[:12]
+    short = tmp_path / "short.txt"
+    short.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    expected = cli_lines(toy_model, short, tmp_path / "out.txt", "-m", str(toy_model))
+    assert nmt.load([toy_model, toy_model], device="cpu").translate(lines) == expected
+
+
 def test_mistakes_are_one_line(toy_model, tmp_path):
     with pytest.raises(TypeError, match="unknown option 'beam'"):
         nmt.load(toy_model, device="cpu", beam=3)
