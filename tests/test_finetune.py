@@ -15,6 +15,7 @@ from nmt.config import from_dict
 from nmt.data.corpus import load_corpus
 from nmt.data.tokenizers import SentencePieceTokenizer
 from nmt.errors import NmtError
+from nmt.train.average import average_files
 from nmt.train.trainer import Trainer, train
 from tests.conftest import TOY
 
@@ -68,6 +69,17 @@ def test_fine_tuning_keeps_the_vocabularies_and_starts_the_optimizer_afresh(toy_
     raw = finetune_config(toy_model, tmp_path)
     own = load_corpus(from_dict(raw).data, None, log=lambda _: None)
     assert own.src_tokenizer.state_dict() != saved["src_tokenizer"]
+
+
+def test_fine_tuning_an_averaged_checkpoint(toy_model, tmp_path):
+    """`nmt average`'s output holds no training state and no step: it starts a run too."""
+    twin = shutil.copy(toy_model, tmp_path / "twin.pt")
+    average_files([toy_model, Path(twin)], tmp_path / "avg.pt")
+    raw = finetune_config(tmp_path / "avg.pt", tmp_path, max_steps=1)
+    lines: list[str] = []
+    train(from_dict(raw), tmp_path / "run", log=lines.append, progress=False)
+    assert any("avg.pt (the average of 2 checkpoints)" in line for line in lines)
+    assert load_checkpoint(tmp_path / "run" / "last.pt")["step"] == 1
 
 
 def test_a_resumed_fine_tuning_run_needs_no_init_checkpoint(toy_model, tmp_path):

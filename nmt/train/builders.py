@@ -116,7 +116,7 @@ class InitialModel:
     path: Path
     weights: dict[str, torch.Tensor]
     tokenizers: tuple[Tokenizer, Tokenizer]
-    step: int
+    origin: str  # "step 3000", or "the average of 4 checkpoints" (`nmt average`)
 
 
 def initial_model(cfg: Config) -> InitialModel:
@@ -132,7 +132,11 @@ def initial_model(cfg: Config) -> InitialModel:
         )
     except NmtError as exc:
         raise NmtError(f"train.init_from: {exc}") from None
-    return InitialModel(path, checkpoint["model"], (src_tok, tgt_tok), int(checkpoint["step"]))
+    if "step" in checkpoint:
+        origin = f"step {int(checkpoint['step'])}"
+    else:  # written by `nmt average`
+        origin = f"the average of {len(checkpoint.get('averaged', []))} checkpoints"
+    return InitialModel(path, checkpoint["model"], (src_tok, tgt_tok), origin)
 
 
 def resume_state(
@@ -277,7 +281,7 @@ def build_run(
     if start is not None:
         tokenizers = start.tokenizers
         run_log(
-            f"fine-tuning {start.path} (step {start.step}): its weights and vocabularies, a "
+            f"fine-tuning {start.path} ({start.origin}): its weights and vocabularies, a "
             "fresh optimizer, learning-rate schedule and step count (train.init_from)"
         )
     cfg = resolve_precision(cfg, device, checkpoint, run_log)
