@@ -203,6 +203,38 @@ def train(
         remove_if_empty(made)  # a failed run leaves no empty directory behind
 
 
+@command(name="config")
+def config_(
+    path: Annotated[
+        Path | None,
+        typer.Argument(
+            metavar="[PATH]",
+            help="A run directory (its config.yaml, else last.pt, else model.pt), a checkpoint "
+            "or a YAML config; left out: the defaults.",
+        ),
+    ] = None,
+    set_: SetOpt = None,
+) -> None:
+    """Print a config as YAML, each key under its one-line doc: the defaults, or the
+    resolved config of a run, a checkpoint or a config file. What it prints is a config file:
+    save it, edit it, train with it."""
+    from nmt.checkpoint import config_of
+    from nmt.config import build_config, commented_yaml
+
+    sets = list(set_ or [])
+    try:
+        if path is None:
+            cfg = build_config({}, "the defaults", sets, require_data=False)
+            header = ["the default config (nmt config); data.* must be given to train"]
+        else:
+            cfg = config_of(path, sets)
+            header = [f"the config of {path} (nmt config {path})"]
+    except NmtError as exc:
+        raise _fail(exc) from None
+    header += [f"--set {text}" for text in sets]
+    print(commented_yaml(cfg, header), end="")
+
+
 MODEL_DEFAULT = "default: the model's translate.{key}, else {default}"
 
 

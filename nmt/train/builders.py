@@ -37,7 +37,7 @@ from nmt.train import distributed as dd
 from nmt.train.executors import Executor, make_executor
 from nmt.train.memory import Budget, MemoryPlan, Planner, kept_plan, needs_plan, resolve_budget
 from nmt.train.moving_average import WeightAverage
-from nmt.train.runlog import RunLog, clear_previous_run
+from nmt.train.runlog import RunLog, clear_previous_run, write_run_config
 from nmt.train.scaling import LossScale
 from nmt.train.schedule import LearningRateSchedule, make_optimizer
 from nmt.train.stopping import EarlyStopping
@@ -272,6 +272,8 @@ def build_run(
     average = WeightAverage(params, t.ema_decay) if t.ema_decay > 0 else None
     if resume is None and dist.is_main and (removed := clear_previous_run(out_dir)):
         run_log(f"a new run in {out_dir}: removed the previous run's {', '.join(removed)}")
+    if dist.is_main:  # every part built: the config the run trains with, beside its log
+        write_run_config(out_dir, cfg)
     return Run(
         cfg=cfg,
         out_dir=out_dir,
