@@ -92,7 +92,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ("translate", ("nmt.translate",)),
     ("train", ("nmt.train",)),
     ("memreport", ("nmt.memreport",)),
-    ("cli", ("nmt.cli", "nmt.__main__", "nmt.launch")),
+    ("cli", ("nmt.cli", "nmt.cli_help", "nmt.__main__", "nmt.launch")),
 ]  # fmt: skip
 
 
