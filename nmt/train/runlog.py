@@ -10,8 +10,11 @@ NmtError naming the file."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -162,3 +165,18 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
                 rec = json.loads(line)
                 records[(rec["kind"], rec["step"])] = rec
     return sorted(records.values(), key=lambda r: (r["step"], r["kind"]))
+
+
+def acknowledge_stop(signum: int, last: Path, fresh_line: bool) -> None:
+    """Say on stderr, from the signal handler, that the stop was heard: `fresh_line` when a
+    progress bar holds the line. A handler that interrupts a write to stderr cannot write to
+    it again (a reentrant call): the line goes to its file descriptor instead."""
+    again = "; Ctrl-C again aborts" if signum == signal.SIGINT else ""
+    line = f"{signal.Signals(signum).name}: stopping after this step, saving {last}{again}"
+    text = ("\n" if fresh_line else "") + line + "\n"
+    try:
+        sys.stderr.write(text)
+        sys.stderr.flush()
+    except (RuntimeError, OSError, AttributeError, ValueError):
+        with contextlib.suppress(OSError):
+            os.write(2, text.encode())
