@@ -192,11 +192,14 @@ def train(
         ),
     ] = False,
     progress: Annotated[
-        bool,
+        bool | None,
         typer.Option(
-            "--progress/--no-progress", rich_help_panel=cli_help.OUTPUT, help="Show a progress bar."
+            "--progress/--no-progress",
+            rich_help_panel=cli_help.OUTPUT,
+            help="Show a progress bar on stderr; without either flag, only when stderr is a "
+            "terminal (the steps' lines are printed otherwise).",
         ),
-    ] = True,
+    ] = None,
 ) -> None:
     """Train a model; checkpoints go to OUT/last.pt (the latest) and OUT/model.pt (the best
     validation by train.early_stopping_metric)."""
@@ -206,6 +209,7 @@ def train(
     from nmt.train.runlog import log_failure, prepare_run_dir, remove_if_empty
     from nmt.train.trainer import TrainingInterrupted
     from nmt.train.trainer import train as run_training
+    from nmt.translate.run import shows_bar
 
     made: list[Path] = []
     sets = list(set_ or [])
@@ -226,7 +230,12 @@ def train(
             print(f"config {config or f'saved in {resume}'}:\n{cfg.dump()}", flush=True)
         command = _train_command(config, sets, preallocate)
         run_training(
-            cfg, out_dir, resume=resume, progress=progress, command=command, planner=plan_memory
+            cfg,
+            out_dir,
+            resume=resume,
+            progress=shows_bar(progress),
+            command=command,
+            planner=plan_memory,
         )
         made = []
     except NmtError as exc:
@@ -305,8 +314,8 @@ def translate(
         typer.Option(
             rich_help_panel=cli_help.INPUT,
             help="Source file, one sentence per line (an empty file is an error); '-' reads "
-            "stdin and writes each batch's translations as soon as they are done (empty "
-            "stdin: no output, exit 0).",
+            "stdin and writes each batch's translations as soon as they are done (from a "
+            "terminal: each line; empty stdin: no output, exit 0).",
         ),
     ],
     output: Annotated[
@@ -431,13 +440,14 @@ def translate(
         ),
     ] = None,
     progress: Annotated[
-        bool,
+        bool | None,
         typer.Option(
             "--progress/--no-progress",
             rich_help_panel=cli_help.OUTPUT,
-            help="Show a progress bar on stderr.",
+            help="Show a progress bar on stderr, and before it the decoding options, threads "
+            "and precision used; without either flag, the bar only when stderr is a terminal.",
         ),
-    ] = True,
+    ] = None,
 ) -> None:
     """Translate with beam search and a trained checkpoint (or an ensemble of several). The
     decoding options left out come from the (first) checkpoint's translate: section; one

@@ -83,7 +83,7 @@ def test_options_are_grouped_and_defaults_shown(args):
     if args == ["translate"]:
         assert {"Input:", "Decoding:", "Output:"} <= set(headings)
         assert re.search(r"--batch-size N\s+Sentences per batch\. \[default: 32\]", text)
-        assert re.search(r"\[default:\s+--progress\]", text)
+        assert re.search(r"--device TEXT\s+auto, cpu, cuda or cuda:N\. \[default: auto\]", text)
 
 
 def test_a_wide_terminal_is_used_up_to_100_columns():
