@@ -577,7 +577,8 @@ def memreport(
             metavar="ROW",
             rich_help_panel=cli_help.OUTPUT,
             help=f"Row of the largest-buffers table: {'|'.join(policies.names())}|autograd"
-            "|autograd-full.",
+            "|autograd-full; or seed: that of 'all', and the seed's PR #45 arithmetic, which a "
+            "config on the seed's graph (model.granularity nngraph) shows anyway.",
         ),
     ] = policies.DEFAULT,
     top: Annotated[
