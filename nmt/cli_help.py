@@ -107,10 +107,13 @@ def default_text(param: Any) -> str | None:
     return f"[default: {default}]"
 
 
+NO_BREAK = "\xa0"  # a space the wrapping keeps: `[default: 32]` stays on one line
+
+
 def entry_text(param: Any) -> str:
     help_text = " ".join(paragraphs(getattr(param, "help", None) or ""))
     default = default_text(param)
-    return f"{help_text} {default}".strip() if default else help_text
+    return f"{help_text} {default.replace(' ', NO_BREAK)}".strip() if default else help_text
 
 
 def entries(names: str, text: str, width: int, column: int) -> list[str]:
@@ -118,8 +121,10 @@ def entries(names: str, text: str, width: int, column: int) -> list[str]:
     them when the names reach into it."""
     indent = " " * column
     if len(names) + 4 <= column:
-        return wrap(text, width, indent, first=f"  {names}".ljust(column))
-    return [f"  {names}", *wrap(text, width, indent)] if text else [f"  {names}"]
+        lines = wrap(text, width, indent, first=f"  {names}".ljust(column))
+    else:
+        lines = [f"  {names}", *wrap(text, width, indent)] if text else [f"  {names}"]
+    return [line.replace(NO_BREAK, " ") for line in lines]
 
 
 def panel_of(param: Any) -> str:

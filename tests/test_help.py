@@ -48,8 +48,9 @@ def hard_breaks(text: str, width: int) -> list[str]:
             continue
         if body.startswith("-") and start <= 2:  # the next option
             continue
-        if len(line.rstrip()) + 1 + len(body.split()[0]) <= width:
-            found.append(f"{line.rstrip()!r} / {body.split()[0]!r}")
+        word = re.match(r"\[[^\]]*\]|\S+", body).group()  # `[default: 32]` is one
+        if len(line.rstrip()) + 1 + len(word) <= width:
+            found.append(f"{line.rstrip()!r} / {word!r}")
     return found
 
 
@@ -68,6 +69,7 @@ def test_the_check_finds_a_hard_break_and_a_cut():
 def test_help_reads_at_80_columns(args):
     text = help_text(args)
     assert "…" not in text
+    assert not re.search(r"\[default:\s*$", text, re.MULTILINE)  # a default on one line
     assert not PYTHON_TYPE.search(text), PYTHON_TYPE.search(text)
     assert max(map(len, text.splitlines())) <= 80
     assert hard_breaks(text, 80) == []
