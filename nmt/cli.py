@@ -530,7 +530,9 @@ def average(
 
 @command(
     help=f"Training memory per preallocation policy ({', '.join(policies.names())}) and "
-    "plain autograd: the training step, validation and their peak."
+    "plain autograd: the training step, validation and their peak. First the bottom line for "
+    "the config given (its plan, its peak and in which phase, what none and recompute would "
+    "cost, whether it fits the device or --budget), then the tables."
 )
 def memreport(
     config: Annotated[
