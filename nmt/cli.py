@@ -17,6 +17,7 @@ import typer
 
 from nmt import cli_help, policies
 from nmt.errors import NmtError
+from nmt.terminal import shows_bar
 
 
 class Command(typer.core.TyperCommand):
@@ -209,7 +210,6 @@ def train(
     from nmt.train.runlog import log_failure, prepare_run_dir, remove_if_empty
     from nmt.train.trainer import TrainingInterrupted
     from nmt.train.trainer import train as run_training
-    from nmt.translate.run import shows_bar
 
     made: list[Path] = []
     sets = list(set_ or [])

@@ -10,7 +10,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from nmt.cli import app
-from nmt.translate.run import shows_bar
+from nmt.terminal import shows_bar
 from tests.conftest import TOY, write_toy_config
 
 

@@ -41,6 +41,7 @@ from nmt.devices import resolve_device
 from nmt.errors import NmtError
 from nmt.model import Seq2SeqAttn, build_model, check_weights
 from nmt.out_of_memory import ran_out, reported
+from nmt.terminal import is_terminal, shows_bar
 from nmt.threads import limit_threads
 from nmt.translate import decoding, unk
 from nmt.translate.ensemble import Decodable, Ensemble, check_vocabularies
@@ -246,20 +247,6 @@ def chunks(lines: Iterable[str], size: int) -> Iterator[list[str]]:
     it = iter(lines)
     while chunk := list(itertools.islice(it, size)):
         yield chunk
-
-
-def is_terminal(stream: object) -> bool:
-    """Whether `stream` is a terminal (a closed or odd stream is not)."""
-    try:
-        return bool(stream.isatty())  # type: ignore[attr-defined]
-    except (AttributeError, ValueError, OSError):
-        return False
-
-
-def shows_bar(progress: bool | None) -> bool:
-    """Whether a progress bar is drawn: as forced (`--progress` / `--no-progress`), else
-    only on a terminal, where its carriage-return frames redraw one line."""
-    return progress if progress is not None else is_terminal(sys.stderr)
 
 
 def read_source(src: Path | str, batch_size: int, stdin: BinaryIO | TextIO | None = None) -> Source:
