@@ -67,7 +67,8 @@ def download(out: Path, base_url: str = BASE_URL, timeout: float = 60.0) -> list
         def fetch(f, url=url, name=name) -> None:
             with _urlopen(url, timeout) as resp:
                 total = int(resp.headers.get("Content-Length") or 0) or None
-                with tqdm(total=total, unit="B", unit_scale=True, desc=name) as bar:
+                # disable=None: a bar on a terminal only, no frames in a redirected stderr
+                with tqdm(total=total, unit="B", unit_scale=True, desc=name, disable=None) as bar:
                     while chunk := resp.read(CHUNK):
                         f.write(chunk)
                         bar.update(len(chunk))

@@ -370,6 +370,16 @@ def test_download_and_copy_from_local_folder(tmp_path):
     assert dl.main(["--from", str(mirror), "--out", str(tmp_path / "cp2")]) == 1
 
 
+def test_download_draws_no_bar_into_a_redirected_stderr(tmp_path, capsys):
+    dl = load_script("download_ende_demo")
+    mirror = tmp_path / "mirror"
+    mirror.mkdir()
+    for name in dl.FILES:
+        write(mirror / name, "a line\n")
+    assert dl.main(["--out", str(tmp_path / "dl"), "--base-url", mirror.as_uri() + "/"]) == 0
+    assert "\r" not in capsys.readouterr().err  # stderr captured: not a terminal
+
+
 def test_download_offline_names_the_address_and_from(tmp_path, monkeypatch, capsys):
     """No network: one line naming the file's address and `--from DIR`, not a bare urlopen
     error; an address that does not answer (a folder not there) says the same."""
