@@ -19,7 +19,7 @@ import torch
 import yaml
 
 from nmt.atomic import replacing
-from nmt.config import Config, build_config, from_dict, upgrade_saved
+from nmt.config import Config, build_config, from_dict, load_config, upgrade_saved
 from nmt.data.tokenizers import Tokenizer, tokenizer_from_state
 from nmt.errors import NmtError
 
@@ -175,3 +175,26 @@ def prune_step_checkpoints(directory: str | Path, keep: int) -> None:
     found = step_checkpoints(directory)
     for path in found[: max(0, len(found) - keep)]:
         path.unlink(missing_ok=True)
+
+
+RUN_CONFIG = "config.yaml"  # the resolved config every run writes into its directory
+
+
+def config_of(path: str | Path, overrides: list[str] | None = None) -> Config:
+    """The resolved config `path` holds, with `--set` overrides: a run directory's
+    config.yaml (else its last.pt, else its model.pt), a checkpoint's saved config, or a YAML
+    config file with every default filled in. Its data files need not exist: this says what
+    a run was, not whether it can run here."""
+    path = Path(path)
+    if not path.exists():
+        raise NmtError(f"{path}: not found (expected a run directory, a checkpoint or a config)")
+    if path.is_dir():
+        found = [path / name for name in (RUN_CONFIG, "last.pt", "model.pt")]
+        found = [p for p in found if p.is_file()]
+        if not found:
+            raise NmtError(f"{path}: is a directory without {RUN_CONFIG}, last.pt or model.pt")
+        path = found[0]
+    if path.is_file() and _is_text(_head(path)):
+        return load_config(path, overrides, require_data=False)
+    state = load_checkpoint(path)
+    return build_config(state["config"], f"{path} (config)", overrides, require_data=False)

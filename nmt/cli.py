@@ -6,6 +6,7 @@ Mistakes a user can fix (NmtError) become one line on stderr and exit code 2.
 from __future__ import annotations
 
 import os
+import platform
 import sys
 import time
 from functools import partial
@@ -14,22 +15,14 @@ from typing import Annotated, Any
 
 import typer
 
-from nmt import policies
+from nmt import cli_help, policies
 from nmt.errors import NmtError
-
-
-def _no_flag_values(params: list) -> list:
-    """On/off flags show no value type in --help: typer gives every boolean option, --help
-    included, a `<bool>` column, which reads as if the flag took a value."""
-    for param in params:
-        if getattr(param, "is_flag", False) and param.metavar is None:
-            param.metavar = ""
-    return params
+from nmt.terminal import shows_bar
 
 
 class Command(typer.core.TyperCommand):
-    def get_params(self, ctx: typer.Context) -> list:
-        return _no_flag_values(super().get_params(ctx))
+    def format_help(self, ctx: typer.Context, formatter: Any) -> None:
+        formatter.write(cli_help.render(self, ctx))
 
     def invoke(self, ctx: typer.Context) -> Any:
         """A Ctrl-C before the command's own handler is in place (its imports: torch takes
@@ -43,8 +36,8 @@ class Command(typer.core.TyperCommand):
 
 
 class Group(typer.core.TyperGroup):
-    def get_params(self, ctx: typer.Context) -> list:
-        return _no_flag_values(super().get_params(ctx))
+    def format_help(self, ctx: typer.Context, formatter: Any) -> None:
+        formatter.write(cli_help.render(self, ctx))
 
     def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
         """A mistake on the command line (an unknown option, a value of the wrong type, a
@@ -72,12 +65,47 @@ class Group(typer.core.TyperGroup):
 
 app = typer.Typer(
     cls=Group,
-    add_completion=False,
+    add_completion=False,  # not offered: typer's installer speaks in its own form of errors
+    context_settings={"help_option_names": ["-h", "--help"]},
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     help="Train and run LSTM-attention translation models the seq2seq-attn way.",
 )
 command = partial(app.command, cls=Command)
+
+
+def version_line() -> str:
+    """nmt's version and torch's (read from its metadata: importing torch takes seconds)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from nmt import __version__
+
+    try:
+        torch_version = version("torch")
+    except PackageNotFoundError:
+        torch_version = "not installed"
+    return f"nmt {__version__} (torch {torch_version}, Python {platform.python_version()})"
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        print(version_line())
+        raise typer.Exit()
+
+
+@app.callback()
+def options(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            is_eager=True,
+            callback=_print_version,
+            help="Print the versions of nmt, torch and Python, and exit.",
+        ),
+    ] = False,
+) -> None:
+    """Options of `nmt` itself, before the command."""
 
 
 def _err(message: str) -> None:
@@ -89,16 +117,15 @@ def _fail(exc: NmtError) -> typer.Exit:
     return typer.Exit(code=2)
 
 
-ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="YAML config file.")]
-SetOpt = Annotated[
-    list[str] | None,
-    typer.Option(
+def set_option(panel: str) -> Any:
+    """`--set KEY=VALUE`, as train, config and memreport take it."""
+    return typer.Option(
         "--set",
         "-s",
         metavar="KEY=VALUE",
+        rich_help_panel=panel,
         help="Override a config key: section.key=value (repeatable).",
-    ),
-]
+    )
 
 
 def _train_command(config: Path | None, sets: list[str], preallocate: bool | None) -> list[str]:
@@ -127,31 +154,53 @@ def train(
         typer.Option(
             "--config",
             "-c",
+            rich_help_panel=cli_help.RUN_CONFIG,
             help="YAML config file; with --resume it may be left out: the checkpoint's own "
             "config is used.",
         ),
     ] = None,
     out: Annotated[
         Path | None,
-        typer.Option(help="Run directory (default: the --resume file's, else runs/<config name>)."),
+        typer.Option(
+            rich_help_panel=cli_help.RUN_DIRECTORY,
+            help="Run directory (default: the --resume file's, else runs/<config name>).",
+        ),
     ] = None,
-    set_: SetOpt = None,
+    set_: Annotated[list[str] | None, set_option(cli_help.RUN_CONFIG)] = None,
     preallocate: Annotated[
         bool | None,
         typer.Option(
             "--preallocate/--no-preallocate",
+            rich_help_panel=cli_help.MEMORY,
             help=f"--preallocate: the config's train.prealloc policy, or '{policies.DEFAULT}' "
             f"when it says '{policies.OFF}'; --no-preallocate: '{policies.OFF}'. Policies: "
             f"{policies.describe()}.",
         ),
     ] = None,
-    resume: Annotated[Path | None, typer.Option(help="Continue from this last.pt.")] = None,
+    resume: Annotated[
+        Path | None,
+        typer.Option(
+            metavar="CKPT",
+            rich_help_panel=cli_help.RUN_DIRECTORY,
+            help="Continue from this last.pt.",
+        ),
+    ] = None,
     force: Annotated[
-        bool, typer.Option(help="Overwrite a run directory that holds a run.")
+        bool,
+        typer.Option(
+            rich_help_panel=cli_help.RUN_DIRECTORY,
+            help="Overwrite a run directory that holds a run.",
+        ),
     ] = False,
     progress: Annotated[
-        bool, typer.Option("--progress/--no-progress", help="Show a progress bar.")
-    ] = True,
+        bool | None,
+        typer.Option(
+            "--progress/--no-progress",
+            rich_help_panel=cli_help.OUTPUT,
+            help="Show a progress bar on stderr; without either flag, only when stderr is a "
+            "terminal (the steps' lines are printed otherwise).",
+        ),
+    ] = None,
 ) -> None:
     """Train a model; checkpoints go to OUT/last.pt (the latest) and OUT/model.pt (the best
     validation by train.early_stopping_metric)."""
@@ -181,7 +230,12 @@ def train(
             print(f"config {config or f'saved in {resume}'}:\n{cfg.dump()}", flush=True)
         command = _train_command(config, sets, preallocate)
         run_training(
-            cfg, out_dir, resume=resume, progress=progress, command=command, planner=plan_memory
+            cfg,
+            out_dir,
+            resume=resume,
+            progress=shows_bar(progress),
+            command=command,
+            planner=plan_memory,
         )
         made = []
     except NmtError as exc:
@@ -203,6 +257,38 @@ def train(
         remove_if_empty(made)  # a failed run leaves no empty directory behind
 
 
+@command(name="config")
+def config_(
+    path: Annotated[
+        Path | None,
+        typer.Argument(
+            metavar="[PATH]",
+            help="A run directory (its config.yaml, else last.pt, else model.pt), a checkpoint "
+            "or a YAML config; left out: the defaults.",
+        ),
+    ] = None,
+    set_: Annotated[list[str] | None, set_option(cli_help.RUN_CONFIG)] = None,
+) -> None:
+    """Print a config as YAML, each key under its one-line doc: the defaults, or the
+    resolved config of a run, a checkpoint or a config file. What it prints is a config file:
+    save it, edit it, train with it."""
+    from nmt.checkpoint import config_of
+    from nmt.config import build_config, commented_yaml
+
+    sets = list(set_ or [])
+    try:
+        if path is None:
+            cfg = build_config({}, "the defaults", sets, require_data=False)
+            header = ["the default config (nmt config); data.* must be given to train"]
+        else:
+            cfg = config_of(path, sets)
+            header = [f"the config of {path} (nmt config {path})"]
+    except NmtError as exc:
+        raise _fail(exc) from None
+    header += [f"--set {text}" for text in sets]
+    print(commented_yaml(cfg, header), end="")
+
+
 MODEL_DEFAULT = "default: the model's translate.{key}, else {default}"
 
 
@@ -214,6 +300,7 @@ def translate(
             "--model",
             "-m",
             metavar="CKPT",
+            rich_help_panel=cli_help.INPUT,
             help="Checkpoint: a run's model.pt (its best validation score so far) or "
             "last.pt (its latest step, the final model once training ends). Repeat it to "
             "decode with the ensemble of the models (mean of their output probabilities at "
@@ -225,64 +312,84 @@ def translate(
     src: Annotated[
         Path,
         typer.Option(
+            rich_help_panel=cli_help.INPUT,
             help="Source file, one sentence per line (an empty file is an error); '-' reads "
-            "stdin and writes each batch's translations as soon as they are done (empty "
-            "stdin: no output, exit 0)."
+            "stdin and writes each batch's translations as soon as they are done (from a "
+            "terminal: each line; empty stdin: no output, exit 0).",
         ),
     ],
     output: Annotated[
         Path | None,
-        typer.Option("--output", "-o", help="Write translations here (default or -: stdout)."),
+        typer.Option(
+            "--output",
+            "-o",
+            rich_help_panel=cli_help.OUTPUT,
+            help="Write translations here (default or -: stdout).",
+        ),
     ] = None,
     ref: Annotated[
         Path | None,
-        typer.Option(help="Reference file: print sacreBLEU BLEU and chrF to stderr."),
+        typer.Option(
+            rich_help_panel=cli_help.INPUT,
+            help="Reference file: print sacreBLEU BLEU and chrF to stderr.",
+        ),
     ] = None,
     beam_size: Annotated[
         int | None,
         typer.Option(
-            help="Beam size, 1 = greedy (" + MODEL_DEFAULT.format(key="beam_size", default=5) + ")."
+            rich_help_panel=cli_help.DECODING,
+            help="Beam size, 1 = greedy ("
+            + MODEL_DEFAULT.format(key="beam_size", default=5)
+            + ").",
         ),
     ] = None,
     max_length: Annotated[
         int | None,
         typer.Option(
+            rich_help_panel=cli_help.DECODING,
             help="Longest output in tokens ("
             + MODEL_DEFAULT.format(key="max_length", default=250)
-            + ")."
+            + ").",
         ),
     ] = None,
     max_length_ratio: Annotated[
         float | None,
         typer.Option(
+            rich_help_panel=cli_help.DECODING,
             help="Also cap outputs at ceil(RATIO x source tokens), within --max-length (0: off; "
             + MODEL_DEFAULT.format(key="max_length_ratio", default=0)
-            + ")."
+            + ").",
         ),
     ] = None,
     min_length: Annotated[
-        int, typer.Option(help="Shortest output in tokens (</s> held back).")
+        int,
+        typer.Option(
+            rich_help_panel=cli_help.DECODING, help="Shortest output in tokens (</s> held back)."
+        ),
     ] = 0,
     n_best: Annotated[
         int | None,
         typer.Option(
+            rich_help_panel=cli_help.DECODING,
             help="Write the N best distinct hypotheses of each sentence as "
-            "'INDEX ||| translation ||| score' lines, best first, INDEX from 0 (N <= beam size)."
+            "'INDEX ||| translation ||| score' lines, best first, INDEX from 0 (N <= beam size).",
         ),
     ] = None,
     length_penalty: Annotated[
         float | None,
         typer.Option(
+            rich_help_panel=cli_help.DECODING,
             help="GNMT length penalty alpha: rank finished hypotheses by "
             "log P / ((5 + length) / 6) ** alpha (0: off, as seq2seq-attn; "
             + MODEL_DEFAULT.format(key="length_penalty", default=0)
-            + ")."
+            + ").",
         ),
     ] = None,
     replace_unk: Annotated[
         bool | None,
         typer.Option(
             "--replace-unk/--no-replace-unk",
+            rich_help_panel=cli_help.DECODING,
             help="Word vocabularies: replace each output <unk> by the source word with the "
             "highest attention (or its --phrase-table translation) ("
             + MODEL_DEFAULT.format(key="replace_unk", default="off")
@@ -290,36 +397,57 @@ def translate(
         ),
     ] = None,
     phrase_table: Annotated[
-        Path | None, typer.Option(help="'source|||target' lines used by --replace-unk.")
+        Path | None,
+        typer.Option(
+            rich_help_panel=cli_help.DECODING, help="'source|||target' lines used by --replace-unk."
+        ),
     ] = None,
     score_gold: Annotated[
         bool,
         typer.Option(
             "--score-gold",
+            rich_help_panel=cli_help.OUTPUT,
             help="With --ref: print each reference's log-likelihood and their perplexity.",
         ),
     ] = False,
     attention: Annotated[
         Path | None,
-        typer.Option(help="Write each sentence's attention matrix here (JSON lines)."),
+        typer.Option(
+            rich_help_panel=cli_help.OUTPUT,
+            help="Write each sentence's attention matrix here (JSON lines).",
+        ),
     ] = None,
-    batch_size: Annotated[int, typer.Option(help="Sentences per batch.")] = 32,
+    batch_size: Annotated[
+        int, typer.Option(rich_help_panel=cli_help.INPUT, help="Sentences per batch.")
+    ] = 32,
     max_src_length: Annotated[
         int,
-        typer.Option(help="Truncate longer sources to this many tokens, with a warning (0: off)."),
+        typer.Option(
+            rich_help_panel=cli_help.INPUT,
+            help="Truncate longer sources to this many tokens, with a warning (0: off).",
+        ),
     ] = 0,
-    device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
+    device: Annotated[
+        str, typer.Option(rich_help_panel=cli_help.DEVICE, help="auto, cpu, cuda or cuda:N.")
+    ] = "auto",
     precision: Annotated[
         str | None,
         typer.Option(
+            rich_help_panel=cli_help.DEVICE,
             help="The weights' dtype: float32, bfloat16, float16 or float64 (default: the "
             "precision the model was trained in, or float32 where the device has no units "
-            "for it). Scores stay float32, the log-softmax float32 at least."
+            "for it). Scores stay float32, the log-softmax float32 at least.",
         ),
     ] = None,
     progress: Annotated[
-        bool, typer.Option("--progress/--no-progress", help="Show a progress bar on stderr.")
-    ] = True,
+        bool | None,
+        typer.Option(
+            "--progress/--no-progress",
+            rich_help_panel=cli_help.OUTPUT,
+            help="Show a progress bar on stderr, and before it the decoding options, threads "
+            "and precision used; without either flag, the bar only when stderr is a terminal.",
+        ),
+    ] = None,
 ) -> None:
     """Translate with beam search and a trained checkpoint (or an ensemble of several). The
     decoding options left out come from the (first) checkpoint's translate: section; one
@@ -378,7 +506,13 @@ def average(
         ),
     ],
     output: Annotated[
-        Path, typer.Option("--output", "-o", help="Write the averaged checkpoint here.")
+        Path,
+        typer.Option(
+            "--output",
+            "-o",
+            rich_help_panel=cli_help.OUTPUT,
+            help="Write the averaged checkpoint here.",
+        ),
     ],
 ) -> None:
     """Average the model weights of several checkpoints into one for `nmt translate`."""
@@ -396,43 +530,68 @@ def average(
 
 @command(
     help=f"Training memory per preallocation policy ({', '.join(policies.names())}) and "
-    "plain autograd: the training step, validation and their peak."
+    "plain autograd: the training step, validation and their peak. First the bottom line for "
+    "the config given (its plan, its peak and in which phase, what none and recompute would "
+    "cost, whether it fits the device or --budget), then the tables."
 )
 def memreport(
-    config: ConfigOpt,
-    set_: SetOpt = None,
+    config: Annotated[
+        Path,
+        typer.Option(
+            "--config", "-c", rich_help_panel=cli_help.RUN_CONFIG, help="YAML config file."
+        ),
+    ],
+    set_: Annotated[list[str] | None, set_option(cli_help.RUN_CONFIG)] = None,
     device: Annotated[
         str,
         typer.Option(
+            metavar="DEVICE",
+            rich_help_panel=cli_help.ACCOUNTING,
             help="meta: exact accounting only; cpu: also a real step per policy, checked; "
-            "cuda[:N]: also real peaks per policy; auto: meta unless a CPU step is small."
+            "cuda[:N]: also real peaks per policy; auto: meta unless a CPU step is small.",
         ),
     ] = "auto",
     json_path: Annotated[
-        Path | None, typer.Option("--json", help="Write every number to this JSON file.")
+        Path | None,
+        typer.Option(
+            "--json", rich_help_panel=cli_help.OUTPUT, help="Write every number to this JSON file."
+        ),
     ] = None,
     plot: Annotated[
-        Path | None, typer.Option(help="Write a PNG (needs matplotlib, the 'plot' extra).")
+        Path | None,
+        typer.Option(
+            rich_help_panel=cli_help.OUTPUT,
+            help="Write a PNG (needs matplotlib, the 'plot' extra).",
+        ),
     ] = None,
     budget: Annotated[
         str | None,
         typer.Option(
+            metavar="SIZE",
+            rich_help_panel=cli_help.ACCOUNTING,
             help="A size like 16GiB, 500MB or 2G: the largest batch / length whose peak "
-            "(training step, validation, translation if asked) fits."
+            "(training step, validation, translation if asked) fits.",
         ),
     ] = None,
     detail: Annotated[
         str,
         typer.Option(
+            metavar="ROW",
+            rich_help_panel=cli_help.OUTPUT,
             help=f"Row of the largest-buffers table: {'|'.join(policies.names())}|autograd"
-            "|autograd-full."
+            "|autograd-full; or seed: that of 'all', and the seed's PR #45 arithmetic, which a "
+            "config on the seed's graph (model.granularity nngraph) shows anyway.",
         ),
     ] = policies.DEFAULT,
-    top: Annotated[int, typer.Option(help="Rows of the largest-buffers table.")] = 15,
+    top: Annotated[
+        int,
+        typer.Option(rich_help_panel=cli_help.OUTPUT, help="Rows of the largest-buffers table."),
+    ] = 15,
     translate: Annotated[
         str | None,
         typer.Option(
             metavar="BEAM[,BATCH]",
+            rich_help_panel=cli_help.ACCOUNTING,
             help="Also account a beam search of this beam size and batch size (default 32; "
             "sources at data.max_src_len, outputs up to 250 tokens) as a phase of the run.",
         ),
@@ -441,6 +600,7 @@ def memreport(
         str | None,
         typer.Option(
             metavar="P[,P...]",
+            rich_help_panel=cli_help.ACCOUNTING,
             help="Account in this train.precision (float32, bfloat16, float16, float64); "
             "several, comma-separated: the first as the report, the others side by side.",
         ),

@@ -16,7 +16,7 @@ import os
 import re
 import types
 import typing
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -1014,3 +1014,34 @@ def reference_markdown() -> str:
             lines.append(f"| `{f.name}` | `{default}` | {doc} |")
         lines.append("")
     return "\n".join(lines)
+
+
+def _one_line_doc(section: str, f: dataclasses.Field) -> str:
+    """A key's doc as one comment line: its doc and its choices (the long descriptions of
+    `doc_more` stay in docs/config.md)."""
+    doc = f.metadata.get("doc", "")
+    if choices := choices_of(f.metadata):
+        doc += f" ({' / '.join(map(str, choices))})"
+    if section == "data" and f.name in DATA_FILE_KEYS:
+        doc += "; required to train"
+    return doc
+
+
+def _flow(value: Any) -> str:
+    """A value as YAML on one line (a list as `[a, b]`), quoted where YAML needs it."""
+    return yaml.safe_dump([value], default_flow_style=True, width=math.inf).strip()[1:-1]
+
+
+def commented_yaml(cfg: Config, header: Sequence[str] = ()) -> str:
+    """`cfg` as a YAML config file that `load_config` reads back to the same config, each
+    key under its one-line doc as a comment, `header` lines as comments on top: what `nmt
+    config` prints and every run writes to OUT/config.yaml."""
+    lines = [f"# {line}" if line else "#" for line in header]
+    for section, cls in SECTIONS.items():
+        lines += ["", f"{section}:"] if lines else [f"{section}:"]
+        values = getattr(cfg, section)
+        for f in dataclasses.fields(cls):
+            if doc := _one_line_doc(section, f):
+                lines.append(f"  # {doc}")
+            lines.append(f"  {f.name}: {_flow(getattr(values, f.name))}")
+    return "\n".join(lines) + "\n"

@@ -34,6 +34,7 @@ class Granularity:
     description: ClassVar[str]  # one line: the config reference, --help
     fused_output_layer: ClassVar[bool]  # one fused node: several positions, PAD rows skipped
     fused_inference: ClassVar[bool]  # translation and validation run the fused forms
+    seed_graph: ClassVar[bool] = False  # seq2seq-attn's own node set: its figures compare
 
     def wire_cell(self, g: Wiring, layer, prefix: str, x: Value, state: tuple) -> tuple:
         """One recurrent layer at one position; returns its next state."""
@@ -54,6 +55,7 @@ class Granularity:
 class NnGraph(Granularity):
     name = "nngraph"
     description = "one node per Torch7 module (the seed's graph)"
+    seed_graph = True
     fused_output_layer = False
     fused_inference = False
 

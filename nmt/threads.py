@@ -10,6 +10,9 @@ torch.set_num_threads to fewer), and says which it did, for a run's first lines.
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -24,9 +27,75 @@ def allowed_cores() -> int:
         return os.cpu_count() or 1
 
 
-# the 1-minute load average from which a multi-threaded run is told the machine is busy: a
-# process just started adds little to it, so most of it is other jobs
-BUSY_LOAD = 1.0
+# what other processes may keep busy, in cores, before a multi-threaded run is warned: half a
+# core taken from the cores its threads need makes every parallel op wait on its slowest thread
+BUSY_CORES = 0.5
+# how long the CPU use of other processes is sampled: long enough for /proc/stat's 1/100 s
+# ticks to count a busy core, short enough not to be felt at a command's start
+SAMPLE_SECONDS = 0.2
+
+
+@dataclass(frozen=True)
+class CpuTicks:
+    """One reading of the CPU time counters, in clock ticks: what every CPU of the machine
+    spent busy and in all (`/proc/stat`'s `cpu` line), and what this process spent (its
+    threads' user and system time, `/proc/self/stat`)."""
+
+    busy: int
+    total: int
+    cpus: int
+    own: int
+
+
+@dataclass(frozen=True)
+class OtherUse:
+    """What processes other than this one kept busy over a short sample: `cores` of the
+    machine's `cpus`, over `seconds`."""
+
+    cores: float
+    cpus: int
+    seconds: float
+
+
+def read_cpu_ticks() -> CpuTicks | None:
+    """The counters now, or None where /proc does not hold them (not Linux)."""
+    try:
+        with open("/proc/stat", encoding="ascii") as stat:
+            lines = stat.read().splitlines()
+        with open("/proc/self/stat", encoding="ascii") as own:
+            fields = own.read().rsplit(")", 1)[1].split()  # after the command's name
+    except (OSError, IndexError):
+        return None
+    machine = [int(value) for value in lines[0].split()[1:]]
+    idle = machine[3] + (machine[4] if len(machine) > 4 else 0)  # idle + waiting on I/O
+    total = sum(machine[:8])  # guest time is counted in user time already
+    cpus = sum(1 for line in lines if line.startswith("cpu") and line[3:4].isdigit())
+    return CpuTicks(
+        busy=total - idle, total=total, cpus=cpus or 1, own=int(fields[11]) + int(fields[12])
+    )
+
+
+def sample_other_use(
+    seconds: float = SAMPLE_SECONDS,
+    read: Callable[[], CpuTicks | None] = read_cpu_ticks,
+    wait: Callable[[float], None] = time.sleep,
+) -> OtherUse | None:
+    """What other processes use now: the machine's busy ticks over `seconds` less this
+    process's own. The load average cannot say this: its one-minute mean still holds a run
+    that ended seconds ago (a `nmt translate` after `nmt train` was told the machine was
+    busy while nothing else ran), and it counts this process's own threads."""
+    before = read()
+    if before is None:
+        return None
+    wait(seconds)
+    after = read()
+    if after is None:
+        return None
+    elapsed = (after.total - before.total) / after.cpus  # the ticks of one CPU
+    if elapsed <= 0:
+        return None
+    others = (after.busy - before.busy) - (after.own - before.own)
+    return OtherUse(cores=max(0.0, others / elapsed), cpus=after.cpus, seconds=seconds)
 
 
 def limit_threads() -> str:
@@ -45,24 +114,25 @@ def limit_threads() -> str:
         line = f"{current} (set in this process; {cores} cores available)"
     else:
         line = f"{current} (the cores this process may run on)"
-    hint = busy_hint(torch.get_num_threads(), cores)
+    hint = busy_hint(torch.get_num_threads())
     return line if hint is None else f"{line}; {hint}"
 
 
-def busy_hint(threads: int, cores: int) -> str | None:
-    """A warning when several threads start on a machine that other jobs keep busy: each
-    parallel op then waits for its slowest thread, and a thread sharing a core with another
-    job runs at that job's mercy (measured here: a 2-thread training beside one other job on
-    2 cores took 5-7 s a step, against 0.5 s at 1 thread). The count is not changed: how
-    many threads sum a reduction can change its last bits, so a run stays reproducible."""
-    try:
-        load = os.getloadavg()[0]
-    except (AttributeError, OSError):  # not Unix
+def busy_hint(threads: int, sample: Callable[[], OtherUse | None] | None = None) -> str | None:
+    """A warning when several threads start while other processes keep the cores they need
+    busy: each parallel op then waits for its slowest thread, and a thread sharing a core
+    with another job runs at that job's mercy (measured here: a 2-thread training beside one
+    other job on 2 cores took 5-7 s a step, against 0.5 s at 1 thread). The count is not
+    changed: how many threads sum a reduction can change its last bits, so a run stays
+    reproducible. One thread is never warned of, and costs no sample."""
+    if threads < 2:
         return None
-    if threads < 2 or load < BUSY_LOAD:
+    use = (sample or sample_other_use)()
+    if use is None or use.cores < BUSY_CORES or use.cores <= use.cpus - threads + BUSY_CORES:
         return None
     return (
-        f"the machine is busy (load {load:.2f} over the last minute on {cores} cores): "
+        f"the machine is busy (other processes used {use.cores:.1f} of its {use.cpus} cores "
+        f"over the last {use.seconds:g} s): "
         "threads that share cores with other jobs wait on each other, OMP_NUM_THREADS=1 "
         "may run several times faster"
     )

@@ -22,7 +22,10 @@ INTRO = (
     "overridden on the command line: `--set section.key=value`; a bad value given so is\n"
     "reported as `--set: key '...'`, one from the file naming the file. Relative data paths\n"
     "are taken from the working directory `nmt` runs in (not from the config file's folder),\n"
-    "and a data file that is not found is reported with that directory."
+    "and a data file that is not found is reported with that directory. `nmt config` prints\n"
+    "every key with its default as a config file, each under its doc; `nmt config RUN_DIR`\n"
+    "(or a checkpoint) prints the config a run trained with, which every run also writes to\n"
+    "its `config.yaml`."
 )
 
 

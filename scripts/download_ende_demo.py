@@ -15,6 +15,7 @@ import os
 import shutil
 import sys
 import tempfile
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -43,6 +44,19 @@ def _atomic_write(dest: Path, write) -> None:
         raise
 
 
+def _urlopen(url: str, timeout: float):
+    """`urlopen`, its failure (no network, a proxy, a wrong --base-url) one line naming the
+    address and the way around it."""
+    try:
+        return urllib.request.urlopen(url, timeout=timeout)
+    except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
+        reason = getattr(exc, "reason", None) or exc
+        raise OSError(
+            f"cannot download {url} ({reason}); without network, copy the files from a local "
+            "folder with --from DIR"
+        ) from None
+
+
 def download(out: Path, base_url: str = BASE_URL, timeout: float = 60.0) -> list[Path]:
     """Download FILES from base_url into out, with a progress bar per file."""
     out.mkdir(parents=True, exist_ok=True)
@@ -51,9 +65,10 @@ def download(out: Path, base_url: str = BASE_URL, timeout: float = 60.0) -> list
         dest = out / name
 
         def fetch(f, url=url, name=name) -> None:
-            with urllib.request.urlopen(url, timeout=timeout) as resp:
+            with _urlopen(url, timeout) as resp:
                 total = int(resp.headers.get("Content-Length") or 0) or None
-                with tqdm(total=total, unit="B", unit_scale=True, desc=name) as bar:
+                # disable=None: a bar on a terminal only, no frames in a redirected stderr
+                with tqdm(total=total, unit="B", unit_scale=True, desc=name, disable=None) as bar:
                     while chunk := resp.read(CHUNK):
                         f.write(chunk)
                         bar.update(len(chunk))

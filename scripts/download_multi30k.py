@@ -19,6 +19,7 @@ import os
 import shutil
 import sys
 import tempfile
+import urllib.error
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -69,12 +70,25 @@ def _copy(source: BinaryIO, gzipped: bool) -> Callable[[BinaryIO], None]:
     return write
 
 
+def _urlopen(url: str, timeout: float):
+    """`urlopen`, its failure (no network, a proxy, a wrong --base-url) one line naming the
+    address and the way around it."""
+    try:
+        return urllib.request.urlopen(url, timeout=timeout)
+    except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
+        reason = getattr(exc, "reason", None) or exc
+        raise OSError(
+            f"cannot download {url} ({reason}); without network, copy the files from a local "
+            "folder with --from DIR"
+        ) from None
+
+
 def download(out: Path, base_url: str = BASE_URL, timeout: float = 60.0) -> list[Path]:
     """Download every file into out, uncompressing the gzipped ones."""
     written = []
     for name, url in zip(files(), urls(base_url), strict=True):
         print(f"fetching {url}", file=sys.stderr, flush=True)
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
+        with _urlopen(url, timeout) as resp:
             _atomic_write(out / name, _copy(resp, url.endswith(".gz")))
         written.append(out / name)
     return written

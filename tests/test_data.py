@@ -371,6 +371,43 @@ def test_download_and_copy_from_local_folder(tmp_path):
     assert dl.main(["--from", str(mirror), "--out", str(tmp_path / "cp2")]) == 1
 
 
+def test_download_draws_no_bar_into_a_redirected_stderr(tmp_path, capsys):
+    dl = load_script("download_ende_demo")
+    mirror = tmp_path / "mirror"
+    mirror.mkdir()
+    for name in dl.FILES:
+        write(mirror / name, "a line\n")
+    assert dl.main(["--out", str(tmp_path / "dl"), "--base-url", mirror.as_uri() + "/"]) == 0
+    assert "\r" not in capsys.readouterr().err  # stderr captured: not a terminal
+
+
+def test_download_offline_names_the_address_and_from(tmp_path, monkeypatch, capsys):
+    """No network: one line naming the file's address and `--from DIR`, not a bare urlopen
+    error; an address that does not answer (a folder not there) says the same."""
+    import socket
+    import urllib.error
+    import urllib.request
+
+    dl = load_script("download_ende_demo")
+
+    def offline(url, timeout):
+        raise urllib.error.URLError(socket.gaierror(-3, "Temporary failure in name resolution"))
+
+    with monkeypatch.context() as patch:
+        patch.setattr(urllib.request, "urlopen", offline)
+        assert dl.main(["--out", str(tmp_path / "a")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"error: cannot download {dl.urls()[0]} ([Errno -3] Temporary failure in name "
+        "resolution); without network, copy the files from a local folder with --from DIR"
+    ]
+    nowhere = (tmp_path / "nowhere").as_uri() + "/"
+    assert dl.main(["--out", str(tmp_path / "b"), "--base-url", nowhere]) == 1
+    err = capsys.readouterr().err
+    assert f"cannot download {nowhere}src-train.txt" in err and "--from DIR" in err
+    assert not list((tmp_path / "b").iterdir())  # no partial file left
+
+
 def test_download_script_help_runs():
     res = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "download_ende_demo.py"), "--help"],

@@ -74,6 +74,15 @@ def test_missing_or_misaligned_files_fail(tmp_path, capsys):
     assert not (tmp_path / "b").exists()
 
 
+def test_an_address_that_does_not_answer_names_it_and_from(tmp_path, capsys):
+    dl = load()
+    nowhere = (tmp_path / "nowhere").as_uri() + "/"
+    assert dl.main(["--out", str(tmp_path / "a"), "--base-url", nowhere]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(f"error: cannot download {dl.urls(nowhere)[0]} (")
+    assert err[-1].endswith("without network, copy the files from a local folder with --from DIR")
+
+
 def test_help_runs():
     proc = subprocess.run(
         [sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True, timeout=60

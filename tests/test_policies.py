@@ -179,6 +179,11 @@ def test_an_extra_policy_is_accepted_planned_and_reported(extra_policy, tmp_path
     text = render(report)
     assert any(line.split()[:1] == [extra_policy] for line in text.splitlines())
     assert f"preallocation '{extra_policy}': sharing" in text
+    peak = report.memory[extra_policy].peak_bytes / 2**20  # the phase table's: no frontier plan
+    assert (
+        f"bottom line: train.prealloc {extra_policy}: a run of this config peaks at {peak:,.1f}"
+        in (" ".join(text.split()))
+    )
     assert f"| {extra_policy} (x none) | autograd |" in memory_table().header()
 
 

@@ -4,14 +4,27 @@ in the first lines of `nmt train` and `nmt translate`."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import time
+from functools import partial
 from pathlib import Path
 
 import pytest
 import torch
 from typer.testing import CliRunner
 
+import nmt.threads
 from nmt.cli import app
-from nmt.threads import THREAD_VARIABLES, allowed_cores, limit_threads
+from nmt.threads import (
+    THREAD_VARIABLES,
+    CpuTicks,
+    OtherUse,
+    allowed_cores,
+    limit_threads,
+    read_cpu_ticks,
+    sample_other_use,
+)
 from tests.conftest import write_toy_config
 
 
@@ -22,7 +35,7 @@ def threads(monkeypatch):
     for name in THREAD_VARIABLES:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
-    monkeypatch.setattr(os, "getloadavg", lambda: (0.1, 0.1, 0.1))
+    monkeypatch.setattr(nmt.threads, "sample_other_use", lambda: OtherUse(0.0, 2, 0.2))
     before = torch.get_num_threads()
     yield
     torch.set_num_threads(before)
@@ -46,19 +59,62 @@ def test_a_thread_count_the_user_chose_is_kept(threads, monkeypatch):
 
 
 def test_a_busy_machine_is_named_and_the_count_kept(threads, monkeypatch):
-    """Other jobs keep the cores busy: several threads are warned of, one thread is not."""
+    """Other processes keep the cores busy: several threads are warned of, with what was
+    measured; one thread is not (and costs no sample)."""
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
-    monkeypatch.setattr(os, "getloadavg", lambda: (1.93, 1.5, 1.2))
+    monkeypatch.setattr(nmt.threads, "sample_other_use", lambda: OtherUse(1.37, 2, 0.2))
     torch.set_num_threads(2)
     assert limit_threads() == (
-        "2 (the cores this process may run on); the machine is busy (load 1.93 over the last "
-        "minute on 2 cores): threads that share cores with other jobs wait on each other, "
-        "OMP_NUM_THREADS=1 may run several times faster"
+        "2 (the cores this process may run on); the machine is busy (other processes used "
+        "1.4 of its 2 cores over the last 0.2 s): "
+        "threads that share cores with other jobs wait on each other, OMP_NUM_THREADS=1 "
+        "may run several times faster"
     )
     assert torch.get_num_threads() == 2
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
+    monkeypatch.setattr(nmt.threads, "sample_other_use", lambda: pytest.fail("sampled"))
     assert limit_threads() == "1 (OMP_NUM_THREADS=1)"
+
+
+def test_a_load_average_of_the_past_is_no_alarm(threads, monkeypatch):
+    """The one-minute load average still holds a training run that just ended; the machine
+    is idle now: no warning (the load average was the old judge, and it warned here)."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(os, "getloadavg", lambda: (1.93, 1.5, 1.2))
+    # 20 ticks of each of 2 CPUs pass, all of them idle
+    readings = iter([CpuTicks(busy=500, total=1000, cpus=2, own=3), CpuTicks(500, 1040, 2, 3)])
+    quiet = partial(sample_other_use, read=lambda: next(readings), wait=lambda s: None)
+    monkeypatch.setattr(nmt.threads, "sample_other_use", quiet)
+    torch.set_num_threads(2)
+    assert limit_threads() == "2 (the cores this process may run on)"
+
+
+def test_this_process_own_ticks_are_not_counted():
+    """The busy ticks of this process (its threads at work while it samples) are its own, not
+    another job's: 30 of 40 busy ticks over 20 ticks a CPU were its own -> 0.5 cores."""
+    readings = iter([CpuTicks(100, 1000, 2, 10), CpuTicks(140, 1040, 2, 40)])
+    use = sample_other_use(read=lambda: next(readings), wait=lambda s: None)
+    assert use == OtherUse(cores=0.5, cpus=2, seconds=0.2)
+    readings = iter([CpuTicks(100, 1000, 2, 10), CpuTicks(140, 1040, 2, 50)])
+    assert sample_other_use(read=lambda: next(readings), wait=lambda s: None).cores == 0.0
+
+
+def test_a_busy_sibling_is_measured():
+    """A real process spinning beside this one, read from the real /proc: at least half a
+    core (other jobs on the machine can only add to it); this process's own spinning while it
+    samples is not counted."""
+    if read_cpu_ticks() is None:
+        pytest.skip("no /proc/stat here (not Linux)")
+    code = "import time\nend = time.time() + 3\nwhile time.time() < end: pass\n"
+    sibling = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        time.sleep(0.3)  # the sibling is running
+        use = sample_other_use(seconds=1.0)
+    finally:
+        sibling.kill()
+        sibling.wait()
+    assert use is not None and use.cores >= 0.5, use
 
 
 def test_without_affinity_the_machine_cores_count(monkeypatch):

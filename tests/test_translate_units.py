@@ -224,6 +224,19 @@ def test_read_source_stdin_streams_batches_of_batch_size():
     assert list(source.batches) == [["c", "d"], ["e"]]
 
 
+def test_read_source_from_a_terminal_translates_line_by_line():
+    """Typed lines: each is a batch of its own, read no further than its line end."""
+
+    class Terminal(io.BytesIO):
+        def isatty(self) -> bool:
+            return True
+
+    stdin = Terminal(b"a\nb\nc\n")
+    source = read_source("-", batch_size=32, stdin=stdin)
+    assert next(source.batches) == ["a"] and stdin.tell() == len(b"a\n")
+    assert list(source.batches) == [["b"], ["c"]]
+
+
 def test_read_source_empty_stdin_has_no_batches():
     assert list(read_source("-", batch_size=2, stdin=io.BytesIO(b"")).batches) == []
 

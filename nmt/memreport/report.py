@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from nmt import policies, precisions
+from nmt import granularities, policies, precisions
 from nmt.config import Config
 from nmt.devices import resolve_device, setup_device
 from nmt.engine import planner
@@ -48,11 +48,12 @@ from nmt.memreport.plan import (
     run_setting,
 )
 from nmt.memreport.translation import Translation
-from nmt.train.memory import Budget, reserve
+from nmt.train.memory import Budget, Plan, reserve, resolve_budget, size
 
 # the JSON's version: raised whenever a key changes meaning or goes (docs/memory.md)
 SCHEMA_VERSION = 3
 SEED_POLICY = "attention"  # seq2seq-attn PR #45: the two attention products shared
+SEED_DETAIL = "seed"  # --detail seed: the seed's arithmetic in the text, whatever the graph
 RAM_FRACTION = 0.25  # auto device: meta when the largest total exceeds this share of RAM
 CPU_GFLOP_LIMIT = 20.0  # ... or when one real CPU step would cost more than this
 MIB = 2**20
@@ -80,6 +81,11 @@ class Report:
     shape: Shape | None = None
     auto: Choice | None = None
     auto_refusal: str | None = None
+    # the config's own plan (None: train.prealloc auto), what the device it would train on
+    # can give now (None: not known), and whether the text shows the seed's arithmetic
+    configured: Plan | None = None
+    room: Budget | None = None
+    seed_section: bool = False
 
     @property
     def baseline(self) -> PolicyMemory:
@@ -179,8 +185,10 @@ def build_report(
     curves. `translation`: also account a beam search (a phase of its own); `compare`: other
     precisions, every row accounted in each (on meta) beside the configured one's."""
     rows = report_policies()
+    seed_section = detail == SEED_DETAIL or granularities.get(cfg.model.granularity).seed_graph
+    detail = policies.DEFAULT if detail == SEED_DETAIL else detail
     if detail not in rows:
-        raise NmtError(f"--detail {detail!r}: expected one of {', '.join(rows)}")
+        raise NmtError(f"--detail {detail!r}: expected one of {', '.join(rows)}, {SEED_DETAIL}")
     if top < 1:
         raise NmtError(f"--top {top}: expected at least 1 row")
     if cfg.train.precision == precisions.AUTO:  # as the run would choose on its device
@@ -198,6 +206,9 @@ def build_report(
     if torch.device(dev).type == "cuda":  # the real steps run as training would run there
         setup_device(dev, deterministic=cfg.train.deterministic, tf32=cfg.train.tf32)
     report = Report(setting, config_path, dev, why, memory, detail_policy=detail, top=top)
+    report.seed_section = seed_section
+    report.configured = None if cfg.train.prealloc == policies.AUTO else Plan.of(cfg)
+    report.room = device_room(device)
     for name in dict.fromkeys(p for p in compare if p != setting.precision):
         other = setting.replace(precision=precisions.get(name).name)
         report.compare[name] = {
@@ -233,6 +244,20 @@ def build_report(
     more = budget is not None or lengths  # --budget, --plot: with micro-batches too
     _timed(log, "the frontier", lambda: add_frontier(report, cfg, opt, budget, more))
     return report
+
+
+def device_room(requested: str) -> Budget | None:
+    """What the device the accounted run would train on can give it now (CUDA: its free
+    memory; CPU: the memory available), None where that cannot be asked."""
+    device = _training_device(requested)
+    try:
+        room = resolve_budget("auto", device)
+    except Exception:  # a device that cannot say: the bottom line says so  # noqa: BLE001
+        return None
+    if room is None:
+        return None
+    what = "free" if device.type == "cuda" else "available to a process"
+    return dataclasses.replace(room, how=f"{size(room.bytes)} {what} on {device} now")
 
 
 FRONTIER_ACCUM = (2, 4, 8)  # the numbers of micro-batches the frontier shows (up to the most)

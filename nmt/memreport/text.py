@@ -3,9 +3,15 @@ comparison needs them."""
 
 from __future__ import annotations
 
+import textwrap
+from dataclasses import dataclass
+
 from nmt import policies
+from nmt.memreport.flops import extra_flop_fraction
 from nmt.memreport.measure import AUTOGRAD_ROWS, CATEGORIES, Setting
+from nmt.memreport.plan import RECOMPUTE, Candidate
 from nmt.memreport.report import Report, to_json
+from nmt.train.memory import Budget
 
 MIB = 2**20
 
@@ -88,6 +94,10 @@ def render(report: Report) -> str:
         _model_line(report.setting),
         f"device: {report.device} ({report.device_reason})",
         "",
+        *bottom_line(report),
+        "",
+        *textwrap.wrap(GLOSSARY, PARAGRAPH_WIDTH),
+        "",
         "one training step at maximum lengths, MiB (gradients and optimizer state as "
         "allocated; saving and ratio against the step without sharing)",
     ]
@@ -138,7 +148,7 @@ def render(report: Report) -> str:
     out += ["", _phase_section(report, data)]
     if data["precisions"] is not None:
         out += ["", _precision_section(data["precisions"])]
-    if data["seed_arithmetic"] is not None:
+    if data["seed_arithmetic"] is not None and report.seed_section:
         out += ["", _seed_section(data["seed_arithmetic"])]
 
     d = data["detail"]
@@ -175,6 +185,129 @@ def render(report: Report) -> str:
         rows = [[p, *(mib(b) for _, b in report.lengths[p])] for p in report.lengths]
         out.append(table(["policy", *(str(t) for t, _ in first)], rows))
     return "\n".join(out)
+
+
+PARAGRAPH_WIDTH = 100
+GLOSSARY = (
+    "terms: a policy decides which buffers the clones share (none: no sharing; all: every "
+    "buffer proved safe; recompute: clones re-run their forward in their backward); resident: "
+    "what stays allocated between steps (parameters, gradients, optimizer state, clone "
+    "buffers); step, validation, translation: the phases of a run, each on top of the resident "
+    "bytes; peak: the largest of them, at: its phase; vs none: against sharing nothing; "
+    "shared: the share of the clones' buffer bytes that all clones share; extra FLOPs: what "
+    "recomputing adds to a step; micro-batches: a batch cut into accum x sentences."
+)
+PHASE_WORDS = {
+    "step": "the training step",
+    "validation": "a validation pass",
+    "translation": "the beam search",
+}
+
+
+def _phase_words(phase: str, bleu_search: bool) -> str:
+    if phase == "translation" and bleu_search:
+        return "the validation BLEU search"
+    return PHASE_WORDS.get(phase, phase)
+
+
+@dataclass(frozen=True)
+class Peak:
+    """One plan's peak as the bottom line tells it."""
+
+    bytes: int
+    phase: str
+    extra_flops: float  # a fraction of a step's FLOPs
+
+
+def _frontier_peak(candidate: Candidate) -> Peak:
+    return Peak(candidate.peak_bytes, candidate.peak_phase, candidate.extra_flops)
+
+
+def _table_peak(report: Report, policy: str) -> Peak:
+    """A row's peak from the phase table (a registered policy the frontier does not plan)."""
+    m = report.memory[policy]
+    return Peak(m.peak_bytes, m.peak_phase, extra_flop_fraction(report.setting, policy))
+
+
+def bottom_line(report: Report) -> list[str]:
+    """The report in one paragraph, before its tables: the config's plan, its peak and in
+    which phase, what `none` and `recompute` would cost beside it, and whether it fits what
+    the device can give (or --budget). The peaks are the frontier's, as a training run
+    accounts them (its validation BLEU search included), or for a policy the frontier does
+    not plan, the phase table's."""
+    frontier = report.frontiers[min(report.frontiers)] if report.frontiers else None
+    if frontier is None or report.shape is None:
+        return []
+    bleu, plan = report.shape.bleu, report.configured
+    planned = plan is None or plan.partial or plan.policy in frontier.policy_peaks
+
+    def row(policy: str) -> Peak:  # from the frontier where the config's plan is, for all three
+        if planned:
+            return _frontier_peak(frontier.policy(policy))
+        return _table_peak(report, policy)
+
+    if plan is None:  # train.prealloc auto
+        if report.auto is not None and report.auto.candidate is not None:
+            chosen = report.auto.candidate
+            mine = _frontier_peak(chosen)
+            what = (
+                f"train.prealloc auto, under --budget {size_text(report.budget or 0)}, chooses "
+                f"{chosen.name(frontier.n_enc, frontier.n_dec)}"
+            )
+        else:
+            mine = row(policies.DEFAULT)
+            what = (
+                "train.prealloc auto chooses its plan as the run starts, under "
+                "train.memory_budget (--budget SIZE shows the choice here); with "
+                f"{policies.DEFAULT}"
+            )
+    elif plan.partial and not policies.get(plan.policy).recompute:
+        partial = frontier.partial(
+            min(plan.recompute_encoder, frontier.n_enc), min(plan.recompute_decoder, frontier.n_dec)
+        )
+        mine = _frontier_peak(partial)
+        what = f"train.prealloc {partial.name(frontier.n_enc, frontier.n_dec)}"
+    else:
+        mine, what = row(plan.policy), f"train.prealloc {plan.policy}"
+    bleu = bleu and planned  # the phase table has no BLEU search: its translation is --translate
+    none, recompute = row(policies.OFF), row(RECOMPUTE)
+    extra = f", {recompute.extra_flops:+.1%} FLOPs a step" if recompute.extra_flops else ""
+    text = (
+        f"bottom line: {what}: a run of this config peaks at {mib(mine.bytes)} MiB, "
+        f"in {_phase_words(mine.phase, bleu)}"
+        + (f" ({mine.extra_flops:+.1%} FLOPs a step)" if mine.extra_flops else "")
+        + f"; {policies.OFF} would peak at {mib(none.bytes)} MiB "
+        f"({none.bytes / mine.bytes:.2f}x), {RECOMPUTE} at "
+        f"{mib(recompute.bytes)} MiB ({recompute.bytes / mine.bytes:.2f}x"
+        f"{extra}). " + _fits(report, mine.bytes, recompute.bytes)
+    )
+    return textwrap.wrap(text, PARAGRAPH_WIDTH)
+
+
+def _fits(report: Report, peak: int, least: int) -> str:
+    """Whether `peak` fits --budget, else what the training device can give now."""
+    if report.budget is not None:
+        room, where = Budget("--budget", report.budget, ""), f"--budget {size_text(report.budget)}"
+    elif report.room is not None:
+        room, where = report.room, f"what the device can give now ({report.room.how})"
+    else:
+        return "What the device can give could not be asked: --budget SIZE compares with a size."
+    usable = room.usable
+    if usable <= 0:
+        return (
+            f"It does NOT fit {where}: the reserve for what the accounting does not count "
+            "takes it all."
+        )
+    held = f"{mib(room.bytes - usable)} MiB held back for what the accounting does not count"
+    if peak <= usable:
+        return f"It fits {where}: plans may peak at {mib(usable)} MiB ({held})."
+    advice = (
+        f"{RECOMPUTE} would fit, and train.prealloc auto picks the cheapest plan that does"
+        if least <= usable
+        else "nor would recompute: lower "
+        "train.batch_size or the lengths, or add micro-batches (train.accum_steps)"
+    )
+    return f"It does NOT fit {where}: plans may peak at {mib(usable)} MiB ({held}); {advice}."
 
 
 def _phase_section(report: Report, data: dict) -> str:

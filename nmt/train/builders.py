@@ -38,7 +38,7 @@ from nmt.train import tensorboard
 from nmt.train.executors import Executor, make_executor
 from nmt.train.memory import Budget, MemoryPlan, Planner, kept_plan, needs_plan, resolve_budget
 from nmt.train.moving_average import WeightAverage
-from nmt.train.runlog import RESUMED, RunLog, clear_previous_run
+from nmt.train.runlog import RESUMED, RunLog, clear_previous_run, write_run_config
 from nmt.train.scaling import LossScale
 from nmt.train.schedule import LearningRateSchedule, make_optimizer
 from nmt.train.stopping import EarlyStopping
@@ -325,6 +325,8 @@ def build_run(
         run_log.scalars = tensorboard.ScalarWriter(out_dir, resumed_at)
     if resumed_at is not None:  # what was logged past the checkpoint is no longer the run's
         run_log.metrics(kind=RESUMED, step=resumed_at)
+    if dist.is_main:  # every part built: the config the run trains with, beside its log
+        write_run_config(out_dir, cfg)
     return Run(
         cfg=cfg,
         out_dir=out_dir,

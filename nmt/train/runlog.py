@@ -1,20 +1,27 @@
 """The run directory, and what a run leaves beside its checkpoints: `train.log` (the log
-lines) and `metrics.jsonl` (one JSON object per progress point and per validation), so that a
-run can be read or plotted afterwards (`scripts/plot_training.py RUN_DIR`). Resumed runs
-append; a new run in a directory that held one (`--force`) starts both files afresh and
-removes the old run's checkpoints once it has built every part, so that nothing of the two
-runs mixes (a stale `ckpt_step*.pt` of a longer run would outlive the new run's in pruning
-and in `nmt average`). A write that fails (a full disk) is one NmtError naming the file."""
+lines), `metrics.jsonl` (one JSON object per progress point and per validation), so that a
+run can be read or plotted afterwards (`scripts/plot_training.py RUN_DIR`), and
+`config.yaml` (the resolved config, from which `nmt train --config OUT/config.yaml` starts
+the same run). Resumed runs append; a new run in a directory that held one (`--force`)
+starts both files afresh and removes the old run's checkpoints once it has built every part,
+so that nothing of the two runs mixes (a stale `ckpt_step*.pt` of a longer run would outlive
+the new run's in pruning and in `nmt average`). A write that fails (a full disk) is one
+NmtError naming the file."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from nmt.checkpoint import step_checkpoints
+from nmt.atomic import replacing
+from nmt.checkpoint import RUN_CONFIG, step_checkpoints
+from nmt.config import Config, commented_yaml
 from nmt.errors import NmtError
 
 
@@ -123,6 +130,24 @@ def log_failure(out_dir: Path, since: float, error: str) -> None:
         pass
 
 
+def write_run_config(out_dir: Path, cfg: Config) -> Path:
+    """Write `cfg` to `out_dir/config.yaml` (whole or not at all), each key under its doc:
+    the config this run trains with (its `auto` choices made concrete, as its checkpoints
+    hold it), from which the same run starts again elsewhere."""
+    path = out_dir / RUN_CONFIG
+    header = [
+        f"the config of the run in {out_dir}: defaults filled in, --set applied, auto resolved",
+        f"the same run again: nmt train --config {path} --out OTHER_DIR",
+        "relative data paths are taken from the working directory",
+    ]
+    try:
+        with replacing(path) as handle:
+            handle.write(commented_yaml(cfg, header))
+    except OSError as exc:
+        raise NmtError(f"{path}: cannot write ({exc.strerror or exc})") from None
+    return path
+
+
 def remove_if_empty(made: list[Path]) -> None:
     """Remove the folders `prepare_run_dir` made (deepest first) that are still empty, so
     that a run failing on bad input leaves nothing behind."""
@@ -151,3 +176,18 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
                 else:
                     records[(rec["kind"], rec["step"])] = rec
     return sorted(records.values(), key=lambda r: (r["step"], r["kind"]))
+
+
+def acknowledge_stop(signum: int, last: Path, fresh_line: bool) -> None:
+    """Say on stderr, from the signal handler, that the stop was heard: `fresh_line` when a
+    progress bar holds the line. A handler that interrupts a write to stderr cannot write to
+    it again (a reentrant call): the line goes to its file descriptor instead."""
+    again = "; Ctrl-C again aborts" if signum == signal.SIGINT else ""
+    line = f"{signal.Signals(signum).name}: stopping after this step, saving {last}{again}"
+    text = ("\n" if fresh_line else "") + line + "\n"
+    try:
+        sys.stderr.write(text)
+        sys.stderr.flush()
+    except (RuntimeError, OSError, AttributeError, ValueError):
+        with contextlib.suppress(OSError):
+            os.write(2, text.encode())

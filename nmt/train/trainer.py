@@ -45,6 +45,7 @@ from nmt.train.builders import Run, build_run
 from nmt.train.failures import RankFailures
 from nmt.train.memory import Planner
 from nmt.train.rng import rng_state, set_rng_state
+from nmt.train.runlog import acknowledge_stop
 from nmt.train.schedule import load_optimizer_state, set_learning_rate
 from nmt.train.validation import BleuSet, greedy_bleu, perplexity
 from nmt.translate.translator import SearchOptions
@@ -487,6 +488,8 @@ class Trainer:
             if self._signal is not None:  # a second signal: stop now
                 signal.default_int_handler(signum, frame)
             self._signal = signum
+            if self.dist.is_main:  # said at once: a slow step otherwise shows nothing
+                acknowledge_stop(signum, self.out_dir / "last.pt", fresh_line=self.progress)
 
         for sig in previous:
             signal.signal(sig, request_stop)

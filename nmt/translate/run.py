@@ -41,6 +41,7 @@ from nmt.devices import resolve_device
 from nmt.errors import NmtError
 from nmt.model import Seq2SeqAttn, build_model, check_weights
 from nmt.out_of_memory import ran_out, reported
+from nmt.terminal import is_terminal, shows_bar
 from nmt.threads import limit_threads
 from nmt.translate import decoding, unk
 from nmt.translate.ensemble import Decodable, Ensemble, check_vocabularies
@@ -76,7 +77,9 @@ class TranslateOptions:
     batch_size: int = 32
     device: str = "auto"
     precision: str | None = None  # the weights' dtype: None, the precision trained in
-    progress: bool = True
+    # the progress bar and the lines beside it (decoding, threads, precision): None, the bar
+    # on a terminal only (a redirected stderr gets no carriage-return frames), the lines shown
+    progress: bool | None = None
     # the decoding options (`decoding.FLAGS`) whose flag was not given: the checkpoint's
     # `translate:` section gives them (`with_model`); until then `search` and `replace_unk`
     # hold TranslateConfig's defaults for them
@@ -252,14 +255,17 @@ def read_source(src: Path | str, batch_size: int, stdin: BinaryIO | TextIO | Non
     A file is read now, so that a bad or empty one fails before any output is written; an
     empty file is an error (a wrong path or a failed earlier step, far more often than an
     intended no-op). `-` reads `stdin` (default: the process's) lazily, `batch_size` lines
-    at a time; empty stdin gives no batches: a filter in a pipeline with nothing to do.
+    at a time, or one line at a time from a terminal (a person typing waits for each line's
+    translation, not for a batch to fill); empty stdin gives no batches: a filter in a
+    pipeline with nothing to do.
     """
     if str(src) == STDIN:
         if stdin is None:
             if sys.stdin is None:  # started with stdin closed (`<&-`)
                 raise NmtError("--src -: standard input is closed; give the source file")
             stdin = getattr(sys.stdin, "buffer", sys.stdin)  # bytes: our decoding rules
-        return Source("stdin", chunks(stream_lines(stdin, "stdin"), batch_size), None)
+        size = 1 if is_terminal(stdin) else batch_size
+        return Source("stdin", chunks(stream_lines(stdin, "stdin"), size), None)
     lines = read_lines(src)
     if not lines:
         raise NmtError(f"{src}: no lines to translate (the file is empty)")
@@ -570,12 +576,12 @@ def translate_file(
             total=source.total,
             desc="translate",
             unit="sent",
-            disable=not options.progress or source.total is None,
+            disable=not shows_bar(options.progress) or source.total is None,
             file=sys.stderr,
             dynamic_ncols=True,
         ) as bar:
             for lines in source.batches:
-                if not best and options.progress:  # with the bar; empty stdin says nothing
+                if not best and options.progress is not False:  # empty stdin says nothing
                     _stderr(decoding.describe(options.decoding(), from_model))
                     _stderr(f"threads: {threads}")
                     _stderr(f"precision: {loaded.precision}")
