@@ -376,7 +376,12 @@ def test_length_penalty_changes_the_ranking():
 
 @pytest.mark.parametrize("alpha", [0.0, 1.0])
 def test_search_stops_when_every_sentence_is_done(copy_model, monkeypatch, alpha):
-    """Sentences leave the batch when done and the batch stops long before max_length."""
+    """A done sentence is masked, then cut from the batch at the host's next look (every
+    `CHECK_EVERY` steps: 2 here), and the batch stops at the first look after every sentence
+    is done, long before max_length."""
+    from nmt.translate import search
+
+    monkeypatch.setattr(search, "CHECK_EVERY", 2)
     rows: list[int] = []
     step = copy_model.decode_step
 
@@ -388,12 +393,14 @@ def test_search_stops_when_every_sentence_is_done(copy_model, monkeypatch, alpha
     sources = random_sources([2, 6], seed=4)
     beams = run(beam_search, copy_model, sources, beam_size=3, max_length=100, length_penalty=alpha)
     assert all(b[0].finished for b in beams)
-    assert len(rows) <= 6 + 4  # the longest source and a few steps more, not 100
+    assert len(rows) <= 6 + 4 + 1  # the longest source and a few steps more, not 100
     assert rows[0] == 2  # the first step: one row (<s>) per sentence, not K copies
-    assert rows[1] == 2 * 3 and rows[-1] == 3  # then K each; the short sentence left
+    assert rows[1] == 2 * 3 and rows[-1] == 3  # then K each; the short sentence was cut
+    assert all(rows[t] == rows[t - 1] for t in range(3, len(rows), 2))  # only at a look
     rows.clear()
     greedy = run(greedy_search, copy_model, sources, max_length=100)
-    assert len(rows) == len(greedy[1].tokens) + 1 and rows[-1] == 1
+    assert len(greedy[1].tokens) + 1 <= len(rows) <= len(greedy[1].tokens) + 2
+    assert rows[-1] == 1
 
 
 @pytest.mark.parametrize(
@@ -532,3 +539,29 @@ def test_ids_never_generated_are_masked_in_and_out_of_inference_mode(copy_model)
     for m in (masked, logp.detach()):
         assert torch.isinf(m[:, [PAD, BOS, EOS]]).all()
         assert torch.isfinite(m[:, EOS + 1 :]).all()
+
+
+# ---- host reads -----------------------------------------------------------------------------
+
+
+def test_the_step_reads_nothing_back_and_the_host_looks_every_k_steps():
+    """A 30-step decode of 16 sentences (</s> held back): 0 host reads in every step, one
+    read at each look that finds every sentence searching, and the reads of the end (the
+    look, the scores, the tokens, the attention) once; the whole search reads back at most
+    a fixed handful besides (the limits from the mask)."""
+    from nmt.opcount import count
+    from nmt.translate.search import CHECK_EVERY, Search
+
+    model = random_model(eos_bias=-1.0)
+    src, mask = pad_sources(random_sources([3 + i % 7 for i in range(16)], seed=2), "cpu")
+    options = SearchOptions(beam_size=5, max_length=30, min_length=30)
+    with torch.inference_mode():
+        search = Search(model, src, mask, options)
+        per_step = [count(lambda t=t: search.step(t)).syncs for t in range(CHECK_EVERY)]
+        look = count(lambda: search.check(CHECK_EVERY - 1))
+        whole = count(lambda: Search(model, src, mask, options).run())
+    assert per_step == [0] * CHECK_EVERY
+    assert look.syncs == 1 and search.alive == list(range(16))  # all still searching
+    looks = 30 // CHECK_EVERY + (30 % CHECK_EVERY > 0)
+    # the mask's lengths once, one read a look, and three at the last look's output
+    assert whole.syncs == 1 + looks + 3, whole.reads

@@ -1,18 +1,22 @@
-"""Greedy and beam search, batched over sentences and beams, with seq2seq-attn's semantics.
+"""Beam search, greedy search as its beam of one, batched over sentences and beams, with
+seq2seq-attn's semantics, its bookkeeping on the device.
 
-Both searches run one `decode_step` per target position for the whole batch and drop a
-sentence from the batch as soon as it is finished, so that a sentence costs the same whether it
-is translated alone or among others. The beam keeps `beam_size` live hypotheses per sentence;
-a candidate ending in </s> that ranks within the top `beam_size` of its sentence is finished
-(never one ranked lower, which is what makes beam size 1 identical to greedy search).
+`Search` runs one `decode_step` per target position for the whole batch; the step reads
+nothing back (scores, parent rows, the history, finished hypotheses and done flags stay on
+the device), and the host looks every `CHECK_EVERY` steps, cutting the sentences done
+since. A sentence's result does not depend on its batch. The beam keeps `beam_size` live
+hypotheses per sentence; a candidate ending in </s> that ranks within the top `beam_size`
+of its sentence is finished (never one ranked lower, which is what makes beam size 1
+greedy search).
 
 Scores are sums of log-probabilities (</s> included). PAD and <s> are never generated.
-Both searches take the whole `SearchOptions`; each sentence's output limit follows from its
+The search takes the whole `SearchOptions`; each sentence's output limit follows from its
 own source length (the mask), so a sentence's result does not depend on its batch.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass
@@ -24,7 +28,6 @@ from torch import Tensor
 
 from nmt.data.vocab import BOS, EOS, PAD
 from nmt.errors import NmtError
-from nmt.model import DecoderState
 from nmt.translate.ranking import row_topk
 
 if TYPE_CHECKING:
@@ -150,154 +153,282 @@ def candidates(scores: Tensor, logp: Tensor, width: int) -> tuple[Tensor, Tensor
     return cand_scores, cand_rows, row_tokens.view(n, k * W).gather(1, cand)
 
 
-def live_candidates(
-    cand_scores: Tensor, cand_rows: Tensor, cand_tokens: Tensor, K: int, is_eos: Tensor | None
-) -> tuple[Tensor, Tensor, Tensor]:
-    """The K best candidates that do not end in </s> (there are at least K among 2K), in
-    their order: the hypotheses that go on, scores, parent rows and tokens, each n x K.
-    `is_eos` is `cand_tokens == EOS`, or None when the caller knows no candidate ends (then
-    they are the first K, taken without sorting)."""
-    if is_eos is None:
-        return cand_scores[:, :K], cand_rows[:, :K], cand_tokens[:, :K]
-    width = torch.arange(cand_tokens.size(1), device=cand_tokens.device)
-    order = (is_eos.long() * cand_tokens.size(1) + width).argsort(1)[:, :K]
-    return cand_scores.gather(1, order), cand_rows.gather(1, order), cand_tokens.gather(1, order)
-
-
-def greedy_search(
-    model: Decodable,
-    src: Tensor,
-    src_mask: Tensor | None,
-    options: SearchOptions = SearchOptions(beam_size=1),
-) -> list[Hypothesis]:
-    """The most probable token at every step, for every sentence of the batch at once.
-
-    src: B x S with <s> .. </s> (right-padded with PAD where `src_mask` is False).
-    A sentence leaves the batch when it produces </s> (not before `options.min_length`
-    tokens); after its limit (`SearchOptions.limit`) it is cut. Scores are divided by the
-    length penalty as the beam's are, so this is beam search of size 1, with less bookkeeping.
-    """
-    options.check()
-    B = src.size(0)
-    lengths = _source_lengths(src, src_mask)
-    limits = _limits(options, lengths)
-    alpha = options.length_penalty
-    context, final = model.encode(src, src_mask)
-    state = model.init_decoder_state(final)
-    alive = torch.arange(B, device=src.device)  # original index of each row
-    limit = torch.tensor(limits, device=src.device)  # of each row
-    y = src.new_full((B,), BOS)
-    scores = context.new_zeros(B, dtype=SCORES)
-    tokens = src.new_empty(B, 0)
-    attns = context.new_empty(B, 0, src.size(1))
-    results: list[Hypothesis | None] = [None] * B
-
-    def emit(rows: Tensor, ended: bool) -> None:
-        for orig, score, toks, attn in zip(
-            alive[rows].tolist(),
-            scores[rows].tolist(),
-            tokens[rows].tolist(),
-            attns[rows].cpu(),
-            strict=True,
-        ):
-            n = len(toks) - 1 if ended else len(toks)  # </s> is not a token of the output
-            score /= length_penalty_factor(len(toks), alpha)  # </s> counts, as in the beam
-            results[orig] = Hypothesis(toks[:n], score, attn[:, : lengths[orig]], ended)
-
-    for t in range(max(limits, default=0)):
-        out, state, attn = model.decode_step(y, state, context, src_mask)
-        logp = next_log_probs(model, out, forbid_eos=t < options.min_length)
-        best, y = logp.max(dim=1)  # the best of scores + logp, without that B x V sum
-        scores = scores + best
-        tokens = torch.cat([tokens, y.unsqueeze(1)], dim=1)
-        attns = torch.cat([attns, attn.unsqueeze(1)], dim=1)
-        ended = y == EOS
-        cut = ~ended & (limit == t + 1)
-        leaving = ended | cut
-        if bool(leaving.any()):
-            for rows, has_ended in ((ended, True), (cut, False)):
-                if bool(rows.any()):
-                    emit(rows.nonzero().squeeze(1), ended=has_ended)
-            keep = (~leaving).nonzero().squeeze(1)
-            if keep.numel() == 0:
-                break
-            alive, limit, y, scores = alive[keep], limit[keep], y[keep], scores[keep]
-            tokens, attns = tokens[keep], attns[keep]
-            state = state.index_select(keep)
-            context = context.index_select(0, keep)
-            src_mask = None if src_mask is None else src_mask.index_select(0, keep)
-    return [h for h in results if h is not None]
+# Steps between the host's looks at the device (`Search.check`): one read of the sentences'
+# done flags, and then the hypotheses of those done, collected at once and cut from the batch.
+# Between two looks the step reads nothing back. Over `nmt translate` of data/toy/test.src
+# (500 sentences, beam 5, batch 32, the toy model after 300 steps) k = 1, 2, 4, 8, 16 give
+# 1,128 / 616 / 346 / 216 / 152 host reads and decode 1.00 / 1.03 / 1.09 / 1.22 / 1.50 times
+# the rows of k = 1 (sentences done but not yet cut keep being decoded; see
+# scripts/count_translate_reads.py --check-every): 8 keeps the reads under a quarter of
+# the search that looked every step, for a fifth more rows.
+CHECK_EVERY = 8
 
 
 @dataclass
-class Beam:
-    """The live part of a batched beam: rows are (active sentence, beam) flattened, K per
-    sentence; history tensors are reordered with the hypotheses at every step."""
+class Finished:
+    """Per sentence its `n_best` best hypotheses so far, best first, on the device: the
+    collector both ended hypotheses (</s> among the top K) and those cut at the length
+    limit go to, so that neither the step nor the stop test reads anything back.
 
-    alive: Tensor  # n  original sentence index of each active sentence
-    scores: Tensor  # n x K  accumulated log-probabilities (-inf: no hypothesis)
-    tokens: Tensor  # nK x t
-    attns: Tensor  # nK x t x S
-    state: DecoderState
-    context: Tensor  # nK x S x H
-    src_mask: Tensor | None  # nK x S
+    Only the n_best best can be output or decide the stop test (the n-th best score), so
+    each addition is one stable sort of the slots and the newcomers (found first wins a tie,
+    as in `best_distinct`). A hypothesis is its `paths` row: its tokens and, per position,
+    the beam whose decoding gave that position's attention (`Search.attention_history`).
+    """
 
-    def select(
+    scores: Tensor  # n x N  float64, as the host divided by the length penalty (-inf: empty)
+    paths: Tensor  # n x N x 2 x T  tokens, attention beams
+    sizes: Tensor  # n x N x 2  tokens (without </s>), attention rows
+    count: Tensor  # n  hypotheses added (for the length penalty's stop rule)
+
+    @classmethod
+    def empty(cls, n: int, n_best: int, T: int, like: Tensor) -> Finished:
+        return cls(
+            scores=torch.full((n, n_best), NEG_INF, dtype=torch.float64, device=like.device),
+            paths=like.new_zeros(n, n_best, 2, T),
+            sizes=like.new_zeros(n, n_best, 2),
+            count=like.new_zeros(n),
+        )
+
+    def add(self, scores: Tensor, paths: Tensor, tokens: int, attention_rows: int) -> None:
+        """Offer n x M hypotheses (score -inf: none), each of `tokens` tokens."""
+        N = self.scores.size(1)
+        merged = torch.cat([self.scores, scores], 1)
+        top, order = merged.sort(dim=1, descending=True, stable=True)
+        self.scores, order = top[:, :N], order[:, :N]
+        self.paths = torch.cat([self.paths, paths], 1).gather(
+            1, order[:, :, None, None].expand(-1, -1, *self.paths.shape[2:])
+        )
+        sizes = self.sizes.new_tensor([tokens, attention_rows]).expand(*scores.shape, 2)
+        self.sizes = torch.cat([self.sizes, sizes], 1).gather(
+            1, order[:, :, None].expand(-1, -1, 2)
+        )
+        self.count += torch.isfinite(scores).sum(1)
+
+    def select(self, sentences: Tensor) -> Finished:
+        return Finished(
+            *(getattr(self, f.name).index_select(0, sentences) for f in dataclasses.fields(self))
+        )
+
+
+class Search:
+    """Beam search of a batch, all of its bookkeeping on the device: `step(t)` runs one
+    target position and reads nothing back; `check()`, every `CHECK_EVERY` steps, is where
+    the host looks: it reads which sentences are done and cuts them from the batch.
+
+    Rows are (sentence, beam), K per sentence after the first step (which runs one row per
+    sentence: <s>). A done sentence is not removed at once but masked: its live scores are
+    -inf, so it finds nothing more, until the next check cuts it out. A live row's history
+    is its `paths` row (tokens, and the beam whose decoding gave each position's attention),
+    reordered by the step's parent rows into a buffer of fixed width `max(limits)`; the
+    attention of every row at every position is written once, where it was computed, into
+    `attention_history`, and read back through `paths` only for hypotheses that are output.
+
+    Greedy search is a beam of one.
+    """
+
+    def __init__(
         self,
-        rows: Tensor,
-        scores: Tensor,
-        new_tokens: Tensor,
-        new_attn: Tensor,
-        keep: Tensor | None = None,
-    ) -> Beam:
-        """Keep `rows` (parent rows, K per kept sentence: `scores` is n x K), extended by
-        their new token.
+        model: Decodable,
+        src: Tensor,
+        src_mask: Tensor | None,
+        options: SearchOptions,
+        lengths: list[int] | None = None,
+    ):
+        options.check()
+        self.model, self.options = model, options
+        self.K = options.beam_size
+        B, S = src.shape
+        device = src.device
+        self.lengths = _source_lengths(src, src_mask) if lengths is None else lengths
+        self.limits = _limits(options, self.lengths)
+        self.steps = max(self.limits, default=0)
+        self.limit_steps = set(self.limits)  # the steps after which some sentence is cut
+        self.alive = list(range(B))  # original index of each sentence of the batch
+        self.context, final = model.encode(src, src_mask)
+        self.state = model.init_decoder_state(final)
+        self.src_mask = src_mask
+        self.y = src.new_full((B,), BOS)
+        self.scores = torch.zeros(B, 1, dtype=SCORES, device=device)  # n x k
+        self.paths = src.new_zeros(B, 2, self.steps)  # nk x 2 x T
+        self.attention_history = self.context.new_empty(B, self.K, self.steps, S)
+        self.limit = _device_limits(options, src, src_mask)
+        # Without a length penalty a live score only falls, so it bounds what it can reach
+        # and the search is exact; with one, a longer hypothesis may still rise up to
+        # live / max_lp (seldom reached), so a sentence is also done once it has K finished
+        # ones (fairseq).
+        alpha = options.length_penalty
+        self.max_lp = ((6.0 + self.limit.double()) / 6.0).pow(alpha)
+        self.enough = self.K if alpha > 0 else None
+        self.finished = Finished.empty(B, options.n_best, self.steps, src)
+        self.done: list[list[Hypothesis]] = [[] for _ in range(B)]
 
-        Parents are rows of their own sentence, whose rows of `context` and `src_mask` are
-        alike, so those are only cut down to the kept sentences `keep` (positions in `alive`;
-        None: all of them) instead of being copied in the parents' order at every step - and
-        repeated K times after the first step, which ran one row per sentence.
-        """
-        context, src_mask, alive = self.context, self.src_mask, self.alive
-        if keep is not None:
-            sentence_rows = self._rows(keep)
-            context = context.index_select(0, sentence_rows)
-            src_mask = None if src_mask is None else src_mask.index_select(0, sentence_rows)
-            alive = alive.index_select(0, keep)
-        grow = scores.size(1) // self.scores.size(1)
-        if grow > 1:
-            context = context.repeat_interleave(grow, dim=0)
-            src_mask = None if src_mask is None else src_mask.repeat_interleave(grow, dim=0)
-        return Beam(
-            alive=alive,
-            scores=scores,
-            tokens=torch.cat([self.tokens.index_select(0, rows), new_tokens.unsqueeze(1)], 1),
-            attns=torch.cat(
-                [self.attns.index_select(0, rows), new_attn.index_select(0, rows).unsqueeze(1)], 1
-            ),
-            state=self.state.index_select(rows),
-            context=context,
-            src_mask=src_mask,
+    # ---- the step: device only ---------------------------------------------------------
+
+    def step(self, t: int) -> None:
+        """Target position t for every row: decode, rank, collect what ends or
+        reaches its limit, mask the sentences that are done. No value is read back."""
+        o, K = self.options, self.K
+        n, k = self.scores.shape
+        out, self.state, attn = self.model.decode_step(
+            self.y, self.state, self.context, self.src_mask
         )
-
-    def _rows(self, keep: Tensor) -> Tensor:
-        """The rows (K, or 1 before the first step) of each sentence in `keep` (positions in
-        `alive`), in order."""
-        K = self.scores.size(1)
-        return (keep.unsqueeze(1) * K + torch.arange(K, device=keep.device)).reshape(-1)
-
-    def sentences(self, keep: Tensor) -> Beam:
-        """The sub-beam of the active sentences `keep` (positions in `alive`)."""
-        rows = self._rows(keep)
-        return Beam(
-            alive=self.alive.index_select(0, keep),
-            scores=self.scores.index_select(0, keep),
-            tokens=self.tokens.index_select(0, rows),
-            attns=self.attns.index_select(0, rows),
-            state=self.state.index_select(rows),
-            context=self.context.index_select(0, rows),
-            src_mask=None if self.src_mask is None else self.src_mask.index_select(0, rows),
+        self.attention_history[:, :k, t] = attn.view(n, k, -1)
+        logp = next_log_probs(self.model, out, forbid_eos=t < o.min_length)
+        cand_scores, cand_rows, cand_tokens = candidates(self.scores, logp, 2 * K)
+        # each candidate's history: its parent's, with its token and its parent's beam
+        ext = self.paths.index_select(0, cand_rows.reshape(-1))
+        ext[:, 0, t] = cand_tokens.reshape(-1)
+        ext[:, 1, t] = (cand_rows % k).reshape(-1)
+        ext = ext.view(n, -1, 2, self.steps)
+        lp = length_penalty_factor(t + 1, o.length_penalty)
+        # ended: </s> among the top K candidates of its sentence (its history without </s>)
+        is_eos = cand_tokens == EOS
+        ends = is_eos[:, :K] & torch.isfinite(cand_scores[:, :K])
+        ended = torch.where(ends, cand_scores[:, :K].double() / lp, NEG_INF)
+        self.finished.add(ended, ext[:, :K], t, t + 1)
+        live_scores, order = live_order(cand_scores, is_eos, K)
+        done = self._done(live_scores[:, 0])
+        if t + 1 in self.limit_steps:  # sentences at their limit: the live ones count as they are
+            cut = (self.limit == t + 1) & ~done
+            paths = ext.gather(1, order[:, :, None, None].expand(-1, -1, 2, self.steps))
+            at_limit = torch.where(cut[:, None], live_scores.double() / lp, NEG_INF)
+            self.finished.add(at_limit, paths, t + 1, t + 1)
+            done = done | cut
+        rows = cand_rows.gather(1, order).reshape(-1)
+        self.scores = live_scores.masked_fill(done[:, None], NEG_INF)
+        self.paths = ext.gather(1, order[:, :, None, None].expand(-1, -1, 2, self.steps)).view(
+            n * K, 2, self.steps
         )
+        self.y = self.paths[:, 0, t]
+        self.state = self.state.index_select(rows)
+        if k < K:  # after the first step: K rows a sentence from now on
+            self.context = self.context.repeat_interleave(K, dim=0)
+            if self.src_mask is not None:
+                self.src_mask = self.src_mask.repeat_interleave(K, dim=0)
+
+    def _done(self, best_live: Tensor) -> Tensor:
+        """Per sentence: can no live hypothesis enter its n-best list any more (a live score
+        divided by `max_lp` bounds what it can still reach), or have `enough` finished?"""
+        f, n_best = self.finished, self.options.n_best
+        full = f.count >= n_best
+        beaten = f.scores[:, n_best - 1] >= best_live.double() / self.max_lp
+        if self.enough is not None:
+            beaten = beaten | (f.count >= self.enough)
+        return (best_live == NEG_INF) | (full & beaten)
+
+    # ---- the host's look ---------------------------------------------------------------
+
+    def searching(self) -> tuple[Tensor, Tensor]:
+        """Per sentence whether it is still searching, and the sentences in the order
+        searching first (stable), on the device."""
+        searching = torch.isfinite(self.scores[:, 0])
+        return searching, (~searching).to(torch.uint8).argsort(stable=True)
+
+    def check(self, t: int) -> bool:
+        """After step t: read which sentences are done (one read), collect their hypotheses
+        and cut them from the batch. False: every sentence is done."""
+        searching, order = self.searching()
+        flags = searching.tolist()
+        n_on = sum(flags)
+        if n_on == len(flags):
+            return True
+        on, off = order[:n_on], order[n_on:]
+        self._collect(off, [a for a, f in zip(self.alive, flags, strict=True) if not f], t)
+        if n_on == 0:
+            return False
+        K = self.K
+        rows = (on[:, None] * K + torch.arange(K, device=on.device)).reshape(-1)
+        self.alive = [a for a, f in zip(self.alive, flags, strict=True) if f]
+        self.finished = self.finished.select(on)
+        self.scores = self.scores.index_select(0, on)
+        self.limit = self.limit.index_select(0, on)
+        self.max_lp = self.max_lp.index_select(0, on)
+        self.attention_history = self.attention_history.index_select(0, on)
+        self.paths, self.y = self.paths.index_select(0, rows), self.y.index_select(0, rows)
+        self.state = self.state.index_select(rows)
+        self.context = self.context.index_select(0, rows)
+        if self.src_mask is not None:
+            self.src_mask = self.src_mask.index_select(0, rows)
+        return True
+
+    def outputs(self, sentences: Tensor, t: int) -> tuple[Tensor, Tensor, Tensor]:
+        """The n-best lists of the batch's `sentences` after step t, on the device: scores
+        m x N, token counts, attention rows and tokens m x N x (2 + T'), attention m x N x T'
+        x S (T' = t + 2 positions at most). Position j's attention is the row the
+        hypothesis' beam at j computed (`paths`), gathered from `attention_history` in place."""
+        f = self.finished.select(sentences)
+        m, N = f.scores.shape
+        T = min(t + 2, self.steps)
+        S = self.attention_history.size(-1)
+        beams = f.paths[:, :, 1, :T]  # m x N x T
+        at = torch.arange(T, device=beams.device)
+        index = (sentences[:, None, None] * self.K + beams) * self.steps + at
+        attention = self.attention_history.view(-1, S).index_select(0, index.reshape(-1))
+        ints = torch.cat([f.sizes, f.paths[:, :, 0, :T]], 2)
+        return f.scores, ints, attention.view(m, N, T, S)
+
+    def _collect(self, sentences: Tensor, alive: list[int], t: int) -> None:
+        """The n-best lists of the batch's `sentences` (their original indices: `alive`) as
+        `Hypothesis`es: three reads for all of them."""
+        scores, ints, attention = self.outputs(sentences, t)
+        N = scores.size(1)
+        scores, sizes_and_tokens, attention = scores.tolist(), ints.tolist(), attention.cpu()
+        for i, orig in enumerate(alive):
+            hyps = []
+            for j in range(N):
+                if scores[i][j] == NEG_INF:
+                    continue
+                tokens, rows, *ids = sizes_and_tokens[i][j]
+                a = attention[i, j, :rows, : self.lengths[orig]]
+                hyps.append(Hypothesis(ids[:tokens], scores[i][j], a, rows > tokens))
+            self.done[orig] = best_distinct(hyps, N)
+
+    def run(self) -> list[list[Hypothesis]]:
+        """Every step, the host looking every `CHECK_EVERY` steps and after the last; per
+        sentence its n-best list, best first."""
+        for t in range(self.steps):
+            self.step(t)
+            looks = (t + 1) % CHECK_EVERY == 0 or t + 1 == self.steps
+            if looks and not self.check(t):
+                break
+        return self.done
+
+
+def live_order(cand_scores: Tensor, is_eos: Tensor, K: int) -> tuple[Tensor, Tensor]:
+    """The K best candidates that do not end in </s> (there are at least K among 2K), in
+    their order: their scores and their places among the candidates, n x K each."""
+    width = torch.arange(is_eos.size(1), device=is_eos.device)
+    order = (is_eos.long() * is_eos.size(1) + width).argsort(1)[:, :K]
+    return cand_scores.gather(1, order), order
+
+
+def _device_limits(options: SearchOptions, src: Tensor, src_mask: Tensor | None) -> Tensor:
+    """`SearchOptions.limit` of each sentence, computed on the device from its mask (the
+    same float64 arithmetic as the host's)."""
+    if src_mask is None:
+        n = torch.full((src.size(0),), src.size(1), device=src.device, dtype=torch.long)
+    else:
+        n = src_mask.sum(dim=1)
+    if options.max_length_ratio <= 0:
+        return torch.full_like(n, options.max_length)
+    ratio = torch.ceil((n - 2).double() * options.max_length_ratio).long()
+    return ratio.clamp(1, options.max_length)
+
+
+def search(
+    model: Decodable,
+    src: Tensor,
+    src_mask: Tensor | None,
+    options: SearchOptions = SearchOptions(),
+    lengths: list[int] | None = None,
+) -> list[list[Hypothesis]]:
+    """Per sentence of the batch its `options.n_best` hypotheses, best first (`Search`).
+
+    src: B x S with <s> .. </s> (right-padded with PAD where `src_mask` is False); `lengths`,
+    its real lengths if the caller knows them (else read from the mask).
+    """
+    return Search(model, src, src_mask, options, lengths).run()
 
 
 def beam_search(
@@ -305,10 +436,9 @@ def beam_search(
     src: Tensor,
     src_mask: Tensor | None,
     options: SearchOptions = SearchOptions(),
+    lengths: list[int] | None = None,
 ) -> list[list[Hypothesis]]:
     """Beam search for a batch of sentences; per sentence its `n_best` hypotheses, best first.
-
-    src: B x S with <s> .. </s> (right-padded with PAD where `src_mask` is False).
 
     A sentence is done once it has `n_best` finished hypotheses and the n-th best of them
     outscores every live one (log-probabilities only fall, so none could overtake it; with
@@ -318,138 +448,21 @@ def beam_search(
     its limit (`SearchOptions.limit`) a sentence's live hypotheses are taken as they are.
     Identical token sequences are kept once, with their best score.
     """
-    options.check()
-    K, alpha = options.beam_size, options.length_penalty
-    n_best, min_length = options.n_best, options.min_length
-    B, S = src.shape
-    device = src.device
-    lengths = _source_lengths(src, src_mask)
-    limits = _limits(options, lengths)
-    context, final = model.encode(src, src_mask)
-    # One hypothesis per sentence at first (<s>): the first step decodes B rows, not B x K
-    # copies of them, and its 2K best extensions fill the K beams (`Beam.select`).
-    beam: Beam | None = Beam(
-        alive=torch.arange(B, device=device),
-        scores=context.new_zeros(B, 1, dtype=SCORES),
-        tokens=src.new_empty(B, 0),
-        attns=context.new_empty(B, 0, S),
-        state=model.init_decoder_state(final),
-        context=context,
-        src_mask=src_mask,
-    )
-    found: list[list[Hypothesis]] = [[] for _ in range(B)]
-    y = src.new_full((B,), BOS)
-    # Stop tests. Without a length penalty a live score only falls, so it bounds itself and
-    # the search is exact; with one, a longer hypothesis may still rise up to live/max_lp
-    # (seldom reached), so a sentence is also done once it has K finished ones (fairseq).
-    max_lp = [length_penalty_factor(n + 1, alpha) for n in limits]
-    enough = K if alpha > 0 else math.inf
-
-    for t in range(max(limits, default=0)):
-        n = beam.alive.numel()
-        alive = beam.alive.tolist()
-        out, beam.state, attn = model.decode_step(y, beam.state, beam.context, beam.src_mask)
-        logp = next_log_probs(model, out, forbid_eos=t < min_length)
-        cand_scores, cand_rows, cand_tokens = candidates(beam.scores, logp, 2 * K)
-        is_eos = cand_tokens == EOS
-        any_eos = bool(is_eos.any())
-
-        # Finished: </s> among the top K candidates of its sentence.
-        ends = is_eos[:, :K] & torch.isfinite(cand_scores[:, :K]) if any_eos else None
-        if ends is not None and bool(ends.any()):
-            rows = cand_rows[:, :K][ends]
-            ended_attn = torch.cat(
-                [beam.attns.index_select(0, rows), attn.index_select(0, rows).unsqueeze(1)], 1
-            ).cpu()
-            for (i, _), score, toks, a in zip(
-                ends.nonzero().tolist(),
-                cand_scores[:, :K][ends].tolist(),
-                beam.tokens.index_select(0, rows).tolist(),
-                ended_attn,
-                strict=True,
-            ):
-                orig = alive[i]
-                lp = length_penalty_factor(len(toks) + 1, alpha)
-                found[orig].append(Hypothesis(toks, score / lp, a[:, : lengths[orig]]))
-
-        live_scores, live_rows, live_tokens = live_candidates(
-            cand_scores, cand_rows, cand_tokens, K, is_eos if any_eos else None
-        )
-
-        done = _sentences_done(
-            found,
-            alive,
-            live_scores[:, 0].tolist(),
-            n_best,
-            [max_lp[orig] for orig in alive],
-            enough,
-        )
-        keep = [i for i, d in enumerate(done) if not d]
-        if not keep:
-            beam = None
-            break
-        keep_t = None
-        if len(keep) < n:
-            keep_t = torch.tensor(keep, device=device)
-            live_scores, live_rows = live_scores[keep_t], live_rows[keep_t]
-            live_tokens = live_tokens[keep_t]
-        rows = live_rows.reshape(-1)
-        beam = beam.select(rows, live_scores, live_tokens.reshape(-1), attn, keep_t)
-        # A sentence at its length limit: its live hypotheses count as they are.
-        cut = {i for i, orig in enumerate(beam.alive.tolist()) if limits[orig] == t + 1}
-        if len(cut) == beam.alive.numel():  # all at once: the beam as it is, no copy of it
-            _take_live(beam, found, lengths, alpha)
-            beam = None
-            break
-        if cut:
-            _take_live(
-                beam.sentences(torch.tensor(sorted(cut), device=device)), found, lengths, alpha
-            )
-            rest = [i for i in range(beam.alive.numel()) if i not in cut]
-            if not rest:
-                beam = None
-                break
-            beam = beam.sentences(torch.tensor(rest, device=device))
-        y = beam.tokens[:, -1]
-
-    return [best_distinct(hyps, n_best) for hyps in found]
+    return search(model, src, src_mask, options, lengths)
 
 
-def _sentences_done(
-    found: list[list[Hypothesis]],
-    alive: list[int],
-    best_live: list[float],
-    n_best: int,
-    max_lp: list[float],
-    enough: float,
-) -> list[bool]:
-    """Per active sentence: can no live hypothesis enter its n-best list any more (a live
-    score divided by `max_lp` bounds what it can still reach), or have `enough` finished?"""
-    done = []
-    for orig, live, lp in zip(alive, best_live, max_lp, strict=True):
-        hyps = found[orig]
-        if live == NEG_INF:
-            done.append(True)
-        elif len(hyps) < n_best:
-            done.append(False)
-        else:
-            nth = sorted((h.score for h in hyps), reverse=True)[n_best - 1]
-            done.append(nth >= live / lp or len(hyps) >= enough)
-    return done
-
-
-def _take_live(beam: Beam, found: list[list[Hypothesis]], lengths: list[int], alpha: float) -> None:
-    """At its length limit: every live hypothesis joins its sentence's candidates, unfinished."""
-    K = beam.scores.size(1)
-    attns, alive = beam.attns.cpu(), beam.alive.tolist()
-    for row, (score, toks) in enumerate(
-        zip(beam.scores.reshape(-1).tolist(), beam.tokens.tolist(), strict=True)
-    ):
-        if score == NEG_INF:
-            continue
-        orig = alive[row // K]
-        lp = length_penalty_factor(len(toks), alpha)
-        found[orig].append(Hypothesis(toks, score / lp, attns[row, :, : lengths[orig]], False))
+def greedy_search(
+    model: Decodable,
+    src: Tensor,
+    src_mask: Tensor | None,
+    options: SearchOptions = SearchOptions(beam_size=1),
+    lengths: list[int] | None = None,
+) -> list[Hypothesis]:
+    """The most probable token at every step: the beam search of size 1 (one hypothesis per
+    sentence, whatever `options.beam_size` and `n_best` say), honouring the rest."""
+    options.check()  # as given, before the beam of one replaces its beam size and n-best
+    one = dataclasses.replace(options, beam_size=1, n_best=1)
+    return [hyps[0] for hyps in search(model, src, src_mask, one, lengths)]
 
 
 def best_distinct(hyps: list[Hypothesis], n_best: int) -> list[Hypothesis]:
