@@ -156,12 +156,12 @@ def candidates(scores: Tensor, logp: Tensor, width: int) -> tuple[Tensor, Tensor
 # Steps between the host's looks at the device (`Search.check`): one read of the sentences'
 # done flags, and then the hypotheses of those done, collected at once and cut from the batch.
 # Between two looks the step reads nothing back. Over `nmt translate` of data/toy/test.src
-# (500 sentences, beam 5, batch 32, the toy model after 300 steps) k = 1, 2, 4, 8, 16 give
-# 1,128 / 616 / 346 / 216 / 152 host reads and decode 1.00 / 1.03 / 1.09 / 1.22 / 1.50 times
-# the rows of k = 1 (sentences done but not yet cut keep being decoded; see
-# scripts/count_translate_reads.py --check-every): 8 keeps the reads under a quarter of
-# the search that looked every step, for a fifth more rows.
-CHECK_EVERY = 8
+# (500 sentences, beam 5, batch 32, the toy config after 300 steps; 1,062 host reads at
+# 0292588), looks every 1, 2, 4, 8, 16 steps made 315 / 184 / 119 / 95 / 70 host reads and
+# decoded 20,985 / 22,750 / 23,480 / 28,680 / 38,000 rows (sentences done but not yet cut are
+# decoded until the next look): 4 keeps the reads under a quarter of 0292588's for 12% more
+# rows; 8 would cost 37%. (`scripts/count_translate_reads.py --check-every K`, CPU, 48ee683.)
+CHECK_EVERY = 4
 
 
 @dataclass
