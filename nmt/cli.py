@@ -263,6 +263,10 @@ def translate(
     min_length: Annotated[
         int, typer.Option(help="Shortest output in tokens (</s> held back).")
     ] = 0,
+    block_ngram_repeat: Annotated[
+        int,
+        typer.Option(help="No hypothesis repeats an n-gram of this many tokens (0: off)."),
+    ] = 0,
     n_best: Annotated[
         int | None,
         typer.Option(
@@ -344,6 +348,7 @@ def translate(
                 max_length=values.max_length,
                 max_length_ratio=values.max_length_ratio,
                 min_length=min_length,
+                block_ngram_repeat=block_ngram_repeat,
                 n_best=1 if n_best is None else n_best,
                 length_penalty=values.length_penalty,
             ),

@@ -411,6 +411,7 @@ def test_search_stops_when_every_sentence_is_done(copy_model, monkeypatch, alpha
         {"max_length": 0},
         {"min_length": -1},
         {"length_penalty": -0.5},
+        {"block_ngram_repeat": -1},
     ],
 )
 def test_bad_search_options_are_user_errors(copy_model, kwargs):
@@ -565,3 +566,22 @@ def test_the_step_reads_nothing_back_and_the_host_looks_every_k_steps():
     looks = 30 // CHECK_EVERY + (30 % CHECK_EVERY > 0)
     # the mask's lengths once, one read a look, and three at the last look's output
     assert whole.syncs == 1 + looks + 3, whole.reads
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_a_blocked_ngram_never_appears(n):
+    """A random model cut at its limit repeats itself; with --block-ngram-repeat n no
+    hypothesis (n-best included, greedy too) holds an n-gram twice, and the option acts."""
+
+    def repeats(tokens: list[int]) -> bool:
+        grams = [tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1)]
+        return len(grams) != len(set(grams))
+
+    model = random_model(eos_bias=-5.0)
+    plain = run(beam_search, model, SOURCES, beam_size=4, max_length=12, n_best=3)
+    assert any(repeats(h.tokens) for hyps in plain for h in hyps)
+    for beam in (4, 1):
+        kwargs = {"beam_size": beam, "max_length": 12, "n_best": min(beam, 3)}
+        blocked = run(beam_search, model, SOURCES, block_ngram_repeat=n, **kwargs)
+        assert not any(repeats(h.tokens) for hyps in blocked for h in hyps)
+        assert all(len(hyps) == kwargs["n_best"] for hyps in blocked)

@@ -72,6 +72,7 @@ class SearchOptions:
     min_length: int = 0
     n_best: int = 1
     length_penalty: float = 0.0  # GNMT alpha; 0: plain log-probability sums
+    block_ngram_repeat: int = 0  # no hypothesis repeats an n-gram of this size; 0: off
 
     def check(self) -> None:
         """Reject option values a user may pass on the command line, naming the options of
@@ -93,6 +94,10 @@ class SearchOptions:
             )
         if self.length_penalty < 0 or not math.isfinite(self.length_penalty):
             raise NmtError(f"--length-penalty must be >= 0, got {self.length_penalty}")
+        if self.block_ngram_repeat < 0:
+            raise NmtError(
+                f"--block-ngram-repeat must be >= 0 (0: off), got {self.block_ngram_repeat}"
+            )
         if self.max_length_ratio < 0 or not math.isfinite(self.max_length_ratio):
             raise NmtError(f"--max-length-ratio must be >= 0 (0: off), got {self.max_length_ratio}")
 
@@ -275,6 +280,8 @@ class Search:
         )
         self.attention_history[:, :k, t] = attn.view(n, k, -1)
         logp = next_log_probs(self.model, out, forbid_eos=t < o.min_length)
+        if o.block_ngram_repeat > 0:
+            block_repeats(logp, self.paths[:, 0, :t], o.block_ngram_repeat)
         cand_scores, cand_rows, cand_tokens = candidates(self.scores, logp, 2 * K)
         # each candidate's history: its parent's, with its token and its parent's beam
         ext = self.paths.index_select(0, cand_rows.reshape(-1))
@@ -414,6 +421,18 @@ def _device_limits(options: SearchOptions, src: Tensor, src_mask: Tensor | None)
         return torch.full_like(n, options.max_length)
     ratio = torch.ceil((n - 2).double() * options.max_length_ratio).long()
     return ratio.clamp(1, options.max_length)
+
+
+def block_repeats(logp: Tensor, history: Tensor, n: int) -> None:
+    """Forbid (-inf) each row's tokens that would repeat an n-gram of its history (rows x t
+    tokens): the tokens that followed an earlier occurrence of its last n - 1 tokens."""
+    t = history.size(1)
+    if t < n:  # no earlier n-gram yet
+        return
+    windows = history.unfold(1, n, 1)  # rows x (t - n + 1) x n: every n-gram so far
+    suffix = history[:, t - n + 1 :]  # rows x (n - 1)
+    match = (windows[:, :, : n - 1] == suffix.unsqueeze(1)).all(dim=2)
+    logp.scatter_(1, torch.where(match, windows[:, :, n - 1], PAD), NEG_INF)
 
 
 def search(
