@@ -267,6 +267,21 @@ def translate(
         int,
         typer.Option(help="No hypothesis repeats an n-gram of this many tokens (0: off)."),
     ] = 0,
+    random_sampling_topk: Annotated[
+        int,
+        typer.Option(
+            help="Draw each token instead of searching (one hypothesis a sentence, e.g. for "
+            "back-translation), from the K most likely (-1: all tokens; 1: greedy; 0: off)."
+        ),
+    ] = 0,
+    random_sampling_topp: Annotated[
+        float,
+        typer.Option(help="Draw each token from the smallest set of mass >= P (0: off)."),
+    ] = 0.0,
+    random_sampling_temp: Annotated[
+        float, typer.Option(help="Temperature of the draws: softmax(logits / T).")
+    ] = 1.0,
+    seed: Annotated[int, typer.Option(help="Seed of the draws: a seed repeats them.")] = 0,
     n_best: Annotated[
         int | None,
         typer.Option(
@@ -349,6 +364,10 @@ def translate(
                 max_length_ratio=values.max_length_ratio,
                 min_length=min_length,
                 block_ngram_repeat=block_ngram_repeat,
+                random_sampling_topk=random_sampling_topk,
+                random_sampling_topp=random_sampling_topp,
+                random_sampling_temp=random_sampling_temp,
+                seed=seed,
                 n_best=1 if n_best is None else n_best,
                 length_penalty=values.length_penalty,
             ),

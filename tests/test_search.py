@@ -585,3 +585,64 @@ def test_a_blocked_ngram_never_appears(n):
         blocked = run(beam_search, model, SOURCES, block_ngram_repeat=n, **kwargs)
         assert not any(repeats(h.tokens) for hyps in blocked for h in hyps)
         assert all(len(hyps) == kwargs["n_best"] for hyps in blocked)
+
+
+# ---- sampling -------------------------------------------------------------------------------
+
+
+def test_sampling_with_a_seed_repeats_and_top_k_1_is_greedy(copy_model):
+    """A draw per step from the model's distribution: the same seed draws the same
+    translations, another seed others; top-k 1 (and a nucleus too small for a second token)
+    is greedy search, hypotheses, scores and attention; the scores are the model's own."""
+    model = random_model(eos_bias=-1.0)
+    sample = {"beam_size": 1, "max_length": 10, "random_sampling_topk": -1}
+    a = run(beam_search, model, SOURCES, seed=1, **sample)
+    b = run(beam_search, model, SOURCES, seed=1, **sample)
+    c = run(beam_search, model, SOURCES, seed=2, **sample)
+    assert [h[0].tokens for h in a] == [h[0].tokens for h in b]
+    assert [h[0].tokens for h in a] != [h[0].tokens for h in c]
+    for source, (h,) in zip(SOURCES, a, strict=True):
+        assert h.score == pytest.approx(teacher_forced(model, source, h), abs=1e-9)
+    greedy = run(greedy_search, copy_model, SOURCES, max_length=12)
+    for narrow in ({"random_sampling_topk": 1}, {"random_sampling_topp": 1e-9}):
+        drawn = run(beam_search, copy_model, SOURCES, beam_size=5, max_length=12, **narrow)
+        for g, (d,) in zip(greedy, drawn, strict=True):
+            assert (d.tokens, d.score, d.finished) == (g.tokens, g.score, g.finished)
+            assert torch.equal(d.attention, g.attention)
+
+
+def test_top_k_and_temperature_shape_the_draws():
+    """Drawn from the top k only: every token drawn at the first step is among the k most
+    likely; a low temperature draws the most likely token far more often than a high one."""
+    model = random_model(eos_bias=-1.0)
+    src, mask = pad_sources([SOURCES[0]] * 64, "cpu")
+    with torch.inference_mode():
+        context, final = model.encode(src[:1], mask[:1])
+        out, _, _ = model.decode_step(src[:1, 0], model.init_decoder_state(final), context)
+        ranked = next_log_probs(model, out, forbid_eos=False)[0].argsort(descending=True)
+
+    def first_tokens(**kwargs) -> list[int]:
+        options = SearchOptions(beam_size=1, max_length=1, seed=3, **kwargs)
+        with torch.inference_mode():
+            return [h[0].tokens[0] for h in beam_search(model, src, mask, options) if h[0].tokens]
+
+    assert set(first_tokens(random_sampling_topk=3)) <= set(ranked[:3].tolist())
+    cold = first_tokens(random_sampling_topk=-1, random_sampling_temp=0.2)
+    hot = first_tokens(random_sampling_topk=-1, random_sampling_temp=5.0)
+    best = int(ranked[0])
+    assert cold.count(best) > hot.count(best)
+    assert len(set(hot)) > len(set(cold))
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"random_sampling_topk": -2},
+        {"random_sampling_topp": 1.5},
+        {"random_sampling_topk": 5, "random_sampling_temp": 0.0},
+        {"random_sampling_topk": 5, "n_best": 2},
+    ],
+)
+def test_bad_sampling_options_are_user_errors(kwargs):
+    with pytest.raises(NmtError, match="--random-sampling|--n-best"):
+        SearchOptions(**kwargs).check()

@@ -73,6 +73,16 @@ class SearchOptions:
     n_best: int = 1
     length_penalty: float = 0.0  # GNMT alpha; 0: plain log-probability sums
     block_ngram_repeat: int = 0  # no hypothesis repeats an n-gram of this size; 0: off
+    # sampling instead of search (one hypothesis a sentence): from the k most likely tokens
+    # (-1: all, 0: no sampling) and/or the top-p nucleus (0: off), at a temperature, seeded
+    random_sampling_topk: int = 0
+    random_sampling_topp: float = 0.0
+    random_sampling_temp: float = 1.0
+    seed: int = 0
+
+    def samples(self) -> bool:
+        """Whether a token is drawn at each step instead of searched for."""
+        return self.random_sampling_topk != 0 or self.random_sampling_topp > 0
 
     def check(self) -> None:
         """Reject option values a user may pass on the command line, naming the options of
@@ -98,6 +108,20 @@ class SearchOptions:
             raise NmtError(
                 f"--block-ngram-repeat must be >= 0 (0: off), got {self.block_ngram_repeat}"
             )
+        if self.random_sampling_topk < -1:
+            raise NmtError(
+                "--random-sampling-topk must be -1 (all tokens), 0 (off) or a number of "
+                f"tokens, got {self.random_sampling_topk}"
+            )
+        if not 0 <= self.random_sampling_topp <= 1:
+            raise NmtError(
+                "--random-sampling-topp must be in [0, 1] (0: off), got "
+                f"{self.random_sampling_topp}"
+            )
+        if not self.random_sampling_temp > 0 or not math.isfinite(self.random_sampling_temp):
+            raise NmtError(f"--random-sampling-temp must be > 0, got {self.random_sampling_temp}")
+        if self.samples() and self.n_best > 1:
+            raise NmtError("--n-best: sampling draws one hypothesis a sentence; leave it at 1")
         if self.max_length_ratio < 0 or not math.isfinite(self.max_length_ratio):
             raise NmtError(f"--max-length-ratio must be >= 0 (0: off), got {self.max_length_ratio}")
 
@@ -229,7 +253,8 @@ class Search:
     attention of every row at every position is written once, where it was computed, into
     `attention_history`, and read back through `paths` only for hypotheses that are output.
 
-    Greedy search is a beam of one.
+    Greedy search is a beam of one; so is sampling (`options.samples()`), which draws one
+    token a step instead of ranking (`draw`).
     """
 
     def __init__(
@@ -242,7 +267,7 @@ class Search:
     ):
         options.check()
         self.model, self.options = model, options
-        self.K = options.beam_size
+        self.K = 1 if options.samples() else options.beam_size  # a draw: a beam of one
         B, S = src.shape
         device = src.device
         self.lengths = _source_lengths(src, src_mask) if lengths is None else lengths
@@ -266,12 +291,13 @@ class Search:
         self.max_lp = ((6.0 + self.limit.double()) / 6.0).pow(alpha)
         self.enough = self.K if alpha > 0 else None
         self.finished = Finished.empty(B, options.n_best, self.steps, src)
+        self.generator = _generator(options, device)
         self.done: list[list[Hypothesis]] = [[] for _ in range(B)]
 
     # ---- the step: device only ---------------------------------------------------------
 
     def step(self, t: int) -> None:
-        """Target position t for every row: decode, rank, collect what ends or
+        """Target position t for every row: decode, rank (or draw), collect what ends or
         reaches its limit, mask the sentences that are done. No value is read back."""
         o, K = self.options, self.K
         n, k = self.scores.shape
@@ -282,7 +308,10 @@ class Search:
         logp = next_log_probs(self.model, out, forbid_eos=t < o.min_length)
         if o.block_ngram_repeat > 0:
             block_repeats(logp, self.paths[:, 0, :t], o.block_ngram_repeat)
-        cand_scores, cand_rows, cand_tokens = candidates(self.scores, logp, 2 * K)
+        if self.generator is not None:
+            cand_scores, cand_rows, cand_tokens = draw(self.scores, logp, o, self.generator)
+        else:
+            cand_scores, cand_rows, cand_tokens = candidates(self.scores, logp, 2 * K)
         # each candidate's history: its parent's, with its token and its parent's beam
         ext = self.paths.index_select(0, cand_rows.reshape(-1))
         ext[:, 0, t] = cand_tokens.reshape(-1)
@@ -421,6 +450,41 @@ def _device_limits(options: SearchOptions, src: Tensor, src_mask: Tensor | None)
         return torch.full_like(n, options.max_length)
     ratio = torch.ceil((n - 2).double() * options.max_length_ratio).long()
     return ratio.clamp(1, options.max_length)
+
+
+def _generator(options: SearchOptions, device: torch.device) -> torch.Generator | None:
+    """The random numbers of sampling, from `options.seed`; None: no sampling."""
+    if not options.samples():
+        return None
+    return torch.Generator(device=device).manual_seed(options.seed)
+
+
+def draw(
+    scores: Tensor, logp: Tensor, options: SearchOptions, generator: torch.Generator
+) -> tuple[Tensor, Tensor, Tensor]:
+    """One token drawn for each of the n rows (a beam of one), in the form `candidates`
+    gives: n x 2, the draw and a filler at -inf (so that a drawn </s> leaves no live
+    hypothesis). The distribution is softmax(logp / temperature), cut to the top-k tokens
+    and to the top-p nucleus where asked; the score added is the model's own log-probability.
+    The draw is an exponential race (argmax of p / E, E ~ Exp(1)): no host read."""
+    logits = logp / options.random_sampling_temp
+    k = options.random_sampling_topk
+    if k > 0 and k < logits.size(1):
+        kth = logits.topk(k, dim=1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, NEG_INF)
+    p = options.random_sampling_topp
+    if 0 < p < 1:
+        sorted_logits, order = logits.sort(dim=1, descending=True)
+        probs = sorted_logits.softmax(dim=1)
+        outside = probs.cumsum(dim=1) - probs >= p  # the mass before it already reaches p
+        logits = logits.scatter(1, order, sorted_logits.masked_fill(outside, NEG_INF))
+    race = logits.softmax(dim=1) / torch.empty_like(logits).exponential_(generator=generator)
+    token = race.argmax(dim=1, keepdim=True)
+    n = logp.size(0)
+    drawn = scores.reshape(-1, 1) + logp.gather(1, token)
+    cand_scores = torch.cat([drawn, torch.full_like(drawn, NEG_INF)], 1)
+    rows = torch.arange(n, device=logp.device).unsqueeze(1).expand(n, 2)
+    return cand_scores, rows, torch.cat([token, torch.full_like(token, PAD)], 1)
 
 
 def block_repeats(logp: Tensor, history: Tensor, n: int) -> None:
