@@ -424,7 +424,7 @@ def test_bad_search_options_are_user_errors(copy_model, kwargs):
 
 @pytest.mark.parametrize("ratio", [-1.0, float("nan"), float("inf")])
 def test_bad_max_length_ratio(ratio):
-    with pytest.raises(NmtError, match="--max-length-ratio must be >= 0"):
+    with pytest.raises(NmtError, match="--max-length-ratio must be"):
         SearchOptions(max_length_ratio=ratio).check()
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -27,7 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from nmt.data.vocab import BOS, EOS, PAD
-from nmt.errors import NmtError
+from nmt.translate.options import SearchOptions
 from nmt.translate.ranking import row_topk
 
 if TYPE_CHECKING:
@@ -55,81 +54,6 @@ class Hypothesis:
 def length_penalty_factor(length: int, alpha: float) -> float:
     """GNMT's ((5 + length) / 6) ** alpha; 1 when alpha is 0 (plain log-probability sums)."""
     return ((5.0 + length) / 6.0) ** alpha if alpha > 0 else 1.0
-
-
-@dataclass(frozen=True)
-class SearchOptions:
-    """How to search, as the command line sets it; `check()` rejects impossible values.
-
-    The output limit of a source of n tokens is `max_length`, or with a ratio
-    min(max_length, ceil(max_length_ratio * n)), at least 1. Greedy search keeps one
-    hypothesis whatever `beam_size` and `n_best` say, and honours the rest.
-    """
-
-    beam_size: int = 5
-    max_length: int = 250
-    max_length_ratio: float = 0.0  # 0: off
-    min_length: int = 0
-    n_best: int = 1
-    length_penalty: float = 0.0  # GNMT alpha; 0: plain log-probability sums
-    block_ngram_repeat: int = 0  # no hypothesis repeats an n-gram of this size; 0: off
-    # sampling instead of search (one hypothesis a sentence): from the k most likely tokens
-    # (-1: all, 0: no sampling) and/or the top-p nucleus (0: off), at a temperature, seeded
-    random_sampling_topk: int = 0
-    random_sampling_topp: float = 0.0
-    random_sampling_temp: float = 1.0
-    seed: int = 0
-
-    def samples(self) -> bool:
-        """Whether a token is drawn at each step instead of searched for."""
-        return self.random_sampling_topk != 0 or self.random_sampling_topp > 0
-
-    def check(self) -> None:
-        """Reject option values a user may pass on the command line, naming the options of
-        `nmt translate` that set them (`--beam-size`, ...)."""
-        if self.beam_size < 1:
-            raise NmtError(f"--beam-size must be >= 1, got {self.beam_size}")
-        if self.max_length < 1:
-            raise NmtError(f"--max-length must be >= 1, got {self.max_length}")
-        if not 1 <= self.n_best <= self.beam_size:
-            raise NmtError(
-                f"--n-best must be between 1 and --beam-size ({self.beam_size}), got {self.n_best}"
-            )
-        if self.min_length < 0:
-            raise NmtError(f"--min-length must be >= 0, got {self.min_length}")
-        if self.min_length > self.max_length:
-            raise NmtError(
-                f"--min-length ({self.min_length}) must be at most --max-length "
-                f"({self.max_length}): no output could reach it"
-            )
-        if self.length_penalty < 0 or not math.isfinite(self.length_penalty):
-            raise NmtError(f"--length-penalty must be >= 0, got {self.length_penalty}")
-        if self.block_ngram_repeat < 0:
-            raise NmtError(
-                f"--block-ngram-repeat must be >= 0 (0: off), got {self.block_ngram_repeat}"
-            )
-        if self.random_sampling_topk < -1:
-            raise NmtError(
-                "--random-sampling-topk must be -1 (all tokens), 0 (off) or a number of "
-                f"tokens, got {self.random_sampling_topk}"
-            )
-        if not 0 <= self.random_sampling_topp <= 1:
-            raise NmtError(
-                "--random-sampling-topp must be in [0, 1] (0: off), got "
-                f"{self.random_sampling_topp}"
-            )
-        if not self.random_sampling_temp > 0 or not math.isfinite(self.random_sampling_temp):
-            raise NmtError(f"--random-sampling-temp must be > 0, got {self.random_sampling_temp}")
-        if self.samples() and self.n_best > 1:
-            raise NmtError("--n-best: sampling draws one hypothesis a sentence; leave it at 1")
-        if self.max_length_ratio < 0 or not math.isfinite(self.max_length_ratio):
-            raise NmtError(f"--max-length-ratio must be >= 0 (0: off), got {self.max_length_ratio}")
-
-    def limit(self, source_length: int) -> int:
-        """The most tokens to output for a source of `source_length` tokens (no specials)."""
-        if self.max_length_ratio <= 0:
-            return self.max_length
-        return max(1, min(self.max_length, math.ceil(self.max_length_ratio * source_length)))
 
 
 def _source_lengths(src: Tensor, src_mask: Tensor | None) -> list[int]:
