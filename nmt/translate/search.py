@@ -129,34 +129,32 @@ class Finished:
     the beam whose decoding gave that position's attention (`Search.attention_history`).
     """
 
-    scores: Tensor  # n x N  float64, as the host divided by the length penalty (-inf: empty)
+    scores: Tensor  # n x N  (-inf: an empty slot); float64 when divided by a length penalty
     paths: Tensor  # n x N x 2 x T  tokens, attention beams
-    sizes: Tensor  # n x N x 2  tokens (without </s>), attention rows
+    tags: Tensor  # n x N  2 x attention rows + 1 if it ended (its tokens: rows - ended)
     count: Tensor  # n  hypotheses added (for the length penalty's stop rule)
 
     @classmethod
-    def empty(cls, n: int, n_best: int, T: int, like: Tensor) -> Finished:
+    def empty(cls, n: int, n_best: int, T: int, like: Tensor, dtype: torch.dtype) -> Finished:
         return cls(
-            scores=torch.full((n, n_best), NEG_INF, dtype=torch.float64, device=like.device),
+            scores=torch.full((n, n_best), NEG_INF, dtype=dtype, device=like.device),
             paths=like.new_zeros(n, n_best, 2, T),
-            sizes=like.new_zeros(n, n_best, 2),
+            tags=like.new_zeros(n, n_best),
             count=like.new_zeros(n),
         )
 
-    def add(self, scores: Tensor, paths: Tensor, tokens: int, attention_rows: int) -> None:
-        """Offer n x M hypotheses (score -inf: none), each of `tokens` tokens."""
+    def add(self, scores: Tensor, paths: Tensor, tag: int, counted: bool) -> None:
+        """Offer n x M hypotheses (score -inf: none) of one `tag`; `counted`: keep `count`."""
         N = self.scores.size(1)
-        merged = torch.cat([self.scores, scores], 1)
-        top, order = merged.sort(dim=1, descending=True, stable=True)
+        top, order = torch.cat([self.scores, scores], 1).sort(dim=1, descending=True, stable=True)
         self.scores, order = top[:, :N], order[:, :N]
         self.paths = torch.cat([self.paths, paths], 1).gather(
             1, order[:, :, None, None].expand(-1, -1, *self.paths.shape[2:])
         )
-        sizes = self.sizes.new_tensor([tokens, attention_rows]).expand(*scores.shape, 2)
-        self.sizes = torch.cat([self.sizes, sizes], 1).gather(
-            1, order[:, :, None].expand(-1, -1, 2)
-        )
-        self.count += torch.isfinite(scores).sum(1)
+        tags = torch.cat([self.tags, self.tags.new_full(scores.shape, tag)], 1)
+        self.tags = tags.gather(1, order)
+        if counted:
+            self.count += torch.isfinite(scores).sum(1)
 
     def select(self, sentences: Tensor) -> Finished:
         return Finished(
@@ -214,7 +212,13 @@ class Search:
         alpha = options.length_penalty
         self.max_lp = ((6.0 + self.limit.double()) / 6.0).pow(alpha)
         self.enough = self.K if alpha > 0 else None
-        self.finished = Finished.empty(B, options.n_best, self.steps, src)
+        # Without a length penalty a sentence found done stays done and what it finds after
+        # cannot enter its n-best list (a later score is at most the live one that the n-th
+        # best beat; a tie keeps the earlier), so the test runs at the host's looks only;
+        # with one, each step (what it finds after may rank higher once divided).
+        self.done_every_step = alpha > 0
+        dtype = torch.float64 if alpha > 0 else SCORES  # divided as the host divided
+        self.finished = Finished.empty(B, options.n_best, self.steps, src, dtype)
         self.generator = _generator(options, device)
         self.done: list[list[Hypothesis]] = [[] for _ in range(B)]
 
@@ -241,25 +245,24 @@ class Search:
         ext[:, 0, t] = cand_tokens.reshape(-1)
         ext[:, 1, t] = (cand_rows % k).reshape(-1)
         ext = ext.view(n, -1, 2, self.steps)
-        lp = length_penalty_factor(t + 1, o.length_penalty)
-        # ended: </s> among the top K candidates of its sentence (its history without </s>)
+        # ended: </s> among the top K candidates of its sentence (its history without </s>;
+        # a candidate at -inf stays -inf)
         is_eos = cand_tokens == EOS
-        ends = is_eos[:, :K] & torch.isfinite(cand_scores[:, :K])
-        ended = torch.where(ends, cand_scores[:, :K].double() / lp, NEG_INF)
-        self.finished.add(ended, ext[:, :K], t, t + 1)
+        ended = torch.where(is_eos[:, :K], self._divided(cand_scores[:, :K], t), NEG_INF)
+        self.finished.add(ended, ext[:, :K], 2 * (t + 1) + 1, self.enough is not None)
         live_scores, order = live_order(cand_scores, is_eos, K)
-        done = self._done(live_scores[:, 0])
-        if t + 1 in self.limit_steps:  # sentences at their limit: the live ones count as they are
-            cut = (self.limit == t + 1) & ~done
-            paths = ext.gather(1, order[:, :, None, None].expand(-1, -1, 2, self.steps))
-            at_limit = torch.where(cut[:, None], live_scores.double() / lp, NEG_INF)
-            self.finished.add(at_limit, paths, t + 1, t + 1)
-            done = done | cut
-        rows = cand_rows.gather(1, order).reshape(-1)
-        self.scores = live_scores.masked_fill(done[:, None], NEG_INF)
         self.paths = ext.gather(1, order[:, :, None, None].expand(-1, -1, 2, self.steps)).view(
             n * K, 2, self.steps
         )
+        rows = cand_rows.gather(1, order).reshape(-1)
+        off = self._done(live_scores[:, 0]) if self.done_every_step else None
+        if t + 1 in self.limit_steps:  # sentences at their limit: the live ones count as they are
+            cut = self.limit == t + 1
+            cut = cut if off is None else cut & ~off
+            at_limit = torch.where(cut[:, None], self._divided(live_scores, t), NEG_INF)
+            self.finished.add(at_limit, self.paths.view(n, K, 2, -1), 2 * (t + 1), False)
+            off = cut if off is None else off | cut
+        self.scores = live_scores if off is None else live_scores.masked_fill(off[:, None], NEG_INF)
         self.y = self.paths[:, 0, t]
         self.state = self.state.index_select(rows)
         if k < K:  # after the first step: K rows a sentence from now on
@@ -267,11 +270,18 @@ class Search:
             if self.src_mask is not None:
                 self.src_mask = self.src_mask.repeat_interleave(K, dim=0)
 
+    def _divided(self, scores: Tensor, t: int) -> Tensor:
+        """Scores of hypotheses of t + 1 positions, divided by the length penalty (in
+        float64, as the host divides; untouched without one)."""
+        if self.enough is None:
+            return scores
+        return scores.double() / length_penalty_factor(t + 1, self.options.length_penalty)
+
     def _done(self, best_live: Tensor) -> Tensor:
         """Per sentence: can no live hypothesis enter its n-best list any more (a live score
         divided by `max_lp` bounds what it can still reach), or have `enough` finished?"""
         f, n_best = self.finished, self.options.n_best
-        full = f.count >= n_best
+        full = torch.isfinite(f.scores[:, n_best - 1])
         beaten = f.scores[:, n_best - 1] >= best_live.double() / self.max_lp
         if self.enough is not None:
             beaten = beaten | (f.count >= self.enough)
@@ -282,6 +292,8 @@ class Search:
     def searching(self) -> tuple[Tensor, Tensor]:
         """Per sentence whether it is still searching, and the sentences in the order
         searching first (stable), on the device."""
+        if not self.done_every_step:
+            self.scores = self.scores.masked_fill(self._done(self.scores[:, 0])[:, None], NEG_INF)
         searching = torch.isfinite(self.scores[:, 0])
         return searching, (~searching).to(torch.uint8).argsort(stable=True)
 
@@ -314,9 +326,9 @@ class Search:
 
     def outputs(self, sentences: Tensor, t: int) -> tuple[Tensor, Tensor, Tensor]:
         """The n-best lists of the batch's `sentences` after step t, on the device: scores
-        m x N, token counts, attention rows and tokens m x N x (2 + T'), attention m x N x T'
-        x S (T' = t + 2 positions at most). Position j's attention is the row the
-        hypothesis' beam at j computed (`paths`), gathered from `attention_history` in place."""
+        m x N, tags (`Finished.tags`) and tokens m x N x (1 + T'), attention m x N x T' x S
+        (T' = t + 2 positions at most). Position j's attention is the row the hypothesis'
+        beam at j computed (`paths`), gathered from `attention_history` in place."""
         f = self.finished.select(sentences)
         m, N = f.scores.shape
         T = min(t + 2, self.steps)
@@ -325,7 +337,7 @@ class Search:
         at = torch.arange(T, device=beams.device)
         index = (sentences[:, None, None] * self.K + beams) * self.steps + at
         attention = self.attention_history.view(-1, S).index_select(0, index.reshape(-1))
-        ints = torch.cat([f.sizes, f.paths[:, :, 0, :T]], 2)
+        ints = torch.cat([f.tags.unsqueeze(2), f.paths[:, :, 0, :T]], 2)
         return f.scores, ints, attention.view(m, N, T, S)
 
     def _collect(self, sentences: Tensor, alive: list[int], t: int) -> None:
@@ -339,9 +351,10 @@ class Search:
             for j in range(N):
                 if scores[i][j] == NEG_INF:
                     continue
-                tokens, rows, *ids = sizes_and_tokens[i][j]
+                tag, *ids = sizes_and_tokens[i][j]
+                rows, ended = divmod(tag, 2)
                 a = attention[i, j, :rows, : self.lengths[orig]]
-                hyps.append(Hypothesis(ids[:tokens], scores[i][j], a, rows > tokens))
+                hyps.append(Hypothesis(ids[: rows - ended], scores[i][j], a, bool(ended)))
             self.done[orig] = best_distinct(hyps, N)
 
     def run(self) -> list[list[Hypothesis]]:
@@ -358,8 +371,7 @@ class Search:
 def live_order(cand_scores: Tensor, is_eos: Tensor, K: int) -> tuple[Tensor, Tensor]:
     """The K best candidates that do not end in </s> (there are at least K among 2K), in
     their order: their scores and their places among the candidates, n x K each."""
-    width = torch.arange(is_eos.size(1), device=is_eos.device)
-    order = (is_eos.long() * is_eos.size(1) + width).argsort(1)[:, :K]
+    order = is_eos.to(torch.uint8).argsort(dim=1, stable=True)[:, :K]
     return cand_scores.gather(1, order), order
 
 
