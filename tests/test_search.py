@@ -646,3 +646,29 @@ def test_top_k_and_temperature_shape_the_draws():
 def test_bad_sampling_options_are_user_errors(kwargs):
     with pytest.raises(NmtError, match="--random-sampling|--n-best"):
         SearchOptions(**kwargs).check()
+
+
+@pytest.mark.parametrize(("options", "most"), [({}, 32), ({"length_penalty": 1.0}, 45)])
+def test_the_search_adds_a_fixed_few_ops_to_a_step(options, most):
+    """Beside the decoder step and the log-probabilities, a beam step's bookkeeping is a
+    fixed number of ops whatever the batch: on a CPU each costs its dispatch, so this holds
+    the step's Python overhead (32 ops; 45 with a length penalty, whose stop test runs every
+    step)."""
+    from nmt.opcount import count
+    from nmt.translate.search import Search
+
+    model = random_model()
+    src, mask = pad_sources(SOURCES[:4], "cpu")
+    search_options = SearchOptions(beam_size=5, max_length=30, min_length=30, **options)
+    with torch.inference_mode():
+        search = Search(model, src, mask, search_options)
+        search.step(0)
+        step = count(lambda: search.step(1)).ops
+        model_ops = count(
+            lambda: next_log_probs(
+                model,
+                model.decode_step(search.y, search.state, search.context, search.src_mask)[0],
+                forbid_eos=True,
+            )
+        ).ops
+    assert step - model_ops <= most
