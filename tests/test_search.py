@@ -672,3 +672,29 @@ def test_the_search_adds_a_fixed_few_ops_to_a_step(options, most):
             )
         ).ops
     assert step - model_ops <= most
+
+
+def addresses(search) -> list[int]:
+    from nmt.translate.search import _tensors
+
+    return [t.data_ptr() for t in (search.scores, search.paths, *_tensors(search.state))]
+
+
+def test_between_looks_the_step_reads_and_writes_the_same_buffers():
+    """From the second step to the next look the scores, the live histories and the decoder
+    state (an ensemble's too) stay at the same addresses: static inputs, as a replayed CUDA
+    graph of the step needs (no capture is built here)."""
+    from nmt.translate.ensemble import Ensemble
+    from nmt.translate.search import Search
+
+    src, mask = pad_sources(SOURCES, "cpu")
+    options = SearchOptions(beam_size=3, max_length=12, min_length=12)
+    for model in (random_model(), Ensemble([random_model(3), random_model(4)])):
+        with torch.inference_mode():
+            search = Search(model, src, mask, options)
+            search.step(0)
+
+            first = addresses(search)
+            for t in (1, 2):
+                search.step(t)
+                assert addresses(search) == first

@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from nmt.translate.ensemble import Decodable
 
 NEG_INF = float("-inf")
+S = TypeVar("S")  # a decoder state: the model's `DecoderState`, or an ensemble's
 SCORES = torch.float32  # hypotheses' log-probability sums, whatever the model computes in
 
 
@@ -229,9 +230,7 @@ class Search:
         reaches its limit, mask the sentences that are done. No value is read back."""
         o, K = self.options, self.K
         n, k = self.scores.shape
-        out, self.state, attn = self.model.decode_step(
-            self.y, self.state, self.context, self.src_mask
-        )
+        out, state, attn = self.model.decode_step(self.y, self.state, self.context, self.src_mask)
         self.attention_history[:, :k, t] = attn.view(n, k, -1)
         logp = next_log_probs(self.model, out, forbid_eos=t < o.min_length)
         if o.block_ngram_repeat > 0:
@@ -250,10 +249,14 @@ class Search:
         is_eos = cand_tokens == EOS
         ended = torch.where(is_eos[:, :K], self._divided(cand_scores[:, :K], t), NEG_INF)
         self.finished.add(ended, ext[:, :K], 2 * (t + 1) + 1, self.enough is not None)
-        live_scores, order = live_order(cand_scores, is_eos, K)
-        self.paths = ext.gather(1, order[:, :, None, None].expand(-1, -1, 2, self.steps)).view(
-            n * K, 2, self.steps
-        )
+        # the live rows' scores, histories and decoder states go into the buffers of the
+        # step before (fixed addresses from one look to the next), read by nothing after
+        static = k == K
+        same = static and self.scores.dtype == cand_scores.dtype  # float64 models: at step 1
+        live_scores, order = live_order(cand_scores, is_eos, K, self.scores if same else None)
+        history = order[:, :, None, None].expand(-1, -1, 2, self.steps)
+        into = self.paths.view(n, K, 2, self.steps) if static else None
+        self.paths = torch.gather(ext, 1, history, out=into).view(n * K, 2, self.steps)
         rows = cand_rows.gather(1, order).reshape(-1)
         off = self._done(live_scores[:, 0]) if self.done_every_step else None
         if t + 1 in self.limit_steps:  # sentences at their limit: the live ones count as they are
@@ -262,9 +265,11 @@ class Search:
             at_limit = torch.where(cut[:, None], self._divided(live_scores, t), NEG_INF)
             self.finished.add(at_limit, self.paths.view(n, K, 2, -1), 2 * (t + 1), False)
             off = cut if off is None else off | cut
-        self.scores = live_scores if off is None else live_scores.masked_fill(off[:, None], NEG_INF)
+        self.scores = (
+            live_scores if off is None else live_scores.masked_fill_(off[:, None], NEG_INF)
+        )
         self.y = self.paths[:, 0, t]
-        self.state = self.state.index_select(rows)
+        self.state = reorder_state(state, rows, self.state if static else None)
         if k < K:  # after the first step: K rows a sentence from now on
             self.context = self.context.repeat_interleave(K, dim=0)
             if self.src_mask is not None:
@@ -368,11 +373,42 @@ class Search:
         return self.done
 
 
-def live_order(cand_scores: Tensor, is_eos: Tensor, K: int) -> tuple[Tensor, Tensor]:
+def live_order(
+    cand_scores: Tensor, is_eos: Tensor, K: int, out: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
     """The K best candidates that do not end in </s> (there are at least K among 2K), in
-    their order: their scores and their places among the candidates, n x K each."""
+    their order: their scores (into `out` if given) and their places among the
+    candidates, n x K each."""
     order = is_eos.to(torch.uint8).argsort(dim=1, stable=True)[:, :K]
-    return cand_scores.gather(1, order), order
+    return torch.gather(cand_scores, 1, order, out=out), order
+
+
+def _tensors(state: object) -> list[Tensor]:
+    """The tensors of a decoder state (`DecoderState`, an ensemble's), in a fixed order."""
+    if isinstance(state, Tensor):
+        return [state]
+    if dataclasses.is_dataclass(state):
+        return [t for f in dataclasses.fields(state) for t in _tensors(getattr(state, f.name))]
+    if isinstance(state, list | tuple):
+        return [t for part in state for t in _tensors(part)]
+    return []
+
+
+def reorder_state(state: S, rows: Tensor, buffers: S | None) -> S:
+    """`state.index_select(rows)`, written into the tensors of `buffers` (a state of the same
+    form and shapes, which nothing reads any more) where given: the state a step reads then
+    lies at the same addresses every step, as a replayed CUDA graph needs."""
+    if buffers is not None:
+        new, old = _tensors(state), _tensors(buffers)
+        fits = len(new) == len(old) and all(
+            b.shape == (rows.numel(), *a.shape[1:]) and b.dtype == a.dtype
+            for a, b in zip(new, old, strict=True)
+        )
+        if fits:
+            for a, b in zip(new, old, strict=True):
+                torch.index_select(a, 0, rows, out=b)
+            return buffers
+    return state.index_select(rows)  # type: ignore[attr-defined]
 
 
 def _device_limits(options: SearchOptions, src: Tensor, src_mask: Tensor | None) -> Tensor:
