@@ -17,25 +17,26 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from nmt.config import TranslateConfig
 from nmt.devices import resolve_device
 from nmt.errors import NmtError
-from nmt.translate import decoding
+from nmt.translate import decoding as model_decoding
+from nmt.translate import options as search_options
+from nmt.translate.options import SearchOptions
 from nmt.translate.run import CHUNK_BATCHES, Loaded, TranslateOptions, Translator, chunks
 from nmt.translate.run import load_models as _load_models
-from nmt.translate.search import SearchOptions
 
-# the `nmt translate` options besides the model's decoding options (`decoding.FLAGS`) that
+# the `nmt translate` options besides the decoding ones (`nmt.translate.options`) that
 # apply to translating lines into strings, with the command's defaults
-OTHER_FLAGS = {"min_length": 0, "phrase_table": None, "batch_size": 32, "max_src_length": 0}
+OTHER_FLAGS = {"phrase_table": None, "batch_size": 32, "max_src_length": 0}
 
 
 class TranslationModel:
     """A checkpoint loaded for translation. `translate(lines)` returns the best translation
-    of each line; keyword arguments (the command's flags: `beam_size`, `max_length`,
-    `max_length_ratio`, `length_penalty`, `replace_unk`, `min_length`, `phrase_table`,
-    `batch_size`, `max_src_length`) given to `nmt.load` hold for every call, given to
-    `translate` for that call; a decoding option given to neither is the model's."""
+    of each line; keyword arguments (the command's flags: each decoding option of
+    `nmt.translate.options`, e.g. `beam_size`, `length_penalty`, `block_ngram_repeat`,
+    `random_sampling_topk`, `seed`, and `phrase_table`, `batch_size`, `max_src_length`)
+    given to `nmt.load` hold for every call, given to `translate` for that call; a decoding
+    option given to neither is the model's."""
 
     def __init__(self, loaded: Loaded, device: str, precision: str | None, **flags: Any):
         self.loaded, self.device, self.precision = loaded, device, precision
@@ -46,34 +47,26 @@ class TranslationModel:
         """The options a call with `flags` translates with, as `nmt translate` would
         resolve them: each decoding option from its flag, else from the checkpoint."""
         given = {**self.flags, **_checked(flags)}
-        model_flags = {key: given.get(key) for key in decoding.FLAGS}
-        values = decoding.from_flags(TranslateConfig(), model_flags)
+        decoding = {f.name: given.get(f.name) for f in search_options.fields()}
         other = {key: given.get(key, default) for key, default in OTHER_FLAGS.items()}
         table = other["phrase_table"]
         options = TranslateOptions(
-            search=SearchOptions(
-                beam_size=values.beam_size,
-                max_length=values.max_length,
-                max_length_ratio=values.max_length_ratio,
-                min_length=other["min_length"],
-                length_penalty=values.length_penalty,
-            ),
-            replace_unk=values.replace_unk,
+            search=SearchOptions(**{k: v for k, v in decoding.items() if v is not None}),
             phrase_table=None if table is None else Path(table),
             max_src_length=other["max_src_length"],
             batch_size=other["batch_size"],
             device=self.device,
             precision=self.precision,
             progress=False,
-            from_model=decoding.not_given(model_flags),
+            from_model=model_decoding.not_given(decoding),
         )
         options.check()
         return options.with_model(self.loaded.decoding)
 
     @property
-    def decoding(self) -> TranslateConfig:
+    def decoding(self) -> SearchOptions:
         """The decoding options a call without keyword arguments uses."""
-        return self.options().decoding()
+        return self.options().search
 
     def translate(self, lines: Iterable[str] | str, **flags: Any) -> list[str]:
         """The best translation of each line (a blank line: an empty string), as `nmt
@@ -95,7 +88,7 @@ class TranslationModel:
 
 def _checked(flags: dict[str, Any]) -> dict[str, Any]:
     """`flags`, refusing a name that is no flag of `nmt translate`'s line translation."""
-    known = set(decoding.FLAGS) | set(OTHER_FLAGS)
+    known = {f.name for f in search_options.fields()} | set(OTHER_FLAGS)
     if unknown := sorted(set(flags) - known):
         raise TypeError(f"unknown option {unknown[0]!r}; the options: {', '.join(sorted(known))}")
     return dict(flags)

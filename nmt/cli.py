@@ -5,10 +5,14 @@ Mistakes a user can fix (NmtError) become one line on stderr and exit code 2.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
 import platform
 import sys
 import time
+import typing
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Annotated, Any
@@ -289,10 +293,49 @@ def config_(
     print(commented_yaml(cfg, header), end="")
 
 
-MODEL_DEFAULT = "default: the model's translate.{key}, else {default}"
+def with_decoding_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """`command` with one option for each field of `SearchOptions` (its flag, type and help
+    from the field, `nmt.translate.options`), all defaulting to None (not given); it is
+    called with them as one dict, `decoding`. A new decoding option is a field there."""
+    from nmt.translate import options
+
+    hints = typing.get_type_hints(command, include_extras=True)
+    own = [
+        p.replace(annotation=hints[p.name])
+        for p in inspect.signature(command).parameters.values()
+        if p.name != "decoding"
+    ]
+    added = []
+    for f in options.fields():
+        typ = options.types()[f.name]
+        name = options.flag(f.name)
+        declared = f"{name}/--no-{name[2:]}" if typ is bool else name
+        option = typer.Option(
+            declared,
+            help=options.help_text(f),
+            show_default=False,
+            rich_help_panel=cli_help.DECODING,
+        )
+        annotation = Annotated[typ | None, option]  # type: ignore[valid-type]
+        kind = inspect.Parameter.KEYWORD_ONLY
+        added.append(inspect.Parameter(f.name, kind, default=None, annotation=annotation))
+    names = [p.name for p in added]
+
+    @functools.wraps(command)
+    def wrapper(**kwargs: Any) -> Any:
+        decoding = {name: kwargs.pop(name) for name in names}
+        return command(**kwargs, decoding=decoding)
+
+    at = next(i for i, p in enumerate(own) if p.name == "ref") + 1  # after --ref in --help
+    params = [*own[:at], *added, *own[at:]]
+    params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in params]
+    wrapper.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    wrapper.__annotations__ = {p.name: p.annotation for p in params}
+    return wrapper
 
 
 @command()
+@with_decoding_options
 def translate(
     model: Annotated[
         list[Path],
@@ -332,68 +375,6 @@ def translate(
         typer.Option(
             rich_help_panel=cli_help.INPUT,
             help="Reference file: print sacreBLEU BLEU and chrF to stderr.",
-        ),
-    ] = None,
-    beam_size: Annotated[
-        int | None,
-        typer.Option(
-            rich_help_panel=cli_help.DECODING,
-            help="Beam size, 1 = greedy ("
-            + MODEL_DEFAULT.format(key="beam_size", default=5)
-            + ").",
-        ),
-    ] = None,
-    max_length: Annotated[
-        int | None,
-        typer.Option(
-            rich_help_panel=cli_help.DECODING,
-            help="Longest output in tokens ("
-            + MODEL_DEFAULT.format(key="max_length", default=250)
-            + ").",
-        ),
-    ] = None,
-    max_length_ratio: Annotated[
-        float | None,
-        typer.Option(
-            rich_help_panel=cli_help.DECODING,
-            help="Also cap outputs at ceil(RATIO x source tokens), within --max-length (0: off; "
-            + MODEL_DEFAULT.format(key="max_length_ratio", default=0)
-            + ").",
-        ),
-    ] = None,
-    min_length: Annotated[
-        int,
-        typer.Option(
-            rich_help_panel=cli_help.DECODING, help="Shortest output in tokens (</s> held back)."
-        ),
-    ] = 0,
-    n_best: Annotated[
-        int | None,
-        typer.Option(
-            rich_help_panel=cli_help.DECODING,
-            help="Write the N best distinct hypotheses of each sentence as "
-            "'INDEX ||| translation ||| score' lines, best first, INDEX from 0 (N <= beam size).",
-        ),
-    ] = None,
-    length_penalty: Annotated[
-        float | None,
-        typer.Option(
-            rich_help_panel=cli_help.DECODING,
-            help="GNMT length penalty alpha: rank finished hypotheses by "
-            "log P / ((5 + length) / 6) ** alpha (0: off, as seq2seq-attn; "
-            + MODEL_DEFAULT.format(key="length_penalty", default=0)
-            + ").",
-        ),
-    ] = None,
-    replace_unk: Annotated[
-        bool | None,
-        typer.Option(
-            "--replace-unk/--no-replace-unk",
-            rich_help_panel=cli_help.DECODING,
-            help="Word vocabularies: replace each output <unk> by the source word with the "
-            "highest attention (or its --phrase-table translation) ("
-            + MODEL_DEFAULT.format(key="replace_unk", default="off")
-            + ").",
         ),
     ] = None,
     phrase_table: Annotated[
@@ -448,46 +429,32 @@ def translate(
             "and precision used; without either flag, the bar only when stderr is a terminal.",
         ),
     ] = None,
+    decoding: dict[str, Any] | None = None,
 ) -> None:
     """Translate with beam search and a trained checkpoint (or an ensemble of several). The
     decoding options left out come from the (first) checkpoint's translate: section; one
     line on stderr (with the progress bar) says which values were used and where each came from."""
-    from nmt.config import TranslateConfig
-    from nmt.translate import decoding
+    from nmt.translate import decoding as model_decoding
     from nmt.translate.run import STDIN, TranslateOptions, translate_file
     from nmt.translate.search import SearchOptions
 
-    flags = {
-        "beam_size": beam_size,
-        "max_length": max_length,
-        "max_length_ratio": max_length_ratio,
-        "length_penalty": length_penalty,
-        "replace_unk": replace_unk,
-    }
-    values = decoding.from_flags(TranslateConfig(), flags)  # until the checkpoint says
+    decoding = decoding or {}  # the options of `with_decoding_options`, None: not given
+    given = {key: value for key, value in decoding.items() if value is not None}
     try:
         options = TranslateOptions(
-            search=SearchOptions(
-                beam_size=values.beam_size,
-                max_length=values.max_length,
-                max_length_ratio=values.max_length_ratio,
-                min_length=min_length,
-                n_best=1 if n_best is None else n_best,
-                length_penalty=values.length_penalty,
-            ),
+            search=SearchOptions(**given),  # the model's values replace its defaults later
             output=None if str(output) == STDIN else output,  # `-o -`: stdout, as --src -
-            nbest=n_best is not None,
+            nbest="n_best" in given,
             attention=attention,
             ref=ref,
             score_gold=score_gold,
-            replace_unk=values.replace_unk,
             phrase_table=phrase_table,
             max_src_length=max_src_length,
             batch_size=batch_size,
             device=device,
             precision=precision,
             progress=progress,
-            from_model=decoding.not_given(flags),
+            from_model=model_decoding.not_given(decoding),
         )
         translate_file(list(model), src, options)
     except NmtError as exc:

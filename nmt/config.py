@@ -99,6 +99,7 @@ def _opt(
     shape: bool = False,
     doc_more: Callable[[], str] | None = None,
     check: Callable[[Any], str | None] | None = None,
+    off: Any = None,
 ) -> Any:
     """A dataclass field whose metadata carries its validation rule and its documentation,
     and, for the model, what it does to the clone graph (`graph_structure`) and whether it
@@ -108,7 +109,8 @@ def _opt(
     field counts until marked otherwise), "size" (a pure size; the planner's probe uses
     `probe`), "rate" (only on/off decides the nodes; the probe uses `probe` when on) or
     "none" (no bearing on the graph). check: a rule choices and ranges cannot say; it returns
-    why a value is refused (None: accepted)."""
+    why a value is refused (None: accepted). off: the value that turns the option off, where
+    one does (how a `decoding:` line shows it)."""
     if graph not in GRAPH_KINDS or (graph in ("size", "rate")) != (probe is not None):
         raise TypeError(f"graph={graph!r} with probe={probe!r}")
     meta = {
@@ -122,6 +124,7 @@ def _opt(
         "shape": shape,
         "doc_more": doc_more,
         "check": check,
+        "off": off,
     }
     return field(default=default, metadata=meta)
 
@@ -419,30 +422,39 @@ class TrainConfig:
     )
 
 
-@dataclass
+def _finite(value: float) -> str | None:
+    return None if math.isfinite(value) else "must be a finite number"
+
+
+@dataclass(frozen=True)
 class TranslateConfig:
     """The decoding options a model's validation tuning chooses. They travel in its
     checkpoint: `nmt translate` uses them unless a flag gives another value (a checkpoint
-    without the section decodes with these defaults). Options of one use rather than of the
-    model (--n-best, --min-length, --batch-size, --phrase-table) stay flags only."""
+    without the section decodes with these defaults). The options of one use rather than
+    of the model (--n-best, --min-length, ...) are the other fields of
+    `nmt.translate.options.SearchOptions`, which extends this class."""
 
-    beam_size: int = _opt(5, min=1, doc="nmt translate's beam size (1: greedy)")
-    max_length: int = _opt(250, min=1, doc="nmt translate's longest output, in tokens")
+    beam_size: int = _opt(5, min=1, doc="beam size (1: greedy)")
+    max_length: int = _opt(250, min=1, doc="longest output, in tokens")
     max_length_ratio: float = _opt(
         0.0,
         min=0.0,
-        doc="nmt translate also caps an output at ceil(ratio x source tokens) (0: off)",
+        check=_finite,
+        off=0.0,
+        doc="also cap an output at ceil(ratio x source tokens), within max_length (0: off)",
     )
     length_penalty: float = _opt(
         0.0,
         min=0.0,
-        doc="nmt translate's GNMT length penalty alpha: finished hypotheses ranked by "
+        check=_finite,
+        off=0.0,
+        doc="GNMT length penalty alpha: finished hypotheses ranked by "
         "log P / ((5 + length) / 6) ** alpha (0: off, as in seq2seq-attn)",
     )
     replace_unk: bool = _opt(
         False,
-        doc="nmt translate replaces each output <unk> by the most attended source word "
-        "(word tokenizers only)",
+        doc="replace each output <unk> by the most attended source word, or its "
+        "--phrase-table translation (word tokenizers only)",
     )
 
 

@@ -24,29 +24,43 @@ from torch.utils._python_dispatch import TorchDispatchMode
 aten = torch.ops.aten
 
 # ops that read a value back (item, float, int, bool, is_nonzero) or whose output size
-# depends on the data, so the host must wait for it
+# depends on the data, so the host must wait for it; `item` and `is_nonzero` dispatch as
+# themselves under inference mode (which skips the autograd key where they decompose into
+# `_local_scalar_dense`), so each read counts once either way
 SYNC_OPS = frozenset(
     {
         aten._local_scalar_dense.default,
+        aten.item.default,
+        aten.is_nonzero.default,
         aten.nonzero.default,
         aten.masked_select.default,
         aten.unique_consecutive.default,
         aten._unique2.default,
+        aten.equal.default,  # torch.equal: a bool on the host
     }
 )
+READ_NAMES = {"_local_scalar_dense": "item", "is_nonzero": "bool"}
 # indexing ops that, given a boolean mask (`x[mask]`, `x[mask] = v`), first find where it is set
 MASK_INDEXING = frozenset({aten.index.Tensor, aten.index_put.default, aten.index_put_.default})
-# Tensor methods that read a CPU tensor's data without dispatching an aten op
-READ_METHODS = frozenset({"tolist", "numpy"})
+# Tensor methods that read a CPU tensor's data without dispatching an aten op (`.cpu()` of a
+# CPU tensor returns it; on an accelerator it is the copy `_device_to_host` sees)
+READ_METHODS = frozenset({"tolist", "numpy", "cpu"})
 
 
 @dataclass
 class OpCounts:
-    """Non-view aten ops dispatched, host synchronisations among them, and ops by name."""
+    """Non-view aten ops dispatched, host synchronisations among them, ops by name, and the
+    synchronisations by kind (`reads`: an op's name, `tolist`, `numpy`, `cpu`, `mask index`,
+    `to device`)."""
 
     ops: int = 0
     syncs: int = 0
     by_op: Counter = field(default_factory=Counter)
+    reads: Counter = field(default_factory=Counter)
+
+    def read(self, kind: str) -> None:
+        self.syncs += 1
+        self.reads[kind] += 1
 
 
 def _on_cpu(x: object) -> bool:
@@ -97,27 +111,30 @@ class _Ops(TorchDispatchMode):
         if not func.is_view:
             self.counts.ops += 1
             self.counts.by_op[str(func.overloadpacket)] += 1
-            if (
-                func in SYNC_OPS
-                or _device_to_host(func, args, kwargs)
-                or _host_to_device_waits(func, args, kwargs)
-                or _mask_indexing(func, args)
-            ):
-                self.counts.syncs += 1
+            if func in SYNC_OPS:
+                name = str(func.overloadpacket).removeprefix("aten.")
+                self.counts.read(READ_NAMES.get(name, name))
+            elif _device_to_host(func, args, kwargs):
+                self.counts.read("cpu")
+            elif _host_to_device_waits(func, args, kwargs):
+                self.counts.read("to device")
+            elif _mask_indexing(func, args):
+                self.counts.read("mask index")
         return func(*args, **kwargs)
 
 
 class _Reads(TorchFunctionMode):
-    """`.tolist()` and `.numpy()` of a CPU tensor (on an accelerator their copy to the CPU
-    dispatches, and `_Ops` counts that)."""
+    """`.tolist()`, `.numpy()` and `.cpu()` of a CPU tensor (on an accelerator their copy to
+    the CPU dispatches, and `_Ops` counts that)."""
 
     def __init__(self, counts: OpCounts):
         super().__init__()
         self.counts = counts
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
-        if getattr(func, "__name__", "") in READ_METHODS and args and _on_cpu(args[0]):
-            self.counts.syncs += 1
+        name = getattr(func, "__name__", "")
+        if name in READ_METHODS and args and _on_cpu(args[0]):
+            self.counts.read(name)
         return func(*args, **(kwargs or {}))
 
 

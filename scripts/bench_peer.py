@@ -42,6 +42,10 @@ an empty token; nmt splits on any whitespace, so it reads the same tokens either
     python scripts/bench_peer.py --setup                    # once: .peer/onmt-venv
     python scripts/bench_peer.py --json peer.json           # 100 steps, 2 repeats
     python scripts/bench_peer.py --steps 5 --log-every 1 --repeats 1 --sentences 4
+    python scripts/bench_peer.py --device cuda --threads 2 --json peer-gpu.json
+
+`--device cuda` trains and translates on GPU 0 with both tools and times beam 5 at batch 16
+and 64 and greedy search at batch 64 (each output `--length` tokens, as on the CPU).
 """
 
 from __future__ import annotations
@@ -153,7 +157,7 @@ def nmt_config(
         valid_every=0,
         valid_bleu_sample=0,
         label_smoothing=0.0,
-        device="cpu",
+        device=args.device,
     )
     for dotted, value in variant.sets.items():
         section, key = dotted.split(".")
@@ -161,10 +165,13 @@ def nmt_config(
     return raw
 
 
-def onmt_config(nmt: dict, data: dict[str, Path], out: Path, steps: int, log_every: int) -> dict:
+def onmt_config(
+    nmt: dict, data: dict[str, Path], out: Path, steps: int, log_every: int, device: str = "cpu"
+) -> dict:
     """OpenNMT-py's training config for the model, data and schedule of the nmt config `nmt`
     (a dict as in the YAML): the same sizes, attention, dropout, optimizer, batch, vocabulary
-    caps, length filter and seed; CPU, one process, no data workers, no validation."""
+    caps, length filter and seed; on `device` (the CPU, or GPU 0), one process, no data
+    workers, no validation."""
     d, m, t = nmt["data"], nmt["model"], nmt["train"]
     if m.get("rnn_type", "lstm").lower() != "lstm":
         raise ValueError("only LSTM models are compared")
@@ -210,6 +217,7 @@ def onmt_config(nmt: dict, data: dict[str, Path], out: Path, steps: int, log_eve
         "param_init": m.get("param_init", 0.1),
         "label_smoothing": t.get("label_smoothing", 0.0),
         "normalization": "sents",  # gradients per sentence, as nmt's (seq2seq-attn's)
+        **({"gpu_ranks": [0]} if device == "cuda" else {}),
     }
 
 
@@ -370,8 +378,11 @@ def train_onmt(config: dict, venv: Path, out: Path, threads: int) -> dict:
     return {**figures, "rss_mib": rss, "wall_s": wall, "model": str(model)}
 
 
-def translate_nmt(model_path: str, src: Path, beam: int, batch: int, length: int) -> dict:
-    """Sentences/s of `translate_lines` (the model loaded before the clock starts)."""
+def translate_nmt(
+    model_path: str, src: Path, beam: int, batch: int, length: int, device: str = "cpu"
+) -> dict:
+    """Sentences/s of `translate_lines` on `device` (the model loaded before the clock
+    starts; the translations are text on the host when it stops)."""
     import torch
 
     from nmt.data.reading import read_lines
@@ -379,7 +390,7 @@ def translate_nmt(model_path: str, src: Path, beam: int, batch: int, length: int
     from nmt.translate.search import SearchOptions
     from nmt.translate.translator import translate_lines
 
-    model, src_tok, tgt_tok = load_model(Path(model_path), torch.device("cpu"))
+    model, src_tok, tgt_tok = load_model(Path(model_path), torch.device(device))
     lines = read_lines(src)
     options = SearchOptions(beam_size=beam, max_length=length, min_length=length)
     start = time.perf_counter()
@@ -389,13 +400,21 @@ def translate_nmt(model_path: str, src: Path, beam: int, batch: int, length: int
 
 
 def translate_onmt(
-    model: str, venv: Path, src: Path, out: Path, beam: int, batch: int, length: int, threads: int
+    model: str,
+    venv: Path,
+    src: Path,
+    out: Path,
+    beam: int,
+    batch: int,
+    length: int,
+    threads: int,
+    device: str = "cpu",
 ) -> dict:
     pred = out / f"pred-beam{beam}-batch{batch}.txt"
     command = [onmt_bin(venv, "onmt_translate"), "-model", model, "-src", str(src)]
     command += ["-output", str(pred), "-beam_size", str(beam), "-batch_size", str(batch)]
     command += ["-batch_type", "sents", "-min_length", str(length), "-max_length", str(length)]
-    command += ["-max_length_ratio", "0", "-report_time", "-gpu", "-1"]
+    command += ["-max_length_ratio", "0", "-report_time", "-gpu", "0" if device == "cuda" else "-1"]
     log = out / f"translate-beam{beam}-batch{batch}.log"
     env = thread_env(threads, {"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"})
     run_measured(command, env, log)
@@ -419,9 +438,27 @@ COLUMNS = (  # (key in a run's figures, heading, format)
     ("tok_s", "train tgt tok/s", "{:,.0f}"),
     ("rss_mib", "peak RSS MiB", "{:,.0f}"),
     ("nll", "NLL after {steps} steps (ppl)", None),
-    ("beam_batch", "beam 5 batch {batch} sent/s", "{:.2f}"),
-    ("beam_single", "beam 5 batch 1 sent/s", "{:.2f}"),
 )
+
+
+def decodes(device: str, batch: int) -> tuple[tuple[int, int], ...]:
+    """The (beam, batch) searches timed: on the CPU beam 5 at --batch and at 1; on a GPU,
+    where batches fill it, beam 5 at 16 and 64 and greedy search at 64."""
+    return ((5, 16), (5, 64), (1, 64)) if device == "cuda" else ((5, batch), (5, 1))
+
+
+def decode_key(beam: int, batch: int) -> str:
+    return f"beam{beam}_batch{batch}"
+
+
+def decode_columns(keys: list[str]) -> list[tuple[str, str, str]]:
+    """A column for each search that ran (keys of `decode_key`), in COLUMNS' form."""
+    columns = []
+    for key in keys:
+        beam, batch = (int(x) for x in re.findall(r"\d+", key))
+        name = "greedy" if beam == 1 else f"beam {beam}"
+        columns.append((key, f"{name} batch {batch} sent/s", "{:.2f}"))
+    return columns
 
 
 def medians(runs: list[dict]) -> dict[str, dict[str, float]]:
@@ -429,25 +466,28 @@ def medians(runs: list[dict]) -> dict[str, dict[str, float]]:
     by_name: dict[str, list[dict]] = {}
     for run in runs:
         by_name.setdefault(run["name"], []).append(run)
-    keys = [key for key, _, _ in COLUMNS] + ["mean_length"]
+    searched = [k for k in runs[0] if k.startswith("beam") and "_batch" in k] if runs else []
+    keys = [key for key, _, _ in COLUMNS] + searched + ["mean_length"]
     return {
         name: {k: statistics.median(r[k] for r in rs if k in r) for k in keys if k in rs[0]}
         for name, rs in by_name.items()
     }
 
 
-def table(summary: dict[str, dict[str, float]], steps: int, batch: int) -> str:
+def table(summary: dict[str, dict[str, float]], steps: int) -> str:
     """Markdown: a row per tool / variant, each figure with its ratio to OpenNMT-py's."""
     peer = summary.get(ONMT, {})
+    first = next(iter(summary.values()), {})
+    columns = [*COLUMNS, *decode_columns([k for k in first if k.startswith("beam")])]
     heads = []
-    for key, head, _ in COLUMNS:
-        heads.append(head.format(steps=steps, batch=batch))
+    for key, head, _ in columns:
+        heads.append(head.format(steps=steps))
         if key != "nll":
             heads.append("vs " + ONMT)
     lines = ["| | " + " | ".join(heads) + " |", "|---" * (len(heads) + 1) + "|"]
     for name, figures in summary.items():
         cells = []
-        for key, _, fmt in COLUMNS:
+        for key, _, fmt in columns:
             value = figures.get(key, math.nan)
             if key == "nll":
                 cells.append(f"{value:.3f} ({math.exp(min(value, 50)):.1f})")
@@ -486,6 +526,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument(
         "--variants", default=",".join(names), help="comma list of: " + ", ".join(names)
     )
+    ap.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="train and translate here, both tools (cuda: GPU 0; beam 5 at batch 16 and 64 "
+        "and greedy at 64 instead of beam 5 at --batch and 1)",
+    )
     ap.add_argument("--json", type=Path, default=None, help="write every figure here")
     args = ap.parse_args(argv)
     unknown = set(args.variants.split(",")) - set(names)
@@ -504,6 +551,8 @@ def main(argv: list[str] | None = None) -> None:
     check_setup(args.onmt_venv)
     import torch
 
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: torch sees no CUDA device here")
     torch.set_num_threads(args.threads)  # nmt's translation runs in this process
     work = args.work.resolve()
     data = copy_corpus(args.data, work / "data")
@@ -523,28 +572,39 @@ def main(argv: list[str] | None = None) -> None:
     runs = []
     for repeat, name in tqdm(turns, desc="runs", unit="run"):
         out = work / "runs" / f"{name}-{repeat}"
+        searches = decodes(args.device, args.batch)
         if name == ONMT:
-            peer = onmt_config(configs[chosen[0].name], data, out, args.steps, args.log_every)
+            peer = onmt_config(
+                configs[chosen[0].name], data, out, args.steps, args.log_every, args.device
+            )
             run = train_onmt(peer, args.onmt_venv, out, args.threads)
             translations = [
                 translate_onmt(
-                    run["model"], args.onmt_venv, src, out, 5, b, args.length, args.threads
+                    run["model"],
+                    args.onmt_venv,
+                    src,
+                    out,
+                    beam,
+                    batch,
+                    args.length,
+                    args.threads,
+                    args.device,
                 )
-                for b in (args.batch, 1)
+                for beam, batch in searches
             ]
         else:
             run = train_nmt(configs[name], out, args.threads)
             translations = [
-                translate_nmt(run["model"], src, 5, b, args.length) for b in (args.batch, 1)
+                translate_nmt(run["model"], src, beam, batch, args.length, args.device)
+                for beam, batch in searches
             ]
-        batched, single = translations
+        for (beam, batch), figures in zip(searches, translations, strict=True):
+            run[decode_key(beam, batch)] = figures["sent_s"]
         run.update(
             name=name,
             repeat=repeat,
-            beam_batch=batched["sent_s"],
-            beam_single=single["sent_s"],
-            mean_length=(batched["mean_length"] + single["mean_length"]) / 2,
-            translate={"batch": batched, "single": single},
+            mean_length=statistics.mean(t["mean_length"] for t in translations),
+            translate={decode_key(*d): t for d, t in zip(searches, translations, strict=True)},
         )
         runs.append(run)
 
@@ -553,13 +613,14 @@ def main(argv: list[str] | None = None) -> None:
     print(
         f"{base['model']['num_layers']} x {args.rnn} LSTM, batch {base['train']['batch_size']}, "
         f"{args.steps} steps (tok/s over steps {args.log_every + 1}-{args.steps}), "
-        f"{args.threads} threads, CPU, torch {torch.__version__}, OpenNMT-py {ONMT_VERSION}; "
-        f"median of {args.repeats}; translation: {args.sentences} sentences, beam 5, "
+        f"{args.threads} threads, {args.device}, torch {torch.__version__}, "
+        f"OpenNMT-py {ONMT_VERSION}; "
+        f"median of {args.repeats}; translation: {args.sentences} sentences, "
         f"output {args.length} tokens"
     )
     if any(abs(n - args.length) > 1e-9 for n in lengths.values()):
         print(f"warning: mean output lengths differ from {args.length}: {lengths}")
-    print(table(summary, args.steps, args.batch))
+    print(table(summary, args.steps))
     if args.json:
         settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
         result = {"settings": settings, "summary": summary, "runs": runs}

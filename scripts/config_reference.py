@@ -1,4 +1,5 @@
-"""Print the configuration reference (generated from nmt.config), or write it to docs/config.md.
+"""Print the configuration reference (generated from nmt.config, and nmt translate's decoding
+options from nmt.translate.options), or write it to docs/config.md.
 
 python scripts/config_reference.py            # print
 python scripts/config_reference.py --write    # rewrite docs/config.md, the whole file
@@ -10,11 +11,12 @@ import argparse
 from pathlib import Path
 
 from nmt.config import reference_markdown
+from nmt.translate import options
 
 REFERENCE = Path(__file__).resolve().parents[1] / "docs" / "config.md"
 HEADER = (
-    "*Generated from `nmt/config.py` by `python scripts/config_reference.py --write`:"
-    " edit the field docs there, not this file.*"
+    "*Generated from `nmt/config.py` and `nmt/translate/options.py` by `python"
+    " scripts/config_reference.py --write`: edit the field docs there, not this file.*"
 )
 INTRO = (
     "A config file is UTF-8 YAML with four sections; every key is optional except the four\n"
@@ -28,11 +30,22 @@ INTRO = (
     "its `config.yaml`."
 )
 
+DECODING_INTRO = (
+    "Each is a flag of `nmt translate`; those with a key are carried by the model (its\n"
+    "config's `translate:` section, stored in its checkpoint) and default to the model's\n"
+    "value, the others to the default shown. One line on stderr (`decoding:`) says the values\n"
+    "used and where each came from."
+)
+
 
 def document() -> str:
     """The whole text of docs/config.md."""
     reference = reference_markdown().rstrip()
-    return f"{HEADER}\n\n# Configuration reference\n\n{INTRO}\n\n{reference}\n"
+    decoding = options.reference_markdown()
+    return (
+        f"{HEADER}\n\n# Configuration reference\n\n{INTRO}\n\n{reference}\n\n"
+        f"## `nmt translate`'s decoding options\n\n{DECODING_INTRO}\n\n{decoding}\n"
+    )
 
 
 def main() -> None:

@@ -130,10 +130,34 @@ def test_bad_arguments(bench) -> None:
 
 
 def test_table_is_markdown_with_ratios(bench) -> None:
-    figures = {"tok_s": 2000.0, "rss_mib": 800.0, "nll": 6.0, "beam_batch": 4.0, "beam_single": 1.0}
+    figures = {"tok_s": 2000.0, "rss_mib": 800.0, "nll": 6.0, "beam5_batch16": 4.0}
+    figures["beam5_batch1"] = 1.0
     peer = {**figures, "tok_s": 1000.0}
-    text = bench.table({"clones-nngraph": figures, bench.ONMT: peer}, 100, 16)
+    text = bench.table({"clones-nngraph": figures, bench.ONMT: peer}, 100)
     lines = text.splitlines()
     assert len({line.count("|") for line in lines}) == 1
     assert "NLL after 100 steps" in lines[0] and "beam 5 batch 16" in lines[0]
     assert "| clones-nngraph | 2,000 | 2.00x | 800 | 1.00x | 6.000 (403.4) |" in lines[2]
+
+
+def test_a_gpu_run_times_beam_5_at_16_and_64_and_greedy_at_64(bench, tmp_path: Path) -> None:
+    """--device cuda: both tools on GPU 0 (OpenNMT-py's gpu_ranks), and the three searches;
+    the table heads each. (This machine has no GPU: the run itself is not made here.)"""
+    assert bench.decodes("cuda", 16) == ((5, 16), (5, 64), (1, 64))
+    assert bench.decodes("cpu", 16) == ((5, 16), (5, 1))
+    args = bench.parse_args(["--device", "cuda"])
+    assert args.device == "cuda"
+    keys = [bench.decode_key(*d) for d in bench.decodes("cuda", 16)]
+    heads = [head for _, head, _ in bench.decode_columns(keys)]
+    assert heads == [
+        "beam 5 batch 16 sent/s",
+        "beam 5 batch 64 sent/s",
+        "greedy batch 64 sent/s",
+    ]
+    base = yaml.safe_load((REPO / "configs/ende-demo.yaml").read_text(encoding="utf-8"))
+    data = {name: tmp_path / name for name in bench.CORPUS}
+    valid = {"src": tmp_path / "v.src", "tgt": tmp_path / "v.tgt"}
+    nmt = bench.nmt_config(base, data, valid, args, bench.VARIANTS[0])
+    assert nmt["train"]["device"] == "cuda"
+    assert "gpu_ranks" not in bench.onmt_config(nmt, data, tmp_path, 20, 10)
+    assert bench.onmt_config(nmt, data, tmp_path, 20, 10, "cuda")["gpu_ranks"] == [0]

@@ -113,8 +113,8 @@ def test_translate_uses_the_models_section_unless_a_flag_overrides(toy_model, to
     assert bare.exit_code == 0, bare.output
     (line,) = [x for x in bare.stderr.splitlines() if x.startswith("decoding: ")]
     assert line == (
-        "decoding: beam 3 (model), max length 40 (model), max length ratio 2.0 (model), "
-        "length penalty 1.0 (model), replace-unk on (model)"
+        "decoding: --beam-size 3 (model), --max-length 40 (model), --max-length-ratio 2.0 "
+        "(model), --length-penalty 1.0 (model), --replace-unk on (model)"
     )
     flags = ["--beam-size", "3", "--max-length", "40", "--max-length-ratio", "2"]
     flags += ["--length-penalty", "1.0", "--replace-unk"]
@@ -127,8 +127,8 @@ def test_translate_uses_the_models_section_unless_a_flag_overrides(toy_model, to
         "-m", str(tuned), *common, "--beam-size", "1", "--no-replace-unk", "-o", str(tmp_path / "o")
     )
     assert over.exit_code == 0, over.output
-    assert "beam 1 (flag)" in over.stderr and "replace-unk off (flag)" in over.stderr
-    assert "length penalty 1.0 (model)" in over.stderr
+    assert "--beam-size 1 (flag)" in over.stderr and "--replace-unk off (flag)" in over.stderr
+    assert "--length-penalty 1.0 (model)" in over.stderr
     plain = translate_file(
         toy_model,
         toy_test[0],
@@ -148,8 +148,8 @@ def test_a_checkpoint_without_the_section_decodes_with_the_defaults(toy_model, t
     result = invoke("-m", str(old), "--src", str(toy_test[0]), "--device", "cpu")
     assert result.exit_code == 0, result.output
     assert (
-        "decoding: beam 5 (model), max length 250 (model), max length ratio off (model), "
-        "length penalty off (model), replace-unk off (model)"
+        "decoding: --beam-size 5 (model), --max-length 250 (model), --max-length-ratio off "
+        "(model), --length-penalty off (model), --replace-unk off (model)"
     ) in result.stderr
     today = translate_file(
         toy_model, toy_test[0], TranslateOptions(device="cpu", progress=False)
@@ -270,7 +270,7 @@ def test_ensemble_on_the_command_line(toy_model, other_model, toy_test, tmp_path
     expected = translate_file(
         [toy_model, other_model],
         toy_test[0],
-        TranslateOptions(replace_unk=True, device="cpu", progress=False),
+        TranslateOptions(SearchOptions(replace_unk=True), device="cpu", progress=False),
     )
     assert lines_of(out) == expected
 
@@ -335,3 +335,25 @@ def test_the_multi30k_configs_carry_their_decoding_options():
         spm.data.tgt_vocab_size,
     )
     assert spm.model == words.model and not spm.translate.replace_unk
+
+
+def test_every_decoding_option_is_one_field_and_its_flag_follows():
+    """The command line's decoding options, the `decoding:` line's keys and docs/config.md's
+    table all come from the fields of `SearchOptions`: one option each, its flag from its
+    name, the model's own defaulting to None (taken from the checkpoint)."""
+    import typer.main
+
+    from nmt.cli import app
+    from nmt.translate import options
+
+    command = typer.main.get_command(app).commands["translate"]
+    params = {p.name: p for p in command.params}
+    for f in options.fields():
+        param = params[f.name]
+        assert param.opts[0] == options.flag(f.name)
+        assert param.default is None  # not given: the model's value, or the field's default
+    flags = {opt for p in command.params for opt in p.opts}
+    assert "--block-ngram-repeat" in flags and "--random-sampling-topp" in flags
+    assert set(decoding.FLAGS) == set(options.MODEL_KEYS)
+    table = (Path(__file__).resolve().parents[1] / "docs" / "config.md").read_text()
+    assert all(f"| `{options.flag(f.name)}` |" in table for f in options.fields())

@@ -19,7 +19,7 @@ from nmt.memreport.report import build_report, seed_arithmetic, to_json
 from nmt.memreport.tracker import StorageTracker
 from nmt.memreport.translation import Translation, beam_peak
 from nmt.model import build_model
-from nmt.translate.search import SearchOptions, beam_search, greedy_search
+from nmt.translate.search import SearchOptions, beam_search, greedy_search, next_log_probs
 from nmt.translate.translator import evaluating
 
 REPO = Path(__file__).resolve().parents[1]
@@ -38,7 +38,8 @@ def test_beam_replay_on_meta_matches_a_real_search(
     model = build_model(CFG, 50, vocab, device="cpu", dtype=torch.float32)
     src = torch.randint(4, 50, (batch, source))
     mask = torch.ones(batch, source, dtype=torch.bool)
-    tracker = StorageTracker([*model.parameters(), src, mask])
+    next_log_probs(model, torch.zeros(1, CFG.rnn_size), forbid_eos=True)  # its index is made
+    tracker = StorageTracker([*model.parameters(), src, mask])  # once a process, not a search
     options = SearchOptions(beam_size=beam, max_length=length, min_length=length)
     with evaluating(model), tracker:
         found = beam_search(model, src, mask, options)

@@ -35,8 +35,16 @@ def test_every_read_back_is_a_sync():
         lambda: x.nonzero(),  # its size depends on the data
         lambda: x[x > 0],
         lambda: x.clone().index_put_((x > 0,), torch.tensor(0.0)),  # x[x > 0] = 0
+        lambda: int(x.argmax()),
+        lambda: x.cpu(),  # a copy to the host on an accelerator
+        lambda: x.masked_select(x > 0),
+        lambda: torch.equal(x, x),
     ]
     assert [count_syncs(read) for read in reads] == [1] * len(reads)
+    with torch.inference_mode():  # item and bool dispatch undecomposed there
+        assert [count_syncs(read) for read in reads] == [1] * len(reads)
+    kinds = count(lambda: (x.tolist(), bool(x.sum() > 0), x.cpu(), x.nonzero())).reads
+    assert kinds == {"tolist": 1, "item": 1, "cpu": 1, "nonzero": 1}
     assert count_syncs(lambda: torch.where(x > 0, x, 0.0).sum()) == 0
     assert count_syncs(lambda: x[torch.tensor([0, 2])]) == 0  # an index, not a mask
 

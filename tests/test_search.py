@@ -376,7 +376,12 @@ def test_length_penalty_changes_the_ranking():
 
 @pytest.mark.parametrize("alpha", [0.0, 1.0])
 def test_search_stops_when_every_sentence_is_done(copy_model, monkeypatch, alpha):
-    """Sentences leave the batch when done and the batch stops long before max_length."""
+    """A done sentence is masked, then cut from the batch at the host's next look (every
+    `CHECK_EVERY` steps: 2 here), and the batch stops at the first look after every sentence
+    is done, long before max_length."""
+    from nmt.translate import search
+
+    monkeypatch.setattr(search, "CHECK_EVERY", 2)
     rows: list[int] = []
     step = copy_model.decode_step
 
@@ -388,12 +393,14 @@ def test_search_stops_when_every_sentence_is_done(copy_model, monkeypatch, alpha
     sources = random_sources([2, 6], seed=4)
     beams = run(beam_search, copy_model, sources, beam_size=3, max_length=100, length_penalty=alpha)
     assert all(b[0].finished for b in beams)
-    assert len(rows) <= 6 + 4  # the longest source and a few steps more, not 100
+    assert len(rows) <= 6 + 4 + 1  # the longest source and a few steps more, not 100
     assert rows[0] == 2  # the first step: one row (<s>) per sentence, not K copies
-    assert rows[1] == 2 * 3 and rows[-1] == 3  # then K each; the short sentence left
+    assert rows[1] == 2 * 3 and rows[-1] == 3  # then K each; the short sentence was cut
+    assert all(rows[t] == rows[t - 1] for t in range(3, len(rows), 2))  # only at a look
     rows.clear()
     greedy = run(greedy_search, copy_model, sources, max_length=100)
-    assert len(rows) == len(greedy[1].tokens) + 1 and rows[-1] == 1
+    assert len(greedy[1].tokens) + 1 <= len(rows) <= len(greedy[1].tokens) + 2
+    assert rows[-1] == 1
 
 
 @pytest.mark.parametrize(
@@ -404,6 +411,7 @@ def test_search_stops_when_every_sentence_is_done(copy_model, monkeypatch, alpha
         {"max_length": 0},
         {"min_length": -1},
         {"length_penalty": -0.5},
+        {"block_ngram_repeat": -1},
     ],
 )
 def test_bad_search_options_are_user_errors(copy_model, kwargs):
@@ -416,7 +424,7 @@ def test_bad_search_options_are_user_errors(copy_model, kwargs):
 
 @pytest.mark.parametrize("ratio", [-1.0, float("nan"), float("inf")])
 def test_bad_max_length_ratio(ratio):
-    with pytest.raises(NmtError, match="--max-length-ratio must be >= 0"):
+    with pytest.raises(NmtError, match="--max-length-ratio must be"):
         SearchOptions(max_length_ratio=ratio).check()
 
 
@@ -532,3 +540,161 @@ def test_ids_never_generated_are_masked_in_and_out_of_inference_mode(copy_model)
     for m in (masked, logp.detach()):
         assert torch.isinf(m[:, [PAD, BOS, EOS]]).all()
         assert torch.isfinite(m[:, EOS + 1 :]).all()
+
+
+# ---- host reads -----------------------------------------------------------------------------
+
+
+def test_the_step_reads_nothing_back_and_the_host_looks_every_k_steps():
+    """A 30-step decode of 16 sentences (</s> held back): 0 host reads in every step, one
+    read at each look that finds every sentence searching, and the reads of the end (the
+    look, the scores, the tokens, the attention) once; the whole search reads back at most
+    a fixed handful besides (the limits from the mask)."""
+    from nmt.opcount import count
+    from nmt.translate.search import CHECK_EVERY, Search
+
+    model = random_model(eos_bias=-1.0)
+    src, mask = pad_sources(random_sources([3 + i % 7 for i in range(16)], seed=2), "cpu")
+    options = SearchOptions(beam_size=5, max_length=30, min_length=30)
+    with torch.inference_mode():
+        search = Search(model, src, mask, options)
+        per_step = [count(lambda t=t: search.step(t)).syncs for t in range(CHECK_EVERY)]
+        look = count(lambda: search.check(CHECK_EVERY - 1))
+        whole = count(lambda: Search(model, src, mask, options).run())
+    assert per_step == [0] * CHECK_EVERY
+    assert look.syncs == 1 and search.alive == list(range(16))  # all still searching
+    looks = 30 // CHECK_EVERY + (30 % CHECK_EVERY > 0)
+    # the mask's lengths once, one read a look, and three at the last look's output
+    assert whole.syncs == 1 + looks + 3, whole.reads
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_a_blocked_ngram_never_appears(n):
+    """A random model cut at its limit repeats itself; with --block-ngram-repeat n no
+    hypothesis (n-best included, greedy too) holds an n-gram twice, and the option acts."""
+
+    def repeats(tokens: list[int]) -> bool:
+        grams = [tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1)]
+        return len(grams) != len(set(grams))
+
+    model = random_model(eos_bias=-5.0)
+    plain = run(beam_search, model, SOURCES, beam_size=4, max_length=12, n_best=3)
+    assert any(repeats(h.tokens) for hyps in plain for h in hyps)
+    for beam in (4, 1):
+        kwargs = {"beam_size": beam, "max_length": 12, "n_best": min(beam, 3)}
+        blocked = run(beam_search, model, SOURCES, block_ngram_repeat=n, **kwargs)
+        assert not any(repeats(h.tokens) for hyps in blocked for h in hyps)
+        assert all(len(hyps) == kwargs["n_best"] for hyps in blocked)
+
+
+# ---- sampling -------------------------------------------------------------------------------
+
+
+def test_sampling_with_a_seed_repeats_and_top_k_1_is_greedy(copy_model):
+    """A draw per step from the model's distribution: the same seed draws the same
+    translations, another seed others; top-k 1 (and a nucleus too small for a second token)
+    is greedy search, hypotheses, scores and attention; the scores are the model's own."""
+    model = random_model(eos_bias=-1.0)
+    sample = {"beam_size": 1, "max_length": 10, "random_sampling_topk": -1}
+    a = run(beam_search, model, SOURCES, seed=1, **sample)
+    b = run(beam_search, model, SOURCES, seed=1, **sample)
+    c = run(beam_search, model, SOURCES, seed=2, **sample)
+    assert [h[0].tokens for h in a] == [h[0].tokens for h in b]
+    assert [h[0].tokens for h in a] != [h[0].tokens for h in c]
+    for source, (h,) in zip(SOURCES, a, strict=True):
+        assert h.score == pytest.approx(teacher_forced(model, source, h), abs=1e-9)
+    greedy = run(greedy_search, copy_model, SOURCES, max_length=12)
+    for narrow in ({"random_sampling_topk": 1}, {"random_sampling_topp": 1e-9}):
+        drawn = run(beam_search, copy_model, SOURCES, beam_size=5, max_length=12, **narrow)
+        for g, (d,) in zip(greedy, drawn, strict=True):
+            assert (d.tokens, d.score, d.finished) == (g.tokens, g.score, g.finished)
+            assert torch.equal(d.attention, g.attention)
+
+
+def test_top_k_and_temperature_shape_the_draws():
+    """Drawn from the top k only: every token drawn at the first step is among the k most
+    likely; a low temperature draws the most likely token far more often than a high one."""
+    model = random_model(eos_bias=-1.0)
+    src, mask = pad_sources([SOURCES[0]] * 64, "cpu")
+    with torch.inference_mode():
+        context, final = model.encode(src[:1], mask[:1])
+        out, _, _ = model.decode_step(src[:1, 0], model.init_decoder_state(final), context)
+        ranked = next_log_probs(model, out, forbid_eos=False)[0].argsort(descending=True)
+
+    def first_tokens(**kwargs) -> list[int]:
+        options = SearchOptions(beam_size=1, max_length=1, seed=3, **kwargs)
+        with torch.inference_mode():
+            return [h[0].tokens[0] for h in beam_search(model, src, mask, options) if h[0].tokens]
+
+    assert set(first_tokens(random_sampling_topk=3)) <= set(ranked[:3].tolist())
+    cold = first_tokens(random_sampling_topk=-1, random_sampling_temp=0.2)
+    hot = first_tokens(random_sampling_topk=-1, random_sampling_temp=5.0)
+    best = int(ranked[0])
+    assert cold.count(best) > hot.count(best)
+    assert len(set(hot)) > len(set(cold))
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"random_sampling_topk": -2},
+        {"random_sampling_topp": 1.5},
+        {"random_sampling_topk": 5, "random_sampling_temp": 0.0},
+        {"random_sampling_topk": 5, "n_best": 2},
+    ],
+)
+def test_bad_sampling_options_are_user_errors(kwargs):
+    with pytest.raises(NmtError, match="--random-sampling|--n-best"):
+        SearchOptions(**kwargs).check()
+
+
+@pytest.mark.parametrize(("options", "most"), [({}, 32), ({"length_penalty": 1.0}, 45)])
+def test_the_search_adds_a_fixed_few_ops_to_a_step(options, most):
+    """Beside the decoder step and the log-probabilities, a beam step's bookkeeping is a
+    fixed number of ops whatever the batch: on a CPU each costs its dispatch, so this holds
+    the step's Python overhead (32 ops; 45 with a length penalty, whose stop test runs every
+    step)."""
+    from nmt.opcount import count
+    from nmt.translate.search import Search
+
+    model = random_model()
+    src, mask = pad_sources(SOURCES[:4], "cpu")
+    search_options = SearchOptions(beam_size=5, max_length=30, min_length=30, **options)
+    with torch.inference_mode():
+        search = Search(model, src, mask, search_options)
+        search.step(0)
+        step = count(lambda: search.step(1)).ops
+        model_ops = count(
+            lambda: next_log_probs(
+                model,
+                model.decode_step(search.y, search.state, search.context, search.src_mask)[0],
+                forbid_eos=True,
+            )
+        ).ops
+    assert step - model_ops <= most
+
+
+def addresses(search) -> list[int]:
+    from nmt.translate.search import _tensors
+
+    return [t.data_ptr() for t in (search.scores, search.paths, *_tensors(search.state))]
+
+
+def test_between_looks_the_step_reads_and_writes_the_same_buffers():
+    """From the second step to the next look the scores, the live histories and the decoder
+    state (an ensemble's too) stay at the same addresses: static inputs, as a replayed CUDA
+    graph of the step needs (no capture is built here)."""
+    from nmt.translate.ensemble import Ensemble
+    from nmt.translate.search import Search
+
+    src, mask = pad_sources(SOURCES, "cpu")
+    options = SearchOptions(beam_size=3, max_length=12, min_length=12)
+    for model in (random_model(), Ensemble([random_model(3), random_model(4)])):
+        with torch.inference_mode():
+            search = Search(model, src, mask, options)
+            search.step(0)
+
+            first = addresses(search)
+            for t in (1, 2):
+                search.step(t)
+                assert addresses(search) == first

@@ -227,15 +227,20 @@ def test_translator_turns_lines_into_translations(toy_model, toy_test):
 def test_replace_unk_and_attention_file(toy_model, toy_test, tmp_path):
     src = toy_test[0]
     sources = [line.split() for line in lines_of(src)]
-    common = {"search": SearchOptions(3, 60), "device": "cpu", "progress": False}
     plain = translate_file(
-        toy_model, src, TranslateOptions(output=tmp_path / "plain.txt", **common)
+        toy_model,
+        src,
+        TranslateOptions(
+            SearchOptions(3, 60), tmp_path / "plain.txt", device="cpu", progress=False
+        ),
     )
+    unk = SearchOptions(3, 60, replace_unk=True)
+    common = {"device": "cpu", "progress": False}
     att = tmp_path / "att.jsonl"
     copied = translate_file(
         toy_model,
         src,
-        TranslateOptions(output=tmp_path / "copy.txt", replace_unk=True, attention=att, **common),
+        TranslateOptions(output=tmp_path / "copy.txt", search=unk, attention=att, **common),
     )
     table_file = tmp_path / "table.txt"
     words = sorted({w for s in sources for w in s})
@@ -244,7 +249,7 @@ def test_replace_unk_and_attention_file(toy_model, toy_test, tmp_path):
         toy_model,
         src,
         TranslateOptions(
-            output=tmp_path / "map.txt", replace_unk=True, phrase_table=table_file, **common
+            output=tmp_path / "map.txt", search=unk, phrase_table=table_file, **common
         ),
     )
     assert lines_of(tmp_path / "copy.txt") == copied
@@ -275,7 +280,7 @@ def test_replace_unk_needs_word_vocabularies(toy_model, toy_test, monkeypatch):
 
     monkeypatch.setattr(run_module, "load_translation", as_sentencepiece)
     with pytest.raises(NmtError, match="--replace-unk needs word vocabularies"):
-        options = TranslateOptions(replace_unk=True, device="cpu", progress=False)
+        options = TranslateOptions(SearchOptions(replace_unk=True), device="cpu", progress=False)
         translate_file(toy_model, toy_test[0], options)
 
 
@@ -439,7 +444,7 @@ def test_help_lists_the_options():
         (["--max-length", "0"], ["--max-length must be >= 1, got 0"]),
         (["--min-length", "-1"], ["--min-length must be >= 0, got -1"]),
         (["--min-length", "6", "--max-length", "5"], ["--min-length (6) must be at most"]),
-        (["--length-penalty", "-0.5"], ["--length-penalty must be >= 0, got -0.5"]),
+        (["--length-penalty", "-0.5"], ["--length-penalty must be >= 0.0, got -0.5"]),
         (["--max-length-ratio", "-1"], ["--max-length-ratio must be >= 0"]),
         (["--score-gold"], ["--score-gold needs --ref"]),
         (["--phrase-table", "t.txt"], ["--phrase-table", "--replace-unk"]),

@@ -2,12 +2,11 @@
 
 Beam search decides as it goes (which hypotheses end, which sentences leave the batch), so
 it cannot run where no value exists. Its peak, though, is reached in a known state: every
-sentence of the batch still searching, at the last position its limit allows, with the
-longest history. `beam_peak` replays the search's loop body in that state with the search's
-own pieces (`Beam`, `next_log_probs`, `candidates`, `live_candidates`, `decode_step`), two
-iterations in one scope so that what the previous iteration leaves referenced (its log-
-probabilities and scores) is live while the next one computes, as in `beam_search`. What
-depends on values - hypotheses that end, sentences that leave - only ever makes the batch
+sentence of the batch still searching, at the last positions its limit allows. `beam_peak`
+builds the search itself (`search.Search`, whose history buffers have their full width from
+the start) and runs its own `step` at the first and the last two positions, then the
+gathering of the output's attention: the same code as `nmt translate`, no copy of it. What
+depends on values - the host's looks, which cut done sentences - only ever makes the batch
 smaller and is left out.
 tests/test_memreport_phases.py holds the replay to a real CPU search under the same tracker.
 """
@@ -18,11 +17,11 @@ from dataclasses import dataclass
 
 import torch
 
-from nmt.data.vocab import BOS, EOS
+from nmt.data.vocab import BOS
 from nmt.errors import NmtError
 from nmt.memreport.tracker import StorageTracker
 from nmt.model import Seq2SeqAttn
-from nmt.translate.search import SCORES, Beam, candidates, live_candidates, next_log_probs
+from nmt.translate.search import Search, SearchOptions
 
 DEFAULT_BATCH = 32  # nmt translate's --batch-size default
 DEFAULT_MAX_LENGTH = 250  # nmt translate's --max-length default
@@ -58,8 +57,7 @@ def beam_peak(model: Seq2SeqAttn, source_length: int, t: Translation) -> int:
     `t.batch_size` sources of `source_length` tokens (<s> and </s> included), on the model's
     device (meta: nothing is allocated)."""
     device = next(model.parameters()).device
-    B, K, S = t.batch_size, t.beam_size, source_length
-    history = max(t.max_length - 2, 0)  # tokens before the two replayed positions
+    B, S = t.batch_size, source_length
     tracker = StorageTracker(list(model.parameters()))
     was_training = model.training
     model.eval()
@@ -67,32 +65,17 @@ def beam_peak(model: Seq2SeqAttn, source_length: int, t: Translation) -> int:
         with tracker, torch.inference_mode():
             src = torch.full((B, S), BOS, dtype=torch.long, device=device)
             src_mask = torch.ones(B, S, dtype=torch.bool, device=device)
-            context, final = model.encode(src, src_mask)
-            rep = torch.arange(B, device=device).repeat_interleave(K)
-            beam = Beam(
-                alive=torch.arange(B, device=device),
-                scores=context.new_zeros(B, K, dtype=SCORES),
-                tokens=src.new_zeros(B * K, history),
-                attns=context.new_zeros(B * K, history, S),
-                state=model.init_decoder_state(final).index_select(rep),
-                context=context.index_select(0, rep),
-                src_mask=src_mask.index_select(0, rep),
+            options = SearchOptions(  # </s> held back: every sentence runs to its limit
+                beam_size=t.beam_size, n_best=1, max_length=t.max_length, min_length=t.max_length
             )
-            y = src.new_full((B * K,), BOS)
-            for _ in range(2):  # names as in beam_search: each replaces the previous one's
-                out, beam.state, attn = model.decode_step(
-                    y, beam.state, beam.context, beam.src_mask
-                )
-                logp = next_log_probs(model, out, forbid_eos=False)
-                cand_scores, cand_rows, cand_tokens = candidates(beam.scores, logp, 2 * K)
-                live_scores, live_rows, live_tokens = live_candidates(
-                    cand_scores, cand_rows, cand_tokens, K, cand_tokens == EOS
-                )
-                beam = beam.select(
-                    live_rows.reshape(-1), live_scores, live_tokens.reshape(-1), attn
-                )
-                y = beam.tokens[:, -1]
-            del context, final, beam, out, attn, logp
+            search = Search(model, src, src_mask, options, lengths=[S] * B)
+            del src, src_mask
+            for step in sorted({0, search.steps - 2, search.steps - 1} - {-1}):
+                search.step(step)  # its buffers are full-size from the start: the first
+                # step, and the last two (where every sentence is cut), are every step's peak
+            _, order = search.searching()  # the host's last look: all done, all output
+            outputs = search.outputs(order, search.steps - 1)
+            del search, outputs, order
     finally:
         model.train(was_training)
     return tracker.peak

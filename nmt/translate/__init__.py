@@ -1,6 +1,7 @@
 """Translation with a trained model.
 
-search      greedy and beam search over a padded, masked batch, and their SearchOptions
+options     SearchOptions: every decoding option, its flag, help and check from its field
+search      one search loop (beam; greedy and sampling as a beam of one), on the device
 translator  length-sorted batching, eval/inference mode
 ensemble    several models decoding as one: their probabilities averaged
 decoding    the checkpoint's translate: section, each value overridden by its flag

@@ -4,7 +4,8 @@ A model's validation tuning chooses its beam size, length penalty and the rest; 
 its config (`nmt.config.TranslateConfig`), they go wherever the checkpoint goes, so the
 command that scores it needs no options to repeat. `nmt translate` takes each value from
 the checkpoint unless its flag is given, and says in one line which values it used and
-where each came from.
+where each came from. Everything here follows from the fields of `SearchOptions`
+(`nmt.translate.options`).
 """
 
 from __future__ import annotations
@@ -13,45 +14,28 @@ import dataclasses
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from nmt.config import TranslateConfig
+from nmt.translate.options import MODEL_KEYS, SearchOptions, flag, shown
 
 # TranslateConfig field -> the `nmt translate` flag that overrides it
-FLAGS = {
-    "beam_size": "--beam-size",
-    "max_length": "--max-length",
-    "max_length_ratio": "--max-length-ratio",
-    "length_penalty": "--length-penalty",
-    "replace_unk": "--replace-unk",
-}
-
-
-def from_flags(model: TranslateConfig, flags: Mapping[str, Any]) -> TranslateConfig:
-    """The model's values, each replaced by its flag's where the flag was given (not None)."""
-    given = {key: value for key, value in flags.items() if value is not None}
-    unknown = set(given) - set(FLAGS)
-    if unknown:
-        raise ValueError(f"not decoding options of the model: {sorted(unknown)}")
-    return dataclasses.replace(model, **given)
+FLAGS = {key: flag(key) for key in MODEL_KEYS}
 
 
 def not_given(flags: Mapping[str, Any]) -> frozenset[str]:
-    """The decoding options whose flag was left out: they come from the checkpoint."""
-    return frozenset(key for key in FLAGS if flags.get(key) is None)
+    """The model's decoding options whose flag was left out (None): the checkpoint gives
+    them."""
+    return frozenset(key for key in MODEL_KEYS if flags.get(key) is None)
 
 
-def describe(values: TranslateConfig, from_model: Collection[str]) -> str:
-    """One line: each decoding value used and whether the model or a flag gave it."""
-
-    def origin(key: str) -> str:
-        return "model" if key in from_model else "flag"
-
-    ratio = values.max_length_ratio
+def describe(values: SearchOptions, from_model: Collection[str]) -> str:
+    """One line: each of the model's decoding values used and whether the model or a flag
+    gave it, then each other option set away from its default."""
     parts = [
-        f"beam {values.beam_size} ({origin('beam_size')})",
-        f"max length {values.max_length} ({origin('max_length')})",
-        f"max length ratio {ratio if ratio > 0 else 'off'} ({origin('max_length_ratio')})",
-        f"length penalty {values.length_penalty if values.length_penalty > 0 else 'off'} "
-        f"({origin('length_penalty')})",
-        f"replace-unk {'on' if values.replace_unk else 'off'} ({origin('replace_unk')})",
+        f"{flag(key)} {shown(key, getattr(values, key))} "
+        f"({'model' if key in from_model else 'flag'})"
+        for key in MODEL_KEYS
     ]
+    for f in dataclasses.fields(values):
+        value = getattr(values, f.name)
+        if f.name not in MODEL_KEYS and value != f.default:
+            parts.append(f"{flag(f.name)} {shown(f.name, value)}")
     return "decoding: " + ", ".join(parts)

@@ -65,14 +65,13 @@ class TranslateOptions:
     in between. `check()` refuses values that cannot work, before anything is loaded.
     """
 
-    search: SearchOptions = SearchOptions()
+    search: SearchOptions = SearchOptions()  # every decoding option (`nmt.translate.options`)
     output: Path | None = None  # translations; None: stdout
     nbest: bool = False  # 'INDEX ||| translation ||| score' lines (implied by n_best > 1)
     attention: Path | None = None  # one JSON line per sentence: its best hypothesis
     ref: Path | None = None  # references: BLEU and chrF lines on stderr
     score_gold: bool = False  # with ref: each reference's log-likelihood, their perplexity
-    replace_unk: bool = False  # an output <unk> becomes the most attended source word
-    phrase_table: Path | None = None  # ... or its translation from this table
+    phrase_table: Path | None = None  # --replace-unk's translations of source words
     max_src_length: int = 0  # longer sources are truncated, with a warning; 0: no limit
     batch_size: int = 32
     device: str = "auto"
@@ -80,44 +79,26 @@ class TranslateOptions:
     # the progress bar and the lines beside it (decoding, threads, precision): None, the bar
     # on a terminal only (a redirected stderr gets no carriage-return frames), the lines shown
     progress: bool | None = None
-    # the decoding options (`decoding.FLAGS`) whose flag was not given: the checkpoint's
-    # `translate:` section gives them (`with_model`); until then `search` and `replace_unk`
-    # hold TranslateConfig's defaults for them
+    # the model's decoding options (`options.MODEL_KEYS`) whose flag was not given: the
+    # checkpoint's `translate:` section gives them (`with_model`); until then `search`
+    # holds their defaults
     from_model: frozenset[str] = frozenset()
 
     @property
     def writes_nbest(self) -> bool:
         return self.nbest or self.search.n_best > 1
 
-    def decoding(self) -> TranslateConfig:
-        """The decoding options as they stand (those of `from_model` once `with_model` ran)."""
-        s = self.search
-        return TranslateConfig(
-            beam_size=s.beam_size,
-            max_length=s.max_length,
-            max_length_ratio=s.max_length_ratio,
-            length_penalty=s.length_penalty,
-            replace_unk=self.replace_unk,
-        )
+    @property
+    def replace_unk(self) -> bool:
+        return self.search.replace_unk
 
     def with_model(self, model: TranslateConfig) -> TranslateOptions:
         """These options with the checkpoint's values for the options of `from_model` (left
         empty: every value is decided), checked again: --n-best against the model's beam
         size, --phrase-table against its replace-unk."""
-        given = dataclasses.asdict(self.decoding())
-        values = decoding.from_flags(
-            model, {k: v for k, v in given.items() if k not in self.from_model}
-        )
-        search = dataclasses.replace(
-            self.search,
-            beam_size=values.beam_size,
-            max_length=values.max_length,
-            max_length_ratio=values.max_length_ratio,
-            length_penalty=values.length_penalty,
-        )
-        resolved = dataclasses.replace(
-            self, search=search, replace_unk=values.replace_unk, from_model=frozenset()
-        )
+        taken = {key: getattr(model, key) for key in self.from_model}
+        search = dataclasses.replace(self.search, **taken)
+        resolved = dataclasses.replace(self, search=search, from_model=frozenset())
         resolved.check()
         return resolved
 
@@ -582,7 +563,7 @@ def translate_file(
         ) as bar:
             for lines in source.batches:
                 if not best and options.progress is not False:  # empty stdin says nothing
-                    _stderr(decoding.describe(options.decoding(), from_model))
+                    _stderr(decoding.describe(options.search, from_model))
                     _stderr(f"threads: {threads}")
                     _stderr(f"precision: {loaded.precision}")
                 done = translator.translate(lines, len(best), source.name, on_batch=bar.update)

@@ -1,36 +1,39 @@
-"""Greedy and beam search, batched over sentences and beams, with seq2seq-attn's semantics.
+"""Beam search, greedy search as its beam of one, batched over sentences and beams, with
+seq2seq-attn's semantics, its bookkeeping on the device.
 
-Both searches run one `decode_step` per target position for the whole batch and drop a
-sentence from the batch as soon as it is finished, so that a sentence costs the same whether it
-is translated alone or among others. The beam keeps `beam_size` live hypotheses per sentence;
-a candidate ending in </s> that ranks within the top `beam_size` of its sentence is finished
-(never one ranked lower, which is what makes beam size 1 identical to greedy search).
+`Search` runs one `decode_step` per target position for the whole batch; the step reads
+nothing back (scores, parent rows, the history, finished hypotheses and done flags stay on
+the device), and the host looks every `CHECK_EVERY` steps, cutting the sentences done
+since. A sentence's result does not depend on its batch. The beam keeps `beam_size` live
+hypotheses per sentence; a candidate ending in </s> that ranks within the top `beam_size`
+of its sentence is finished (never one ranked lower, which is what makes beam size 1
+greedy search).
 
 Scores are sums of log-probabilities (</s> included). PAD and <s> are never generated.
-Both searches take the whole `SearchOptions`; each sentence's output limit follows from its
+The search takes the whole `SearchOptions`; each sentence's output limit follows from its
 own source length (the mask), so a sentence's result does not depend on its batch.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from nmt.data.vocab import BOS, EOS, PAD
-from nmt.errors import NmtError
-from nmt.model import DecoderState
+from nmt.translate.options import SearchOptions
 from nmt.translate.ranking import row_topk
 
 if TYPE_CHECKING:
     from nmt.translate.ensemble import Decodable
 
 NEG_INF = float("-inf")
+S = TypeVar("S")  # a decoder state: the model's `DecoderState`, or an ensemble's
 SCORES = torch.float32  # hypotheses' log-probability sums, whatever the model computes in
 
 
@@ -52,52 +55,6 @@ class Hypothesis:
 def length_penalty_factor(length: int, alpha: float) -> float:
     """GNMT's ((5 + length) / 6) ** alpha; 1 when alpha is 0 (plain log-probability sums)."""
     return ((5.0 + length) / 6.0) ** alpha if alpha > 0 else 1.0
-
-
-@dataclass(frozen=True)
-class SearchOptions:
-    """How to search, as the command line sets it; `check()` rejects impossible values.
-
-    The output limit of a source of n tokens is `max_length`, or with a ratio
-    min(max_length, ceil(max_length_ratio * n)), at least 1. Greedy search keeps one
-    hypothesis whatever `beam_size` and `n_best` say, and honours the rest.
-    """
-
-    beam_size: int = 5
-    max_length: int = 250
-    max_length_ratio: float = 0.0  # 0: off
-    min_length: int = 0
-    n_best: int = 1
-    length_penalty: float = 0.0  # GNMT alpha; 0: plain log-probability sums
-
-    def check(self) -> None:
-        """Reject option values a user may pass on the command line, naming the options of
-        `nmt translate` that set them (`--beam-size`, ...)."""
-        if self.beam_size < 1:
-            raise NmtError(f"--beam-size must be >= 1, got {self.beam_size}")
-        if self.max_length < 1:
-            raise NmtError(f"--max-length must be >= 1, got {self.max_length}")
-        if not 1 <= self.n_best <= self.beam_size:
-            raise NmtError(
-                f"--n-best must be between 1 and --beam-size ({self.beam_size}), got {self.n_best}"
-            )
-        if self.min_length < 0:
-            raise NmtError(f"--min-length must be >= 0, got {self.min_length}")
-        if self.min_length > self.max_length:
-            raise NmtError(
-                f"--min-length ({self.min_length}) must be at most --max-length "
-                f"({self.max_length}): no output could reach it"
-            )
-        if self.length_penalty < 0 or not math.isfinite(self.length_penalty):
-            raise NmtError(f"--length-penalty must be >= 0, got {self.length_penalty}")
-        if self.max_length_ratio < 0 or not math.isfinite(self.max_length_ratio):
-            raise NmtError(f"--max-length-ratio must be >= 0 (0: off), got {self.max_length_ratio}")
-
-    def limit(self, source_length: int) -> int:
-        """The most tokens to output for a source of `source_length` tokens (no specials)."""
-        if self.max_length_ratio <= 0:
-            return self.max_length
-        return max(1, min(self.max_length, math.ceil(self.max_length_ratio * source_length)))
 
 
 def _source_lengths(src: Tensor, src_mask: Tensor | None) -> list[int]:
@@ -150,154 +107,383 @@ def candidates(scores: Tensor, logp: Tensor, width: int) -> tuple[Tensor, Tensor
     return cand_scores, cand_rows, row_tokens.view(n, k * W).gather(1, cand)
 
 
-def live_candidates(
-    cand_scores: Tensor, cand_rows: Tensor, cand_tokens: Tensor, K: int, is_eos: Tensor | None
-) -> tuple[Tensor, Tensor, Tensor]:
-    """The K best candidates that do not end in </s> (there are at least K among 2K), in
-    their order: the hypotheses that go on, scores, parent rows and tokens, each n x K.
-    `is_eos` is `cand_tokens == EOS`, or None when the caller knows no candidate ends (then
-    they are the first K, taken without sorting)."""
-    if is_eos is None:
-        return cand_scores[:, :K], cand_rows[:, :K], cand_tokens[:, :K]
-    width = torch.arange(cand_tokens.size(1), device=cand_tokens.device)
-    order = (is_eos.long() * cand_tokens.size(1) + width).argsort(1)[:, :K]
-    return cand_scores.gather(1, order), cand_rows.gather(1, order), cand_tokens.gather(1, order)
-
-
-def greedy_search(
-    model: Decodable,
-    src: Tensor,
-    src_mask: Tensor | None,
-    options: SearchOptions = SearchOptions(beam_size=1),
-) -> list[Hypothesis]:
-    """The most probable token at every step, for every sentence of the batch at once.
-
-    src: B x S with <s> .. </s> (right-padded with PAD where `src_mask` is False).
-    A sentence leaves the batch when it produces </s> (not before `options.min_length`
-    tokens); after its limit (`SearchOptions.limit`) it is cut. Scores are divided by the
-    length penalty as the beam's are, so this is beam search of size 1, with less bookkeeping.
-    """
-    options.check()
-    B = src.size(0)
-    lengths = _source_lengths(src, src_mask)
-    limits = _limits(options, lengths)
-    alpha = options.length_penalty
-    context, final = model.encode(src, src_mask)
-    state = model.init_decoder_state(final)
-    alive = torch.arange(B, device=src.device)  # original index of each row
-    limit = torch.tensor(limits, device=src.device)  # of each row
-    y = src.new_full((B,), BOS)
-    scores = context.new_zeros(B, dtype=SCORES)
-    tokens = src.new_empty(B, 0)
-    attns = context.new_empty(B, 0, src.size(1))
-    results: list[Hypothesis | None] = [None] * B
-
-    def emit(rows: Tensor, ended: bool) -> None:
-        for orig, score, toks, attn in zip(
-            alive[rows].tolist(),
-            scores[rows].tolist(),
-            tokens[rows].tolist(),
-            attns[rows].cpu(),
-            strict=True,
-        ):
-            n = len(toks) - 1 if ended else len(toks)  # </s> is not a token of the output
-            score /= length_penalty_factor(len(toks), alpha)  # </s> counts, as in the beam
-            results[orig] = Hypothesis(toks[:n], score, attn[:, : lengths[orig]], ended)
-
-    for t in range(max(limits, default=0)):
-        out, state, attn = model.decode_step(y, state, context, src_mask)
-        logp = next_log_probs(model, out, forbid_eos=t < options.min_length)
-        best, y = logp.max(dim=1)  # the best of scores + logp, without that B x V sum
-        scores = scores + best
-        tokens = torch.cat([tokens, y.unsqueeze(1)], dim=1)
-        attns = torch.cat([attns, attn.unsqueeze(1)], dim=1)
-        ended = y == EOS
-        cut = ~ended & (limit == t + 1)
-        leaving = ended | cut
-        if bool(leaving.any()):
-            for rows, has_ended in ((ended, True), (cut, False)):
-                if bool(rows.any()):
-                    emit(rows.nonzero().squeeze(1), ended=has_ended)
-            keep = (~leaving).nonzero().squeeze(1)
-            if keep.numel() == 0:
-                break
-            alive, limit, y, scores = alive[keep], limit[keep], y[keep], scores[keep]
-            tokens, attns = tokens[keep], attns[keep]
-            state = state.index_select(keep)
-            context = context.index_select(0, keep)
-            src_mask = None if src_mask is None else src_mask.index_select(0, keep)
-    return [h for h in results if h is not None]
+# Steps between the host's looks at the device (`Search.check`): one read of the sentences'
+# done flags, and then the hypotheses of those done, collected at once and cut from the batch.
+# Between two looks the step reads nothing back. Over `nmt translate` of data/toy/test.src
+# (500 sentences, beam 5, batch 32, the toy config after 300 steps; 1,062 host reads at
+# 0292588), looks every 1, 2, 4, 8, 16 steps made 315 / 184 / 119 / 95 / 70 host reads and
+# decoded 20,985 / 22,750 / 23,480 / 28,680 / 38,000 rows (sentences done but not yet cut are
+# decoded until the next look): 4 keeps the reads under a quarter of 0292588's for 12% more
+# rows; 8 would cost 37%. (`scripts/count_translate_reads.py --check-every K`, CPU, 48ee683.)
+CHECK_EVERY = 4
 
 
 @dataclass
-class Beam:
-    """The live part of a batched beam: rows are (active sentence, beam) flattened, K per
-    sentence; history tensors are reordered with the hypotheses at every step."""
+class Finished:
+    """Per sentence its `n_best` best hypotheses so far, best first, on the device: the
+    collector both ended hypotheses (</s> among the top K) and those cut at the length
+    limit go to, so that neither the step nor the stop test reads anything back.
 
-    alive: Tensor  # n  original sentence index of each active sentence
-    scores: Tensor  # n x K  accumulated log-probabilities (-inf: no hypothesis)
-    tokens: Tensor  # nK x t
-    attns: Tensor  # nK x t x S
-    state: DecoderState
-    context: Tensor  # nK x S x H
-    src_mask: Tensor | None  # nK x S
+    Only the n_best best can be output or decide the stop test (the n-th best score), so
+    each addition is one stable sort of the slots and the newcomers (found first wins a tie,
+    as in `best_distinct`). A hypothesis is its `paths` row: its tokens and, per position,
+    the beam whose decoding gave that position's attention (`Search.attention_history`).
+    """
 
-    def select(
+    scores: Tensor  # n x N  (-inf: an empty slot); float64 when divided by a length penalty
+    paths: Tensor  # n x N x 2 x T  tokens, attention beams
+    tags: Tensor  # n x N  2 x attention rows + 1 if it ended (its tokens: rows - ended)
+    count: Tensor  # n  hypotheses added (for the length penalty's stop rule)
+
+    @classmethod
+    def empty(cls, n: int, n_best: int, T: int, like: Tensor, dtype: torch.dtype) -> Finished:
+        return cls(
+            scores=torch.full((n, n_best), NEG_INF, dtype=dtype, device=like.device),
+            paths=like.new_zeros(n, n_best, 2, T),
+            tags=like.new_zeros(n, n_best),
+            count=like.new_zeros(n),
+        )
+
+    def add(self, scores: Tensor, paths: Tensor, tag: int, counted: bool) -> None:
+        """Offer n x M hypotheses (score -inf: none) of one `tag`; `counted`: keep `count`."""
+        N = self.scores.size(1)
+        top, order = torch.cat([self.scores, scores], 1).sort(dim=1, descending=True, stable=True)
+        self.scores, order = top[:, :N], order[:, :N]
+        self.paths = torch.cat([self.paths, paths], 1).gather(
+            1, order[:, :, None, None].expand(-1, -1, *self.paths.shape[2:])
+        )
+        tags = torch.cat([self.tags, self.tags.new_full(scores.shape, tag)], 1)
+        self.tags = tags.gather(1, order)
+        if counted:
+            self.count += torch.isfinite(scores).sum(1)
+
+    def select(self, sentences: Tensor) -> Finished:
+        return Finished(
+            *(getattr(self, f.name).index_select(0, sentences) for f in dataclasses.fields(self))
+        )
+
+
+class Search:
+    """Beam search of a batch, all of its bookkeeping on the device: `step(t)` runs one
+    target position and reads nothing back; `check()`, every `CHECK_EVERY` steps, is where
+    the host looks: it reads which sentences are done and cuts them from the batch.
+
+    Rows are (sentence, beam), K per sentence after the first step (which runs one row per
+    sentence: <s>). A done sentence is not removed at once but masked: its live scores are
+    -inf, so it finds nothing more, until the next check cuts it out. A live row's history
+    is its `paths` row (tokens, and the beam whose decoding gave each position's attention),
+    reordered by the step's parent rows into a buffer of fixed width `max(limits)`; the
+    attention of every row at every position is written once, where it was computed, into
+    `attention_history`, and read back through `paths` only for hypotheses that are output.
+
+    Greedy search is a beam of one; so is sampling (`options.samples()`), which draws one
+    token a step instead of ranking (`draw`).
+    """
+
+    def __init__(
         self,
-        rows: Tensor,
-        scores: Tensor,
-        new_tokens: Tensor,
-        new_attn: Tensor,
-        keep: Tensor | None = None,
-    ) -> Beam:
-        """Keep `rows` (parent rows, K per kept sentence: `scores` is n x K), extended by
-        their new token.
+        model: Decodable,
+        src: Tensor,
+        src_mask: Tensor | None,
+        options: SearchOptions,
+        lengths: list[int] | None = None,
+    ):
+        options.check()
+        self.model, self.options = model, options
+        self.K = 1 if options.samples() else options.beam_size  # a draw: a beam of one
+        B, S = src.shape
+        device = src.device
+        self.lengths = _source_lengths(src, src_mask) if lengths is None else lengths
+        self.limits = _limits(options, self.lengths)
+        self.steps = max(self.limits, default=0)
+        self.limit_steps = set(self.limits)  # the steps after which some sentence is cut
+        self.alive = list(range(B))  # original index of each sentence of the batch
+        self.context, final = model.encode(src, src_mask)
+        self.state = model.init_decoder_state(final)
+        self.src_mask = src_mask
+        self.y = src.new_full((B,), BOS)
+        self.scores = torch.zeros(B, 1, dtype=SCORES, device=device)  # n x k
+        self.paths = src.new_zeros(B, 2, self.steps)  # nk x 2 x T
+        self.attention_history = self.context.new_empty(B, self.K, self.steps, S)
+        self.limit = _device_limits(options, src, src_mask)
+        # Without a length penalty a live score only falls, so it bounds what it can reach
+        # and the search is exact; with one, a longer hypothesis may still rise up to
+        # live / max_lp (seldom reached), so a sentence is also done once it has K finished
+        # ones (fairseq).
+        alpha = options.length_penalty
+        self.max_lp = ((6.0 + self.limit.double()) / 6.0).pow(alpha)
+        self.enough = self.K if alpha > 0 else None
+        # Without a length penalty a sentence found done stays done and what it finds after
+        # cannot enter its n-best list (a later score is at most the live one that the n-th
+        # best beat; a tie keeps the earlier), so the test runs at the host's looks only;
+        # with one, each step (what it finds after may rank higher once divided).
+        self.done_every_step = alpha > 0
+        dtype = torch.float64 if alpha > 0 else SCORES  # divided as the host divided
+        self.finished = Finished.empty(B, options.n_best, self.steps, src, dtype)
+        self.generator = _generator(options, device)
+        self.done: list[list[Hypothesis]] = [[] for _ in range(B)]
 
-        Parents are rows of their own sentence, whose rows of `context` and `src_mask` are
-        alike, so those are only cut down to the kept sentences `keep` (positions in `alive`;
-        None: all of them) instead of being copied in the parents' order at every step - and
-        repeated K times after the first step, which ran one row per sentence.
-        """
-        context, src_mask, alive = self.context, self.src_mask, self.alive
-        if keep is not None:
-            sentence_rows = self._rows(keep)
-            context = context.index_select(0, sentence_rows)
-            src_mask = None if src_mask is None else src_mask.index_select(0, sentence_rows)
-            alive = alive.index_select(0, keep)
-        grow = scores.size(1) // self.scores.size(1)
-        if grow > 1:
-            context = context.repeat_interleave(grow, dim=0)
-            src_mask = None if src_mask is None else src_mask.repeat_interleave(grow, dim=0)
-        return Beam(
-            alive=alive,
-            scores=scores,
-            tokens=torch.cat([self.tokens.index_select(0, rows), new_tokens.unsqueeze(1)], 1),
-            attns=torch.cat(
-                [self.attns.index_select(0, rows), new_attn.index_select(0, rows).unsqueeze(1)], 1
-            ),
-            state=self.state.index_select(rows),
-            context=context,
-            src_mask=src_mask,
+    # ---- the step: device only ---------------------------------------------------------
+
+    def step(self, t: int) -> None:
+        """Target position t for every row: decode, rank (or draw), collect what ends or
+        reaches its limit, mask the sentences that are done. No value is read back."""
+        o, K = self.options, self.K
+        n, k = self.scores.shape
+        out, state, attn = self.model.decode_step(self.y, self.state, self.context, self.src_mask)
+        self.attention_history[:, :k, t] = attn.view(n, k, -1)
+        logp = next_log_probs(self.model, out, forbid_eos=t < o.min_length)
+        if o.block_ngram_repeat > 0:
+            block_repeats(logp, self.paths[:, 0, :t], o.block_ngram_repeat)
+        if self.generator is not None:
+            cand_scores, cand_rows, cand_tokens = draw(self.scores, logp, o, self.generator)
+        else:
+            cand_scores, cand_rows, cand_tokens = candidates(self.scores, logp, 2 * K)
+        # each candidate's history: its parent's, with its token and its parent's beam
+        ext = self.paths.index_select(0, cand_rows.reshape(-1))
+        ext[:, 0, t] = cand_tokens.reshape(-1)
+        ext[:, 1, t] = (cand_rows % k).reshape(-1)
+        ext = ext.view(n, -1, 2, self.steps)
+        # ended: </s> among the top K candidates of its sentence (its history without </s>;
+        # a candidate at -inf stays -inf)
+        is_eos = cand_tokens == EOS
+        ended = torch.where(is_eos[:, :K], self._divided(cand_scores[:, :K], t), NEG_INF)
+        self.finished.add(ended, ext[:, :K], 2 * (t + 1) + 1, self.enough is not None)
+        # the live rows' scores, histories and decoder states go into the buffers of the
+        # step before (fixed addresses from one look to the next), read by nothing after
+        static = k == K
+        same = static and self.scores.dtype == cand_scores.dtype  # float64 models: at step 1
+        live_scores, order = live_order(cand_scores, is_eos, K, self.scores if same else None)
+        history = order[:, :, None, None].expand(-1, -1, 2, self.steps)
+        into = self.paths.view(n, K, 2, self.steps) if static else None
+        self.paths = torch.gather(ext, 1, history, out=into).view(n * K, 2, self.steps)
+        rows = cand_rows.gather(1, order).reshape(-1)
+        off = self._done(live_scores[:, 0]) if self.done_every_step else None
+        if t + 1 in self.limit_steps:  # sentences at their limit: the live ones count as they are
+            cut = self.limit == t + 1
+            cut = cut if off is None else cut & ~off
+            at_limit = torch.where(cut[:, None], self._divided(live_scores, t), NEG_INF)
+            self.finished.add(at_limit, self.paths.view(n, K, 2, -1), 2 * (t + 1), False)
+            off = cut if off is None else off | cut
+        self.scores = (
+            live_scores if off is None else live_scores.masked_fill_(off[:, None], NEG_INF)
         )
+        self.y = self.paths[:, 0, t]
+        self.state = reorder_state(state, rows, self.state if static else None)
+        if k < K:  # after the first step: K rows a sentence from now on
+            self.context = self.context.repeat_interleave(K, dim=0)
+            if self.src_mask is not None:
+                self.src_mask = self.src_mask.repeat_interleave(K, dim=0)
 
-    def _rows(self, keep: Tensor) -> Tensor:
-        """The rows (K, or 1 before the first step) of each sentence in `keep` (positions in
-        `alive`), in order."""
-        K = self.scores.size(1)
-        return (keep.unsqueeze(1) * K + torch.arange(K, device=keep.device)).reshape(-1)
+    def _divided(self, scores: Tensor, t: int) -> Tensor:
+        """Scores of hypotheses of t + 1 positions, divided by the length penalty (in
+        float64, as the host divides; untouched without one)."""
+        if self.enough is None:
+            return scores
+        return scores.double() / length_penalty_factor(t + 1, self.options.length_penalty)
 
-    def sentences(self, keep: Tensor) -> Beam:
-        """The sub-beam of the active sentences `keep` (positions in `alive`)."""
-        rows = self._rows(keep)
-        return Beam(
-            alive=self.alive.index_select(0, keep),
-            scores=self.scores.index_select(0, keep),
-            tokens=self.tokens.index_select(0, rows),
-            attns=self.attns.index_select(0, rows),
-            state=self.state.index_select(rows),
-            context=self.context.index_select(0, rows),
-            src_mask=None if self.src_mask is None else self.src_mask.index_select(0, rows),
+    def _done(self, best_live: Tensor) -> Tensor:
+        """Per sentence: can no live hypothesis enter its n-best list any more (a live score
+        divided by `max_lp` bounds what it can still reach), or have `enough` finished?"""
+        f, n_best = self.finished, self.options.n_best
+        full = torch.isfinite(f.scores[:, n_best - 1])
+        beaten = f.scores[:, n_best - 1] >= best_live.double() / self.max_lp
+        if self.enough is not None:
+            beaten = beaten | (f.count >= self.enough)
+        return (best_live == NEG_INF) | (full & beaten)
+
+    # ---- the host's look ---------------------------------------------------------------
+
+    def searching(self) -> tuple[Tensor, Tensor]:
+        """Per sentence whether it is still searching, and the sentences in the order
+        searching first (stable), on the device."""
+        if not self.done_every_step:
+            self.scores = self.scores.masked_fill(self._done(self.scores[:, 0])[:, None], NEG_INF)
+        searching = torch.isfinite(self.scores[:, 0])
+        return searching, (~searching).to(torch.uint8).argsort(stable=True)
+
+    def check(self, t: int) -> bool:
+        """After step t: read which sentences are done (one read), collect their hypotheses
+        and cut them from the batch. False: every sentence is done."""
+        searching, order = self.searching()
+        flags = searching.tolist()
+        n_on = sum(flags)
+        if n_on == len(flags):
+            return True
+        on, off = order[:n_on], order[n_on:]
+        self._collect(off, [a for a, f in zip(self.alive, flags, strict=True) if not f], t)
+        if n_on == 0:
+            return False
+        K = self.K
+        rows = (on[:, None] * K + torch.arange(K, device=on.device)).reshape(-1)
+        self.alive = [a for a, f in zip(self.alive, flags, strict=True) if f]
+        self.finished = self.finished.select(on)
+        self.scores = self.scores.index_select(0, on)
+        self.limit = self.limit.index_select(0, on)
+        self.max_lp = self.max_lp.index_select(0, on)
+        self.attention_history = self.attention_history.index_select(0, on)
+        self.paths, self.y = self.paths.index_select(0, rows), self.y.index_select(0, rows)
+        self.state = self.state.index_select(rows)
+        self.context = self.context.index_select(0, rows)
+        if self.src_mask is not None:
+            self.src_mask = self.src_mask.index_select(0, rows)
+        return True
+
+    def outputs(self, sentences: Tensor, t: int) -> tuple[Tensor, Tensor, Tensor]:
+        """The n-best lists of the batch's `sentences` after step t, on the device: scores
+        m x N, tags (`Finished.tags`) and tokens m x N x (1 + T'), attention m x N x T' x S
+        (T' = t + 2 positions at most). Position j's attention is the row the hypothesis'
+        beam at j computed (`paths`), gathered from `attention_history` in place."""
+        f = self.finished.select(sentences)
+        m, N = f.scores.shape
+        T = min(t + 2, self.steps)
+        S = self.attention_history.size(-1)
+        beams = f.paths[:, :, 1, :T]  # m x N x T
+        at = torch.arange(T, device=beams.device)
+        index = (sentences[:, None, None] * self.K + beams) * self.steps + at
+        attention = self.attention_history.view(-1, S).index_select(0, index.reshape(-1))
+        ints = torch.cat([f.tags.unsqueeze(2), f.paths[:, :, 0, :T]], 2)
+        return f.scores, ints, attention.view(m, N, T, S)
+
+    def _collect(self, sentences: Tensor, alive: list[int], t: int) -> None:
+        """The n-best lists of the batch's `sentences` (their original indices: `alive`) as
+        `Hypothesis`es: three reads for all of them."""
+        scores, ints, attention = self.outputs(sentences, t)
+        N = scores.size(1)
+        scores, sizes_and_tokens, attention = scores.tolist(), ints.tolist(), attention.cpu()
+        for i, orig in enumerate(alive):
+            hyps = []
+            for j in range(N):
+                if scores[i][j] == NEG_INF:
+                    continue
+                tag, *ids = sizes_and_tokens[i][j]
+                rows, ended = divmod(tag, 2)
+                a = attention[i, j, :rows, : self.lengths[orig]]
+                hyps.append(Hypothesis(ids[: rows - ended], scores[i][j], a, bool(ended)))
+            self.done[orig] = best_distinct(hyps, N)
+
+    def run(self) -> list[list[Hypothesis]]:
+        """Every step, the host looking every `CHECK_EVERY` steps and after the last; per
+        sentence its n-best list, best first."""
+        for t in range(self.steps):
+            self.step(t)
+            looks = (t + 1) % CHECK_EVERY == 0 or t + 1 == self.steps
+            if looks and not self.check(t):
+                break
+        return self.done
+
+
+def live_order(
+    cand_scores: Tensor, is_eos: Tensor, K: int, out: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """The K best candidates that do not end in </s> (there are at least K among 2K), in
+    their order: their scores (into `out` if given) and their places among the
+    candidates, n x K each."""
+    order = is_eos.to(torch.uint8).argsort(dim=1, stable=True)[:, :K]
+    return torch.gather(cand_scores, 1, order, out=out), order
+
+
+def _tensors(state: object) -> list[Tensor]:
+    """The tensors of a decoder state (`DecoderState`, an ensemble's), in a fixed order."""
+    if isinstance(state, Tensor):
+        return [state]
+    if dataclasses.is_dataclass(state):
+        return [t for f in dataclasses.fields(state) for t in _tensors(getattr(state, f.name))]
+    if isinstance(state, list | tuple):
+        return [t for part in state for t in _tensors(part)]
+    return []
+
+
+def reorder_state(state: S, rows: Tensor, buffers: S | None) -> S:
+    """`state.index_select(rows)`, written into the tensors of `buffers` (a state of the same
+    form and shapes, which nothing reads any more) where given: the state a step reads then
+    lies at the same addresses every step, as a replayed CUDA graph needs."""
+    if buffers is not None:
+        new, old = _tensors(state), _tensors(buffers)
+        fits = len(new) == len(old) and all(
+            b.shape == (rows.numel(), *a.shape[1:]) and b.dtype == a.dtype
+            for a, b in zip(new, old, strict=True)
         )
+        if fits:
+            for a, b in zip(new, old, strict=True):
+                torch.index_select(a, 0, rows, out=b)
+            return buffers
+    return state.index_select(rows)  # type: ignore[attr-defined]
+
+
+def _device_limits(options: SearchOptions, src: Tensor, src_mask: Tensor | None) -> Tensor:
+    """`SearchOptions.limit` of each sentence, computed on the device from its mask (the
+    same float64 arithmetic as the host's)."""
+    if src_mask is None:
+        n = torch.full((src.size(0),), src.size(1), device=src.device, dtype=torch.long)
+    else:
+        n = src_mask.sum(dim=1)
+    if options.max_length_ratio <= 0:
+        return torch.full_like(n, options.max_length)
+    ratio = torch.ceil((n - 2).double() * options.max_length_ratio).long()
+    return ratio.clamp(1, options.max_length)
+
+
+def _generator(options: SearchOptions, device: torch.device) -> torch.Generator | None:
+    """The random numbers of sampling, from `options.seed`; None: no sampling."""
+    if not options.samples():
+        return None
+    return torch.Generator(device=device).manual_seed(options.seed)
+
+
+def draw(
+    scores: Tensor, logp: Tensor, options: SearchOptions, generator: torch.Generator
+) -> tuple[Tensor, Tensor, Tensor]:
+    """One token drawn for each of the n rows (a beam of one), in the form `candidates`
+    gives: n x 2, the draw and a filler at -inf (so that a drawn </s> leaves no live
+    hypothesis). The distribution is softmax(logp / temperature), cut to the top-k tokens
+    and to the top-p nucleus where asked; the score added is the model's own log-probability.
+    The draw is an exponential race (argmax of p / E, E ~ Exp(1)): no host read."""
+    logits = logp / options.random_sampling_temp
+    k = options.random_sampling_topk
+    if k > 0 and k < logits.size(1):
+        kth = logits.topk(k, dim=1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, NEG_INF)
+    p = options.random_sampling_topp
+    if 0 < p < 1:
+        sorted_logits, order = logits.sort(dim=1, descending=True)
+        probs = sorted_logits.softmax(dim=1)
+        outside = probs.cumsum(dim=1) - probs >= p  # the mass before it already reaches p
+        logits = logits.scatter(1, order, sorted_logits.masked_fill(outside, NEG_INF))
+    race = logits.softmax(dim=1) / torch.empty_like(logits).exponential_(generator=generator)
+    token = race.argmax(dim=1, keepdim=True)
+    n = logp.size(0)
+    drawn = scores.reshape(-1, 1) + logp.gather(1, token)
+    cand_scores = torch.cat([drawn, torch.full_like(drawn, NEG_INF)], 1)
+    rows = torch.arange(n, device=logp.device).unsqueeze(1).expand(n, 2)
+    return cand_scores, rows, torch.cat([token, torch.full_like(token, PAD)], 1)
+
+
+def block_repeats(logp: Tensor, history: Tensor, n: int) -> None:
+    """Forbid (-inf) each row's tokens that would repeat an n-gram of its history (rows x t
+    tokens): the tokens that followed an earlier occurrence of its last n - 1 tokens."""
+    t = history.size(1)
+    if t < n:  # no earlier n-gram yet
+        return
+    windows = history.unfold(1, n, 1)  # rows x (t - n + 1) x n: every n-gram so far
+    suffix = history[:, t - n + 1 :]  # rows x (n - 1)
+    match = (windows[:, :, : n - 1] == suffix.unsqueeze(1)).all(dim=2)
+    logp.scatter_(1, torch.where(match, windows[:, :, n - 1], PAD), NEG_INF)
+
+
+def search(
+    model: Decodable,
+    src: Tensor,
+    src_mask: Tensor | None,
+    options: SearchOptions = SearchOptions(),
+    lengths: list[int] | None = None,
+) -> list[list[Hypothesis]]:
+    """Per sentence of the batch its `options.n_best` hypotheses, best first (`Search`).
+
+    src: B x S with <s> .. </s> (right-padded with PAD where `src_mask` is False); `lengths`,
+    its real lengths if the caller knows them (else read from the mask).
+    """
+    return Search(model, src, src_mask, options, lengths).run()
 
 
 def beam_search(
@@ -305,10 +491,9 @@ def beam_search(
     src: Tensor,
     src_mask: Tensor | None,
     options: SearchOptions = SearchOptions(),
+    lengths: list[int] | None = None,
 ) -> list[list[Hypothesis]]:
     """Beam search for a batch of sentences; per sentence its `n_best` hypotheses, best first.
-
-    src: B x S with <s> .. </s> (right-padded with PAD where `src_mask` is False).
 
     A sentence is done once it has `n_best` finished hypotheses and the n-th best of them
     outscores every live one (log-probabilities only fall, so none could overtake it; with
@@ -318,138 +503,21 @@ def beam_search(
     its limit (`SearchOptions.limit`) a sentence's live hypotheses are taken as they are.
     Identical token sequences are kept once, with their best score.
     """
-    options.check()
-    K, alpha = options.beam_size, options.length_penalty
-    n_best, min_length = options.n_best, options.min_length
-    B, S = src.shape
-    device = src.device
-    lengths = _source_lengths(src, src_mask)
-    limits = _limits(options, lengths)
-    context, final = model.encode(src, src_mask)
-    # One hypothesis per sentence at first (<s>): the first step decodes B rows, not B x K
-    # copies of them, and its 2K best extensions fill the K beams (`Beam.select`).
-    beam: Beam | None = Beam(
-        alive=torch.arange(B, device=device),
-        scores=context.new_zeros(B, 1, dtype=SCORES),
-        tokens=src.new_empty(B, 0),
-        attns=context.new_empty(B, 0, S),
-        state=model.init_decoder_state(final),
-        context=context,
-        src_mask=src_mask,
-    )
-    found: list[list[Hypothesis]] = [[] for _ in range(B)]
-    y = src.new_full((B,), BOS)
-    # Stop tests. Without a length penalty a live score only falls, so it bounds itself and
-    # the search is exact; with one, a longer hypothesis may still rise up to live/max_lp
-    # (seldom reached), so a sentence is also done once it has K finished ones (fairseq).
-    max_lp = [length_penalty_factor(n + 1, alpha) for n in limits]
-    enough = K if alpha > 0 else math.inf
-
-    for t in range(max(limits, default=0)):
-        n = beam.alive.numel()
-        alive = beam.alive.tolist()
-        out, beam.state, attn = model.decode_step(y, beam.state, beam.context, beam.src_mask)
-        logp = next_log_probs(model, out, forbid_eos=t < min_length)
-        cand_scores, cand_rows, cand_tokens = candidates(beam.scores, logp, 2 * K)
-        is_eos = cand_tokens == EOS
-        any_eos = bool(is_eos.any())
-
-        # Finished: </s> among the top K candidates of its sentence.
-        ends = is_eos[:, :K] & torch.isfinite(cand_scores[:, :K]) if any_eos else None
-        if ends is not None and bool(ends.any()):
-            rows = cand_rows[:, :K][ends]
-            ended_attn = torch.cat(
-                [beam.attns.index_select(0, rows), attn.index_select(0, rows).unsqueeze(1)], 1
-            ).cpu()
-            for (i, _), score, toks, a in zip(
-                ends.nonzero().tolist(),
-                cand_scores[:, :K][ends].tolist(),
-                beam.tokens.index_select(0, rows).tolist(),
-                ended_attn,
-                strict=True,
-            ):
-                orig = alive[i]
-                lp = length_penalty_factor(len(toks) + 1, alpha)
-                found[orig].append(Hypothesis(toks, score / lp, a[:, : lengths[orig]]))
-
-        live_scores, live_rows, live_tokens = live_candidates(
-            cand_scores, cand_rows, cand_tokens, K, is_eos if any_eos else None
-        )
-
-        done = _sentences_done(
-            found,
-            alive,
-            live_scores[:, 0].tolist(),
-            n_best,
-            [max_lp[orig] for orig in alive],
-            enough,
-        )
-        keep = [i for i, d in enumerate(done) if not d]
-        if not keep:
-            beam = None
-            break
-        keep_t = None
-        if len(keep) < n:
-            keep_t = torch.tensor(keep, device=device)
-            live_scores, live_rows = live_scores[keep_t], live_rows[keep_t]
-            live_tokens = live_tokens[keep_t]
-        rows = live_rows.reshape(-1)
-        beam = beam.select(rows, live_scores, live_tokens.reshape(-1), attn, keep_t)
-        # A sentence at its length limit: its live hypotheses count as they are.
-        cut = {i for i, orig in enumerate(beam.alive.tolist()) if limits[orig] == t + 1}
-        if len(cut) == beam.alive.numel():  # all at once: the beam as it is, no copy of it
-            _take_live(beam, found, lengths, alpha)
-            beam = None
-            break
-        if cut:
-            _take_live(
-                beam.sentences(torch.tensor(sorted(cut), device=device)), found, lengths, alpha
-            )
-            rest = [i for i in range(beam.alive.numel()) if i not in cut]
-            if not rest:
-                beam = None
-                break
-            beam = beam.sentences(torch.tensor(rest, device=device))
-        y = beam.tokens[:, -1]
-
-    return [best_distinct(hyps, n_best) for hyps in found]
+    return search(model, src, src_mask, options, lengths)
 
 
-def _sentences_done(
-    found: list[list[Hypothesis]],
-    alive: list[int],
-    best_live: list[float],
-    n_best: int,
-    max_lp: list[float],
-    enough: float,
-) -> list[bool]:
-    """Per active sentence: can no live hypothesis enter its n-best list any more (a live
-    score divided by `max_lp` bounds what it can still reach), or have `enough` finished?"""
-    done = []
-    for orig, live, lp in zip(alive, best_live, max_lp, strict=True):
-        hyps = found[orig]
-        if live == NEG_INF:
-            done.append(True)
-        elif len(hyps) < n_best:
-            done.append(False)
-        else:
-            nth = sorted((h.score for h in hyps), reverse=True)[n_best - 1]
-            done.append(nth >= live / lp or len(hyps) >= enough)
-    return done
-
-
-def _take_live(beam: Beam, found: list[list[Hypothesis]], lengths: list[int], alpha: float) -> None:
-    """At its length limit: every live hypothesis joins its sentence's candidates, unfinished."""
-    K = beam.scores.size(1)
-    attns, alive = beam.attns.cpu(), beam.alive.tolist()
-    for row, (score, toks) in enumerate(
-        zip(beam.scores.reshape(-1).tolist(), beam.tokens.tolist(), strict=True)
-    ):
-        if score == NEG_INF:
-            continue
-        orig = alive[row // K]
-        lp = length_penalty_factor(len(toks), alpha)
-        found[orig].append(Hypothesis(toks, score / lp, attns[row, :, : lengths[orig]], False))
+def greedy_search(
+    model: Decodable,
+    src: Tensor,
+    src_mask: Tensor | None,
+    options: SearchOptions = SearchOptions(beam_size=1),
+    lengths: list[int] | None = None,
+) -> list[Hypothesis]:
+    """The most probable token at every step: the beam search of size 1 (one hypothesis per
+    sentence, whatever `options.beam_size` and `n_best` say), honouring the rest."""
+    options.check()  # as given, before the beam of one replaces its beam size and n-best
+    one = dataclasses.replace(options, beam_size=1, n_best=1)
+    return [hyps[0] for hyps in search(model, src, src_mask, one, lengths)]
 
 
 def best_distinct(hyps: list[Hypothesis], n_best: int) -> list[Hypothesis]:

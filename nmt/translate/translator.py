@@ -16,7 +16,7 @@ from torch import Tensor
 
 from nmt.data.vocab import BOS, EOS, PAD
 from nmt.errors import NmtError
-from nmt.translate.search import Hypothesis, SearchOptions, beam_search, greedy_search
+from nmt.translate.search import Hypothesis, SearchOptions, search
 
 if TYPE_CHECKING:
     from nmt.translate.ensemble import Decodable
@@ -71,21 +71,18 @@ def translate_ids(
     """Translate id sequences (without specials); per source its n-best list, in input order.
 
     `on_batch(n)` is called after each batch of n sentences (a progress bar's update).
-    Beam size 1 runs greedy search, which gives the same result as the beam (tested) with
-    less bookkeeping.
+    Beam size 1 is greedy search: the same loop (`search.Search`).
     """
     options.check()
     device = next(model.parameters()).device
     results: list[list[Hypothesis]] = [[] for _ in sources]
     with evaluating(model):
         for batch in length_batches([len(s) for s in sources], batch_size):
+            lengths = [len(sources[i]) + 2 for i in batch]  # <s> and </s>
             src, mask = pad_sources([sources[i] for i in batch], device)
-            if bool(mask.all()):  # no padding (one sentence, or equal lengths): nothing to
-                mask = None  # mask, and the encoder and attention skip their masking ops
-            if options.beam_size == 1:
-                found = [[h] for h in greedy_search(model, src, mask, options)]
-            else:
-                found = beam_search(model, src, mask, options)
+            if len(set(lengths)) == 1:  # no padding (one sentence, or equal lengths): nothing
+                mask = None  # to mask, and the encoder and attention skip their masking ops
+            found = search(model, src, mask, options, lengths)
             for i, hyps in zip(batch, found, strict=True):
                 results[i] = hyps
             if on_batch is not None:
