@@ -376,6 +376,20 @@ class TrainConfig:
     tf32: bool = _opt(
         False, doc="CUDA: float32 matmuls on TF32 tensor cores (faster, less precise); not on CPU"
     )
+    cuda_graphs: str = _opt(
+        "off",
+        choices=("off", "on", "auto"),
+        doc="CUDA: each training step of a batch shape seen before replays as one CUDA graph "
+        "(docs/cuda.md); on: asked for (a line says why where a step cannot be); auto: on "
+        "where CUDA is; off (the default until a GPU has passed scripts/gpu_check.sh "
+        "graphs): eager",
+    )
+    max_cuda_graphs: int = _opt(
+        64,
+        min=1,
+        doc="with train.cuda_graphs: the most graphs held (one per batch shape); past it the "
+        "least recently used gives way and its shape runs eager",
+    )
 
 
 @dataclass

@@ -82,7 +82,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ("foundation", ("nmt", "nmt.errors", "nmt.wiring", "nmt.policies", "nmt.devices",
                     "nmt.randomness", "nmt.precisions", "nmt.opcount", "nmt.opprofile",
                     "nmt.cpu_memory", "nmt.threads", "nmt.cpu_features", "nmt.plotting",
-                    "nmt.atomic", "nmt.onednn", "nmt.wide_linear")),
+                    "nmt.atomic", "nmt.onednn", "nmt.wide_linear", "nmt.cuda_graphs")),
     ("nodes", ("nmt.nodes",)),
     ("parts", ("nmt.cells", "nmt.attention", "nmt.granularities")),
     ("config", ("nmt.config",)),
