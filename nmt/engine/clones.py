@@ -57,7 +57,9 @@ class LoadedShape(NamedTuple):
     src_len: int
     tgt_len: int
     norm: int  # the sentences the loss is averaged over
-    pad_rows: tuple[int, ...] | None  # per target position, its leading PAD rows (fused)
+    # per target position, its leading PAD rows, which the fused output layer skips (None:
+    # the output layer runs every row)
+    pad_rows: tuple[int, ...] | None
 
 
 class CloneExecutor:
@@ -244,7 +246,9 @@ class CloneExecutor:
         resized(lp["src"], (S, B)).copy_(src.t())
         resized(lp["tgt_in"], (T, B)).copy_(tgt_in.t())
         resized(lp["tgt_out"], (T, B, 1)).copy_(tgt_out.t().unsqueeze(2))
-        pad_rows = None if batch.pad_rows is None else tuple(batch.pad_rows)
+        # only the fused output layer's kernels depend on the leading PAD rows
+        skips = self.generator.skips_pad_rows and batch.pad_rows is not None
+        pad_rows = tuple(batch.pad_rows) if skips else None
         self._loaded = LoadedShape(B, S, T, norm or B, pad_rows)
 
     @property

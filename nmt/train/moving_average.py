@@ -46,7 +46,10 @@ class WeightAverage:
     def follow(self, skipped: Tensor) -> None:
         """The device's part: the average moves by `rate`, or not at all when `skipped`."""
         weight = (1.0 - skipped.to(self.weights[0].dtype)) * self.rate
-        torch._foreach_lerp_(self.weights, [p.detach() for p in self.params], weight)
+        # one weight tensor per parameter: a lone tensor would bind as a Python number,
+        # read back from the device (a sync) and baked into the kernel
+        weights = [weight] * len(self.weights)
+        torch._foreach_lerp_(self.weights, [p.detach() for p in self.params], weights)
 
     def swap(self) -> None:
         """Exchange the average and the weights (twice: back as before)."""

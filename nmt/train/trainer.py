@@ -32,7 +32,7 @@ from tqdm import tqdm
 from nmt import precisions
 from nmt.checkpoint import prune_step_checkpoints, save_checkpoint
 from nmt.config import Config
-from nmt.data.batching import Batch, epoch_order, on_device
+from nmt.data.batching import Batch, bucketed, epoch_order, on_device
 from nmt.data.sampling import sampled_batches
 from nmt.data.word_dropout import drop_source_words
 from nmt.errors import NmtError
@@ -647,9 +647,13 @@ class Trainer:
         return every > 0 and self.state.step % every == 0
 
     def _training_batch(self, index: int) -> Batch:
-        """Batch `index` of this epoch as trained on: `data.word_dropout` drawn anew."""
+        """Batch `index` of this epoch as trained on: `data.word_dropout` drawn anew; its
+        target length bucketed when its step may be a CUDA graph (`train.cuda_graph_bucket`)."""
         p, seed = self.cfg.data.word_dropout, self.cfg.train.seed
-        return drop_source_words(self.train_batches[index], p, seed, self.state.epoch, index)
+        batch = drop_source_words(self.train_batches[index], p, seed, self.state.epoch, index)
+        if self.graphs is None:
+            return batch
+        return bucketed(batch, self.cfg.train.cuda_graph_bucket, self.cfg.data.max_tgt_len + 1)
 
     def _run_epoch(self) -> None:
         """One epoch from `state.position`. A step's outcome is read back (`settle`) only
