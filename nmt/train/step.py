@@ -29,6 +29,7 @@ from nmt.config import TrainConfig
 from nmt.cuda_graphs import GraphCache, Log
 from nmt.data.batching import Batch
 from nmt.engine.clones import CloneExecutor
+from nmt.nodes.fused import cached_constants
 from nmt.train.executors import Executor
 from nmt.train.update import DeviceUpdate
 
@@ -120,7 +121,7 @@ class TrainingStep:
         kept += self.update.device_state()
         if self.fixed_buffers:
             assert isinstance(self.executor, CloneExecutor)
-            kept += [t for _, _, _, t in self.executor.owned()]
+            kept += [t for _, _, _, t in self.executor.owned()] + cached_constants()
             if self.executor.loss_scale is not None:
                 kept.append(self.executor.loss_scale)
         kept.append(self.zero)
