@@ -389,10 +389,10 @@ class TrainConfig:
         min=1,
         doc="with train.cuda_graphs: batches' target lengths padded with PAD up to a multiple "
         "of this, so an epoch has few shapes (padded positions weigh nothing in the loss; "
-        "dropout draws their masks too); 1: none",
+        "dropout draws their masks too), and the output layer runs every row; 1: no padding",
     )
     max_cuda_graphs: int = _opt(
-        64,
+        256,
         min=1,
         doc="with train.cuda_graphs: the most graphs held (one per batch shape); past it the "
         "least recently used gives way and its shape runs eager",

@@ -3,7 +3,8 @@
 One trainer runs `--steps` steps eagerly; a second, built the same way, runs them through the
 graph cache (`nmt.cuda_graphs`, as `train.cuda_graphs: on` does): each shape's first step
 eager, its second captured and replayed, the later ones replayed. The batches are the toy
-corpus's first three, their target lengths padded to train.cuda_graph_bucket, cycled, so
+corpus's first three of distinct shapes, as a graphed step takes them (`graph_shaped`:
+targets padded to train.cuda_graph_bucket, every row through the output layer), cycled, so
 shapes repeat; halfway the learning rate decays, and one step (a batch whose source word has
 a NaN embedding) is skipped on the device. Parameters, optimizer state, the moving average,
 the loss scale and the step's counts must be bitwise equal.
@@ -40,8 +41,9 @@ sys.path.insert(0, str(REPO))
 
 from nmt.config import load_config  # noqa: E402
 from nmt.cuda_graphs import GraphCache  # noqa: E402
-from nmt.data.batching import Batch, bucketed  # noqa: E402
+from nmt.data.batching import Batch  # noqa: E402
 from nmt.train.schedule import set_learning_rate  # noqa: E402
+from nmt.train.step import graph_shaped  # noqa: E402
 from nmt.train.trainer import Trainer  # noqa: E402
 
 
@@ -168,7 +170,7 @@ def schedule(trainer: Trainer, steps: int) -> tuple[list[Batch], int, list[int]]
     limit = trainer.cfg.data.max_tgt_len + 1
     shapes: dict[tuple, Batch] = {}  # the first three batches of distinct shapes
     for b in trainer.train_batches:
-        padded = bucketed(b, bucket, limit)
+        padded = graph_shaped(b, bucket, limit)
         shapes.setdefault((padded.size, *padded.src.shape[1:], *padded.tgt_in.shape[1:]), padded)
     base = list(shapes.values())[:3]
     used = set().union(*(set(b.src.flatten().tolist()) for b in base))
@@ -176,7 +178,7 @@ def schedule(trainer: Trainer, steps: int) -> tuple[list[Batch], int, list[int]]
     bad = base[0].src.clone()
     bad[0, 1] = nan_word
     batches = [base[i % 3] for i in range(steps)]
-    batches[steps // 2 + 1] = Batch(bad, base[0].tgt_in, base[0].tgt_out, base[0].pad_rows)
+    batches[steps // 2 + 1] = Batch(bad, base[0].tgt_in, base[0].tgt_out)
     return batches, nan_word, [b.n_tokens for b in batches]
 
 

@@ -19,6 +19,7 @@ collectives between them; those steps stay eager.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Hashable
 from typing import TypeVar
 
@@ -27,7 +28,7 @@ from torch import Tensor
 
 from nmt.config import TrainConfig
 from nmt.cuda_graphs import GraphCache, Log
-from nmt.data.batching import Batch
+from nmt.data.batching import Batch, bucketed
 from nmt.engine.clones import CloneExecutor
 from nmt.nodes.fused import cached_constants
 from nmt.train.executors import Executor
@@ -126,6 +127,13 @@ class TrainingStep:
                 kept.append(self.executor.loss_scale)
         kept.append(self.zero)
         return kept
+
+
+def graph_shaped(batch: Batch, bucket: int, limit: int) -> Batch:
+    """`batch` as a graphed step takes it: targets padded to a multiple of `bucket` (at most
+    `limit`), and every row through the output layer - skipping each position's leading PAD
+    rows (the fused granularity) would make nearly every batch a shape of its own."""
+    return dataclasses.replace(bucketed(batch, bucket, limit), pad_rows=None)
 
 
 def graphs_refusal(cfg: TrainConfig, step: TrainingStep, device: torch.device, ranks: int) -> str:

@@ -32,7 +32,7 @@ from tqdm import tqdm
 from nmt import precisions
 from nmt.checkpoint import prune_step_checkpoints, save_checkpoint
 from nmt.config import Config
-from nmt.data.batching import Batch, bucketed, epoch_order, on_device
+from nmt.data.batching import Batch, epoch_order, on_device
 from nmt.data.sampling import sampled_batches
 from nmt.data.word_dropout import drop_source_words
 from nmt.errors import NmtError
@@ -44,7 +44,7 @@ from nmt.train.failures import RankFailures
 from nmt.train.memory import Planner
 from nmt.train.rng import rng_state, set_rng_state
 from nmt.train.schedule import load_optimizer_state, optimizer_state, set_learning_rate
-from nmt.train.step import Guard, T, TrainingStep, step_graphs
+from nmt.train.step import Guard, T, TrainingStep, graph_shaped, step_graphs
 from nmt.train.validation import BleuSet, greedy_bleu, perplexity
 from nmt.translate.translator import SearchOptions
 
@@ -647,13 +647,13 @@ class Trainer:
         return every > 0 and self.state.step % every == 0
 
     def _training_batch(self, index: int) -> Batch:
-        """Batch `index` of this epoch as trained on: `data.word_dropout` drawn anew; its
-        target length bucketed when its step may be a CUDA graph (`train.cuda_graph_bucket`)."""
+        """Batch `index` of this epoch as trained on: `data.word_dropout` drawn anew; shaped
+        for a CUDA graph when its step may be one (`train.cuda_graph_bucket`)."""
         p, seed = self.cfg.data.word_dropout, self.cfg.train.seed
         batch = drop_source_words(self.train_batches[index], p, seed, self.state.epoch, index)
         if self.graphs is None:
             return batch
-        return bucketed(batch, self.cfg.train.cuda_graph_bucket, self.cfg.data.max_tgt_len + 1)
+        return graph_shaped(batch, self.cfg.train.cuda_graph_bucket, self.cfg.data.max_tgt_len + 1)
 
     def _run_epoch(self) -> None:
         """One epoch from `state.position`. A step's outcome is read back (`settle`) only
