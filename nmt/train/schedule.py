@@ -57,16 +57,22 @@ class LearningRateSchedule:
 FUSED_DEVICES = ("cpu", "cuda")
 
 
+# the dtype of a fused optimizer's learning-rate scalar: torch's CUDA kernels read a float32
+# one; its CPU kernels read any as a double, so float64 keeps the configured rate exactly
+LR_DTYPES = {"cpu": torch.float64, "cuda": torch.float32}
+
+
 def make_optimizer(cfg: TrainConfig, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
     """SGD or Adam, fused where torch has the kernel: one kernel for every parameter, which
     can also skip a non-finite update on the device (`nmt.train.update`). A fused optimizer's
-    learning rate is a float64 device scalar that `set_learning_rate` writes in place, so the
+    learning rate is a device scalar (`LR_DTYPES`) that `set_learning_rate` writes in place, so the
     kernel reads the current rate rather than one baked into it (a CUDA graph of the step
     replays correctly through a decay); Adam is built capturable on CUDA."""
     fused = all(p.device.type in FUSED_DEVICES for p in params) or None
     lr: float | torch.Tensor = cfg.learning_rate
     if fused:
-        lr = torch.tensor(cfg.learning_rate, dtype=torch.float64, device=params[0].device)
+        device = params[0].device
+        lr = torch.tensor(cfg.learning_rate, dtype=LR_DTYPES[device.type], device=device)
     if cfg.optimizer == "adam":
         capturable = params[0].device.type == "cuda"
         return torch.optim.Adam(params, lr=lr, fused=fused, capturable=capturable)
