@@ -321,11 +321,18 @@ def test_graphs_on_the_cpu_run_eager_and_say_so_when_asked(tmp_path, mode):
 
 
 def test_graphs_refuse_what_they_cannot_serve(tmp_path):
-    from nmt.train.step import graphs_refusal
+    from nmt.train.step import graphs_refusal, step_graphs
 
     cuda = torch.device("cuda", 0)
-    t = trainer(tmp_path)
+    t, lines = trainer(tmp_path, "train.cuda_graphs=on"), []
     assert graphs_refusal(t.cfg.train, t.step, cuda, 1) == ""
+    cache = step_graphs(t.cfg.train, t.step, cuda, 1, lines.append)
+    assert isinstance(cache, GraphCache) and cache.capacity == 256 and len(lines) == 1
+    assert step_graphs(t.cfg.train, t.step, cuda, 2, lines.append) is None
+    assert lines[-1] == (
+        "train.cuda_graphs on: every step runs eager: torchrun's collectives between the "
+        "step's phases are not captured yet"
+    )
     assert "torchrun" in graphs_refusal(t.cfg.train, t.step, cuda, 2)
     t2 = trainer(tmp_path / "a", "train.executor=autograd")
     assert "autograd executor" in graphs_refusal(t2.cfg.train, t2.step, cuda, 1)
