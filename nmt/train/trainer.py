@@ -424,12 +424,10 @@ class Trainer:
             self._distributed_step(part, batch, guard)
         else:
             self._stop = self._signal is not None
-            key = self.step.shape if self.graphs is not None else None
-            if key is None:
+            if self.graphs is None or (shape := self.step.shape) is None:
                 self.step.run(guard)
-            else:
-                assert self.graphs is not None
-                self.graphs.run(key, lambda: self.step.run(guard))
+            else:  # replayed as its shape's CUDA graph (or warmed up, captured: nmt.cuda_graphs)
+                self.graphs.run(shape, lambda: self.step.run(guard))
         self.failures.vote()  # clipping or the optimizer step may have failed on one rank
         self.state.step += 1
         self._pending += 1
