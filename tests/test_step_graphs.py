@@ -9,6 +9,7 @@ tensors). None of this runs on CUDA."""
 from __future__ import annotations
 
 import importlib.util
+import re
 import sys
 from pathlib import Path
 
@@ -395,3 +396,15 @@ def test_a_graphed_training_run_matches_the_eager_one_through_validation_and_che
         final.append({k: v.clone() for k, v in t.checkpoint_state()["model"].items()})
     assert all(torch.equal(final[0][k], final[1][k]) for k in final[0])
     assert any(line.startswith("cuda graphs: ") and "replays" in line for line in logs)
+
+
+def test_the_shape_count_script_counts_fewer_shapes_with_buckets():
+    import subprocess
+
+    cmd = [sys.executable, str(REPO / "scripts" / "graph_shapes.py"), "--config"]
+    cmd += [str(REPO / "configs" / "toy.yaml"), "--set", "data.tokenizer=word", "--buckets", "1,8"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=True).stdout
+    eager = int(re.search(r"^eager \(fused\): (\d+) shapes$", out, re.M).group(1))
+    one, eight = (int(n) for n in re.findall(r"bucket \d+: (\d+) shapes$", out, re.M))
+    batches = int(re.search(r" in (\d+) batches", out).group(1))
+    assert eight <= one < eager <= batches  # the fused layer's skipped rows make shapes
