@@ -420,6 +420,27 @@ class TrainConfig:
     tf32: bool = _opt(
         False, doc="CUDA: float32 matmuls on TF32 tensor cores (faster, less precise); not on CPU"
     )
+    cuda_graphs: str = _opt(
+        "off",
+        choices=("off", "on", "auto"),
+        doc="CUDA: each training step of a batch shape seen before replays as one CUDA graph "
+        "(docs/cuda.md); on: asked for (a line says why where a step cannot be); auto: on "
+        "where CUDA is; off (the default until a GPU has passed scripts/gpu_check.sh "
+        "graphs): eager",
+    )
+    cuda_graph_bucket: int = _opt(
+        8,
+        min=1,
+        doc="with train.cuda_graphs: batches' target lengths padded with PAD up to a multiple "
+        "of this, so an epoch has few shapes (padded positions weigh nothing in the loss; "
+        "dropout draws their masks too), and the output layer runs every row; 1: no padding",
+    )
+    max_cuda_graphs: int = _opt(
+        256,
+        min=1,
+        doc="with train.cuda_graphs: the most graphs held (one per batch shape); past it the "
+        "least recently used gives way and its shape runs eager",
+    )
 
 
 def _finite(value: float) -> str | None:
@@ -553,6 +574,16 @@ def _field_type(cls: type, name: str) -> type:
     return hints[name]
 
 
+def on_off_word(cls: type, key: str, value: Any) -> Any:
+    """YAML reads `on` and `off` as booleans: for a key whose choices are the words (e.g.
+    `train.cuda_graphs`), a boolean is the word it was written as."""
+    field = {f.name: f for f in dataclasses.fields(cls)}.get(key)
+    choices = choices_of(field.metadata) if field is not None else None
+    if isinstance(value, bool) and choices is not None and {"on", "off"} <= set(choices):
+        return "on" if value else "off"
+    return value
+
+
 def _coerce(value: Any, typ: type, where: str) -> Any:
     """Check `value` against a field type; ints are accepted where floats are expected."""
     origin = typing.get_origin(typ)
@@ -627,7 +658,7 @@ def _build_section(
         if isinstance(value, str) and (dotted, value) in REPLACED_VALUES:
             new = REPLACED_VALUES[dotted, value]
             raise NmtError(f"{where}: {value!r} was renamed {new!r}")
-        value = _coerce(value, _field_type(cls, key), where)
+        value = _coerce(on_off_word(cls, key, value), _field_type(cls, key), where)
         _check_rules(value, fields[key].metadata, where)
         kwargs[key] = value
     obj = cls(**kwargs)
@@ -880,6 +911,7 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
         current = raw.get(section)
         if not isinstance(current, dict):
             current = {}
+        value = on_off_word(SECTIONS[section], key, value)
         if typing.get_type_hints(SECTIONS[section])[key] is str and not isinstance(value, str):
             value = str(value)  # `--set train.device=0` means the string "0"
         current[key] = value

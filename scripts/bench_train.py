@@ -24,6 +24,12 @@ part that node granularity does not change, so it bounds what fused nodes can ga
 --determinism on,nofill,off runs every variant in each of torch's deterministic modes, switched
 before each step: what `train.deterministic: true` costs on a GPU, and how much of it is the
 fill of new memory that the mode adds.
+--graphs adds, beside each clone variant, the same variant with its steps replayed as CUDA
+graphs (`train.cuda_graphs`, `nmt.cuda_graphs`: a shape's first step eager, its second
+captured, the later ones replayed), on batches as a graphed step takes them (targets padded
+to train.cuda_graph_bucket, every row through the output layer: the padding's work is in its
+time), and prints each against its eager twin. On the CPU the graphs are emulated
+(scripts/graphs_check.py), which rehearses the wiring and says nothing about speed.
 --logits-blocks one,512 builds every variant once per form of the output layer's product
 (`nmt.wide_linear`: one product, or blocks of N of the weight's rows; `rule`: what this CPU
 runs), side by side, and prints each form against one product.
@@ -33,6 +39,7 @@ runs), side by side, and prints each form against one product.
     python scripts/bench_train.py --rnn 500 --fixed-length 50 --steps 0 --count-ops
     python scripts/bench_train.py --set train.loss_chunk=8   # every variant's loss over 8
     python scripts/bench_train.py --device cuda --variants clones-fused --determinism on,off
+    python scripts/bench_train.py --device cuda --variants clones-fused --graphs
     python scripts/bench_train.py --variants clones-fused --profile 5   # time by op
     python scripts/bench_train.py --variants clones-fused --set train.loss_chunk=8 \
         --logits-blocks one,512   # the output layer's product in blocks against one
@@ -56,6 +63,7 @@ from tqdm import tqdm
 from nmt import policies, precisions, wide_linear
 from nmt.config import all_keys, apply_overrides, from_dict
 from nmt.cpu_features import describe as describe_cpu
+from nmt.cuda_graphs import GraphCache
 from nmt.data.batching import Batch, epoch_order, make_batches
 from nmt.data.corpus import load_corpus
 from nmt.data.vocab import PAD
@@ -66,9 +74,11 @@ from nmt.opprofile import PRODUCTS, RowOf, Shapes, op_shares, shares_table
 from nmt.train.executors import Executor, make_executor
 from nmt.train.scaling import LossScale
 from nmt.train.schedule import make_optimizer
+from nmt.train.step import TrainingStep, graph_shaped
 from nmt.train.update import DeviceUpdate
 
 REPO = Path(__file__).resolve().parents[1]
+GRAPHED = "+graphs"  # a runner's name suffix: its steps replayed as CUDA graphs
 
 
 @dataclass(frozen=True)
@@ -139,6 +149,9 @@ class Runner:
     update: DeviceUpdate
     optimizer: torch.optim.Optimizer
     determinism: tuple[bool, bool] | None = None  # None: as set up once for the process
+    training: TrainingStep | None = None
+    graphs: GraphCache | None = None  # --graphs: the steps replayed as CUDA graphs
+    bucket: tuple[int, int] = (1, 1)  # graphs: train.cuda_graph_bucket, the longest target
 
     def step(self, batch: Batch, n_tokens: int) -> None:
         """The trainer's step (`Trainer.train_step` without ranks and failure handling)."""
@@ -146,13 +159,21 @@ class Runner:
             deterministic, fill = self.determinism
             torch.use_deterministic_algorithms(deterministic)
             torch.utils.deterministic.fill_uninitialized_memory = fill
-        self.optimizer.zero_grad(set_to_none=False)
-        loss = self.executor.forward_backward(batch)
-        self.update.apply(loss, self.update.clip(), n_tokens)
+        step = self.training
+        assert step is not None
+        if self.graphs is None:
+            step.load(batch, n_tokens)
+            step.run()
+            return
+        step.load(graph_shaped(batch, *self.bucket), n_tokens)
+        self.graphs.run(step.shape, step.run)
 
 
-def build(variant: Variant, raw: dict, vocab: tuple[int, int], precision: str = "") -> Runner:
-    """The variant's runner; `precision`: its train.precision (empty: the configured one)."""
+def build(
+    variant: Variant, raw: dict, vocab: tuple[int, int], precision: str = "", graphs: bool = False
+) -> Runner:
+    """The variant's runner; `precision`: its train.precision (empty: the configured one);
+    `graphs`: its steps replayed as CUDA graphs."""
     keys = config_keys()
     raw = {k: dict(v) for k, v in raw.items()}
     sets = {**variant.sets, **({"train.precision": precision} if precision else {})}
@@ -170,9 +191,13 @@ def build(variant: Variant, raw: dict, vocab: tuple[int, int], precision: str = 
     scale = LossScale(model.generator.weight.device) if p.loss_scaling else None
     if scale is not None:
         executor.loss_scale = scale.scale
-    return Runner(
-        executor, DeviceUpdate(params, optimizer, cfg.train.max_grad_norm, scale), optimizer
-    )
+    update = DeviceUpdate(params, optimizer, cfg.train.max_grad_norm, scale)
+    runner = Runner(executor, update, optimizer, training=TrainingStep(executor, update, optimizer))
+    if graphs:
+        device = model.generator.weight.device
+        runner.graphs = GraphCache(device, cfg.train.max_cuda_graphs, print)
+        runner.bucket = (cfg.train.cuda_graph_bucket, cfg.data.max_tgt_len + 1)
+    return runner
 
 
 def random_batches(n: int, size: int, words: int, vocab: tuple[int, int]) -> list[Batch]:
@@ -237,6 +262,12 @@ def parse_args() -> argparse.Namespace:
         "each, side by side (default: the rule only)",
     )
     ap.add_argument(
+        "--graphs",
+        action="store_true",
+        help="also run each clone variant with its steps replayed as CUDA graphs, side by "
+        "side (on the CPU: emulated, a rehearsal whose times say nothing)",
+    )
+    ap.add_argument(
         "--count-ops", action="store_true", help="print aten ops and host syncs per step"
     )
     ap.add_argument(
@@ -278,7 +309,12 @@ def parse_args() -> argparse.Namespace:
 
 
 def main() -> None:
-    args = parse_args()
+    with contextlib.ExitStack() as stack:
+        run(parse_args(), stack)
+
+
+def run(args: argparse.Namespace, stack: contextlib.ExitStack) -> None:
+    """The benchmark; `stack` holds what must last until it ends (--graphs' emulation)."""
     if args.threads:
         torch.set_num_threads(args.threads)
     d = args.data
@@ -326,6 +362,18 @@ def main() -> None:
         runner.determinism = DETERMINISM[mode] if mode else None
         name = v.name + (f"@{p}" if p else "") + (f"/{mode}" if mode else "")
         runners[name + (f" [{form}]" if form else "")] = runner
+        if args.graphs and runner.training is not None and runner.training.fixed_buffers:
+            with logits_form(form):
+                twin = build(v, raw, vocab, p, graphs=True)
+            twin.determinism = runner.determinism
+            runners[name + GRAPHED + (f" [{form}]" if form else "")] = twin
+    graphed = [r for r in runners.values() if r.graphs is not None]
+    if graphed and args.device == "cpu":  # a rehearsal of the wiring: graphs emulated
+        from graphs_check import emulated_cuda_graphs
+
+        print("--graphs on the cpu: graphs emulated by recorded aten ops, whose times say nothing")
+        fixed = [t for r in graphed if r.training for t in r.training.fixed_tensors()]
+        stack.enter_context(emulated_cuda_graphs(lambda: fixed))
     if args.device == "cpu":
         print(describe_cpu())
     for name in filter(None, names):  # an emulated precision takes minutes a batch: say why
@@ -355,6 +403,8 @@ def main() -> None:
         skipped = runner.update.drain().skipped
         if skipped:
             print(f"warning: {name} skipped {skipped} non-finite update(s)")
+        if runner.graphs is not None:
+            print(f"{name}: {runner.graphs.summary()}")
     if args.steps:
         n_tokens = sum(t for _, t in timed)
         print_speeds(args, vocab, {name: n_tokens / s for name, s in seconds.items()})
@@ -502,6 +552,9 @@ def print_speeds(args: argparse.Namespace, vocab: tuple[int, int], speed: dict[s
         stem, _, form = name.partition(" [")
         if form and form != "one]" and f"{stem} [one]" in speed:
             print(f"{name} / {stem} [one]: {speed[name] / speed[f'{stem} [one]']:.2f}x")
+    for name in speed:  # each graphed variant against its eager twin
+        if GRAPHED in name and (eager := name.replace(GRAPHED, "")) in speed:
+            print(f"{name} / {eager}: {speed[name] / speed[eager]:.2f}x")
     for name in speed:  # each precision against float32, each determinism against "on"
         head, bracket, form = name.partition(" [")
         stem, _, mode = head.partition("/")

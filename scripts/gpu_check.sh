@@ -11,6 +11,9 @@
 #              within 10% of the accounted total, per policy
 #   precision  nmt train, translate and memreport in bfloat16 and float16 (loss scaling);
 #              what train.precision auto chooses
+#   graphs     scripts/graphs_check.py: training steps replayed as CUDA graphs bitwise equal
+#              to the same steps run eagerly, float32 and bfloat16, through a learning-rate
+#              decay and a skipped non-finite step (the CPU form emulates the graphs)
 #   2 ranks    a 2-rank torchrun run, when two GPUs are visible
 #   bench      scripts/bench_train.py --device cuda on the toy corpus, float32 and bfloat16,
 #              each deterministic mode (last: the only check that measures rather than proves)
@@ -63,6 +66,7 @@ if [ "$device" = cuda ]; then
     low_sets=(--set train.device=cuda --set train.max_steps=300 --set train.valid_every=150)
     low_mem=(--config configs/seed-4x600.yaml --device cuda)
     low_precisions=(bfloat16 float16)
+    graphs_args=(--device cuda --precisions float32,bfloat16 --steps 24)
 else
     small=(--set data.tokenizer=word --set model.rnn_size=32 --set model.word_vec_size=16)
     train_sets=("${small[@]}" --set train.device=cpu --set train.max_steps=30
@@ -82,6 +86,7 @@ else
     low_mem=(--config configs/toy.yaml --device cpu "${small[@]}" --set train.batch_size=8
         --set data.max_src_len=12 --set data.max_tgt_len=12)
     low_precisions=(bfloat16)  # the rehearsal of the loop; the suite runs float16 on the CPU
+    graphs_args=(--device cpu --precisions float32 --steps 12)
 fi
 
 # the test lines translate and precision translate (each check can run without the others)
@@ -124,6 +129,9 @@ speed() {  # clones against autograd, recompute against sharing, precisions agai
     # deterministic modes against "on"
     grep -oE '^(ratios vs|step time recompute / all|[a-z-]+[@/][a-z0-9/]+ / ).*' "$1" |
         paste -sd ';' -
+}
+graphed() {  # each precision's verdict
+    grep -E '^[a-z0-9]+: [0-9]+ steps' "$1" | sed 's/ ([0-9]* captured[^)]*)//' | paste -sd ';' -
 }
 low_results() {  # each low precision's BLEU or failure, and what auto chooses
     grep -E '^([a-z0-9]+: (BLEU|[a-z]+ FAILED)|train.precision auto: )' "$1" | paste -sd ';' -
@@ -203,6 +211,9 @@ run_precision() {  # each low precision trains, translates, and memreport checks
         | grep '^train.precision auto: ' || rc=1
     return $rc
 }
+run_graphs() {
+    "$py" scripts/graphs_check.py "${graphs_args[@]}"
+}
 run_ranks() {
     "$py" -m torch.distributed.run --standalone --nproc_per_node 2 -m nmt train \
         --config configs/toy.yaml --out "$out/toy-2ranks" --force --no-progress \
@@ -221,6 +232,7 @@ check translate bleu run_translate
 if [ "${results[-1]}" = pass ] && ! bleu_ok; then results[-1]=FAIL; failed=1; fi
 check memreport allocated run_memreport
 check precision low_results run_precision
+check graphs graphed run_graphs
 if [ "$device" = cpu ] || [ "$gpus" -ge 2 ]; then
     check 2-ranks trained run_ranks
 else

@@ -208,3 +208,22 @@ def test_an_unknown_mode_or_product_form_is_refused(flag, value, message):
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert message in proc.stderr
+
+
+def test_graphed_twins_side_by_side(tmp_path):
+    """--graphs: each clone variant beside its graphed twin (emulated on the CPU: the wiring,
+    not the speed); batches of one shape, so the twin captures once and replays."""
+    out = run_bench(
+        tmp_path,
+        "--steps",
+        "3",
+        "--fixed-length",
+        "6",
+        "--variants",
+        "clones-fused,autograd-cells",
+        "--graphs",
+    )
+    assert "graphs emulated" in out
+    assert list(rows(out)) == ["variant", "clones-fused", "clones-fused+graphs", "autograd-cells"]
+    assert re.search(r"^clones-fused\+graphs / clones-fused: \d+\.\d\dx$", out, re.M)
+    assert re.search(r"cuda graphs: 1 held \(1 captured .* 3 replays, 1 warm-up", out)

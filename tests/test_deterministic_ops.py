@@ -50,6 +50,7 @@ DETERMINISTIC_ON_CUDA = {
             "div_",
             "eq",
             "exp_",
+            "fill_",  # the step's host values into device scalars (token count, rates)
             "lerp",
             "logical_not",
             "lt",

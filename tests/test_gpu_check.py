@@ -11,7 +11,17 @@ from pathlib import Path
 from nmt import cells, granularities
 
 REPO = Path(__file__).resolve().parents[1]
-CHECKS = ["engine", "train", "repeat", "translate", "memreport", "precision", "2-ranks", "bench"]
+CHECKS = [
+    "engine",
+    "train",
+    "repeat",
+    "translate",
+    "memreport",
+    "precision",
+    "graphs",
+    "2-ranks",
+    "bench",
+]
 
 
 def gpu_check(tmp_path: Path, device: str, **extra: str) -> subprocess.CompletedProcess:
@@ -41,6 +51,10 @@ def test_every_check_runs_on_the_cpu(tmp_path):
     assert "step time recompute / all" in " ".join(rows["bench"][2:])
     precision = " ".join(rows["precision"][2:])  # each precision's BLEU, auto's choice here
     assert precision.startswith("bfloat16: BLEU = ") and ";train.precision auto: " in precision
+    graphs = " ".join(rows["graphs"][2:])  # the emulated graphs' verdict
+    assert graphs.startswith("float32: 12 steps (11 applied, one skipped)") and graphs.endswith(
+        "bitwise equal"
+    )
     assert (tmp_path / "toy" / "model.pt").is_file() and (tmp_path / "memreport.json").is_file()
 
 

@@ -81,6 +81,24 @@ def leading_pad_rows(tgt_out: Tensor) -> tuple[int, ...]:
     return tuple(int(k) for k in leading.tolist())
 
 
+def bucketed(batch: Batch, multiple: int, limit: int) -> Batch:
+    """`batch` with its targets padded with PAD up to a length that is a multiple of
+    `multiple` (at most `limit`, the longest target a step takes), so that batches of
+    nearby lengths share one shape (`train.cuda_graph_bucket`). The padded positions weigh
+    nothing in the loss and send no gradient back."""
+    length = batch.tgt_in.size(1)
+    want = min(-(-length // multiple) * multiple, max(limit, length))
+    if want == length:
+        return batch
+    extra = want - length
+
+    def pad(t: Tensor) -> Tensor:
+        return torch.nn.functional.pad(t, (0, extra), value=PAD)
+
+    rows = None if batch.pad_rows is None else (*batch.pad_rows, *[batch.size] * extra)
+    return Batch(batch.src, pad(batch.tgt_in), pad(batch.tgt_out), rows)
+
+
 def _batch(chunk: list[Example]) -> Batch:
     width = max(len(t) for _, t in chunk) + 1
     tgt_in = [[BOS, *t] + [PAD] * (width - len(t) - 1) for _, t in chunk]

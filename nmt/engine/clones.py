@@ -27,6 +27,7 @@ where the other policies do.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -47,6 +48,18 @@ from nmt.errors import NmtError
 from nmt.model import Seq2SeqAttn, build_model
 from nmt.nodes.node import resized
 from nmt.randomness import mask_rng_state, replayed_masks
+
+
+class LoadedShape(NamedTuple):
+    """What a loaded batch fixes in the step's kernels (`CloneExecutor.loaded_shape`)."""
+
+    rows: int
+    src_len: int
+    tgt_len: int
+    norm: int  # the sentences the loss is averaged over
+    # per target position, its leading PAD rows, which the fused output layer skips (None:
+    # the output layer runs every row)
+    pad_rows: tuple[int, ...] | None
 
 
 class CloneExecutor:
@@ -204,6 +217,15 @@ class CloneExecutor:
         """forward_backward's step, returning the summed NLL as the loop's 0-dim float64
         buffer (no device sync). `tr`: a Tracer that records what each clone call touches
         (the planner's probe)."""
+        self.load(batch, norm)
+        return self.run_loaded(tr)
+
+    @torch.no_grad()
+    def load(self, batch: Batch, norm: int | None = None) -> None:
+        """Copy `batch` into the loop's fixed buffers (its tokens, which positions are real,
+        each position's loss weight) and create missing gradients: everything the step
+        takes from outside. `run_loaded` reads only buffers this executor keeps, so the
+        batch's own tensors may change or go once this returns."""
         src, tgt_in, tgt_out = batch.src, batch.tgt_in, batch.tgt_out
         B, S = src.shape
         T = tgt_in.shape[1]
@@ -220,15 +242,33 @@ class CloneExecutor:
         for p in self.model.parameters():
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
+        lp = self.loop
+        resized(lp["src"], (S, B)).copy_(src.t())
+        resized(lp["tgt_in"], (T, B)).copy_(tgt_in.t())
+        resized(lp["tgt_out"], (T, B, 1)).copy_(tgt_out.t().unsqueeze(2))
+        # only the fused output layer's kernels depend on the leading PAD rows
+        skips = self.generator.skips_pad_rows and batch.pad_rows is not None
+        pad_rows = tuple(batch.pad_rows) if skips else None
+        self._loaded = LoadedShape(B, S, T, norm or B, pad_rows)
+
+    @property
+    def loaded_shape(self) -> LoadedShape:
+        """What the loaded batch fixes in the step's kernels: steps of one shape run the same
+        kernels on the same buffers (a CUDA graph's key)."""
+        return self._loaded
+
+    @torch.no_grad()
+    def run_loaded(self, tr: Tracer | None = None) -> Tensor:
+        """The step on the loaded batch (`load`): reads only this executor's buffers and the
+        model's parameters, and returns the summed NLL as the loop's 0-dim float64 buffer."""
+        B, S, T, norm, pad_rows = self._loaded
         self.weights.begin()
         H, lp = self.cfg.rnn_size, self.loop
         n_state = len(self._states)
-
-        src_t = resized(lp["src"], (S, B)).copy_(src.t())
-        tin = resized(lp["tgt_in"], (T, B)).copy_(tgt_in.t())
-        tout = resized(lp["tgt_out"], (T, B, 1)).copy_(tgt_out.t().unsqueeze(2))
-        valid = resized(lp["valid"], (T, B, 1)).copy_(tout != PAD)
-        weight = torch.div(valid, norm or B, out=resized(lp["weight"], (T, B, 1)))
+        src_t, tin, tout = lp["src"], lp["tgt_in"], lp["tgt_out"]  # as `load` shaped them
+        valid = resized(lp["valid"], (T, B, 1))
+        torch.ne(tout, PAD, out=valid)
+        weight = torch.div(valid, norm, out=resized(lp["weight"], (T, B, 1)))
         if self.loss_scale is not None:  # float16: the loss scaled up, the gradients with it
             weight.mul_(self.loss_scale)
         zeros = resized(lp["zeros"], (B, H)).zero_()
@@ -271,7 +311,7 @@ class CloneExecutor:
         for t in range(T - 1, -1, -1):
             g = dec[t]
             if t not in pending:
-                pending = self._output_layer(batch, t, tout, weight, picked, out_grad, tr)
+                pending = self._output_layer(pad_rows, t, tout, weight, picked, out_grad, tr)
             if t in pending:  # its d loss / d out, computed with its chunk: added now
                 r, grad_t = pending.pop(t)
                 out_grad[r:].add_(grad_t)
@@ -302,7 +342,7 @@ class CloneExecutor:
 
     def _output_layer(
         self,
-        batch: Batch,
+        pad_rows: tuple[int, ...] | None,
         top: int,
         tout: Tensor,
         weight: Tensor,
@@ -321,8 +361,8 @@ class CloneExecutor:
         if tr is not None:  # it reads these clones' outputs: the loop's phase
             tr.begin(f"loop:generator[{top}]")
             tr.touch(*outs)
-        skip = self.generator.skips_pad_rows and batch.pad_rows is not None
-        rows = [batch.pad_rows[s] if skip else 0 for s in span]
+        skip = self.generator.skips_pad_rows and pad_rows is not None
+        rows = [pad_rows[s] if skip else 0 for s in span]
         if self.loss_chunk == 1:
             r = rows[0]
             args = (outs[0][r:], tout[top, r:], weight[top, r:], picked[top, r:])

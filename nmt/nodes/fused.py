@@ -18,7 +18,6 @@ Shapes: B batch, S source length, H rnn_size, V target vocabulary.
 
 from __future__ import annotations
 
-from functools import cache
 from typing import Any
 
 import torch
@@ -29,11 +28,21 @@ from nmt.nodes.node import Node, resized
 from nmt.randomness import keep_mask_
 from nmt.wiring import Fusable
 
+_ZEROS: dict[tuple[torch.device, torch.dtype], Tensor] = {}
 
-@cache
+
 def _zero(device: torch.device, dtype: torch.dtype) -> Tensor:
-    """A 0-dim zero: addcmul's `input` where only the product is wanted."""
-    return torch.zeros((), device=device, dtype=dtype)
+    """A 0-dim zero: addcmul's `input` where only the product is wanted (one per device
+    and dtype, made once and kept: a CUDA graph of a step reads it where it was)."""
+    key = (device, dtype)
+    if key not in _ZEROS:
+        _ZEROS[key] = torch.zeros((), device=device, dtype=dtype)
+    return _ZEROS[key]
+
+
+def cached_constants() -> list[Tensor]:
+    """The constants the fused nodes keep outside any node's buffers (`_zero`'s)."""
+    return list(_ZEROS.values())
 
 
 class _Fused(Node):

@@ -28,15 +28,28 @@ class WeightAverage:
         self.params, self.decay = params, decay
         self.weights = [p.detach().clone() for p in params]
         self.updates = 0  # updates queued so far (skipped ones included): fixes each d
+        # the next update's 1 - d, a device scalar written by `advance` and read by `follow`
+        self.rate = torch.zeros((), dtype=self.weights[0].dtype, device=self.weights[0].device)
 
     def update(self, skipped: Tensor) -> None:
         """Move the average towards the weights after an optimizer step; `skipped` (a device
         scalar, nonzero when the step was skipped) zeroes the move. No host synchronisation."""
+        self.advance()
+        self.follow(skipped)
+
+    def advance(self) -> None:
+        """The host's part of an update: count it and write its rate into `rate`."""
         self.updates += 1
         n = self.updates
-        rate = 1.0 - min(self.decay, (1 + n) / (10 + n))
-        weight = (1.0 - skipped.to(self.weights[0].dtype)) * rate
-        torch._foreach_lerp_(self.weights, [p.detach() for p in self.params], weight)
+        self.rate.fill_(1.0 - min(self.decay, (1 + n) / (10 + n)))
+
+    def follow(self, skipped: Tensor) -> None:
+        """The device's part: the average moves by `rate`, or not at all when `skipped`."""
+        weight = (1.0 - skipped.to(self.weights[0].dtype)) * self.rate
+        # one weight tensor per parameter: a lone tensor would bind as a Python number,
+        # read back from the device (a sync) and baked into the kernel
+        weights = [weight] * len(self.weights)
+        torch._foreach_lerp_(self.weights, [p.detach() for p in self.params], weights)
 
     def swap(self) -> None:
         """Exchange the average and the weights (twice: back as before)."""

@@ -74,32 +74,61 @@ class LearningRateSchedule:
 FUSED_DEVICES = ("cpu", "cuda")
 
 
+# the dtype of a fused optimizer's learning-rate scalar: torch's CUDA kernels read a float32
+# one; its CPU kernels read any as a double, so float64 keeps the configured rate exactly
+LR_DTYPES = {"cpu": torch.float64, "cuda": torch.float32}
+
+
 def make_optimizer(cfg: TrainConfig, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
     """SGD or Adam, fused where torch has the kernel: one kernel for every parameter, which
-    can also skip a non-finite update on the device (`nmt.train.update`)."""
+    can also skip a non-finite update on the device (`nmt.train.update`). A fused optimizer's
+    learning rate is a device scalar (`LR_DTYPES`) that `set_learning_rate` writes in place, so the
+    kernel reads the current rate rather than one baked into it (a CUDA graph of the step
+    replays correctly through a decay); Adam is built capturable on CUDA."""
     fused = all(p.device.type in FUSED_DEVICES for p in params) or None
+    lr: float | torch.Tensor = cfg.learning_rate
+    if fused:
+        device = params[0].device
+        lr = torch.tensor(cfg.learning_rate, dtype=LR_DTYPES[device.type], device=device)
     if cfg.optimizer == "adam":
-        return torch.optim.Adam(params, lr=cfg.learning_rate, fused=fused)
-    return torch.optim.SGD(params, lr=cfg.learning_rate, fused=fused)
+        capturable = params[0].device.type == "cuda"
+        return torch.optim.Adam(params, lr=lr, fused=fused, capturable=capturable)
+    return torch.optim.SGD(params, lr=lr, fused=fused)
 
 
 def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict) -> None:
-    """`optimizer.load_state_dict(state)`, but how it runs (fused, foreach) stays this
-    optimizer's choice rather than the checkpoint's: a checkpoint written before the fused
-    kernels, or on another device, would otherwise bring back an implementation that cannot
-    skip an update on the device."""
+    """`optimizer.load_state_dict(state)`, but how it runs (fused, foreach, capturable, its
+    learning rate's device scalar) stays this optimizer's choice rather than the checkpoint's:
+    a checkpoint written before the fused kernels, or on another device, would otherwise bring
+    back an implementation that cannot skip an update on the device."""
+    own_lr = [group["lr"] for group in optimizer.param_groups]
     optimizer.load_state_dict(state)
     fused = optimizer.defaults.get("fused")
-    for group in optimizer.param_groups:
-        for key in ("fused", "foreach"):
+    for group, lr in zip(optimizer.param_groups, own_lr, strict=True):
+        for key in ("fused", "foreach", "capturable"):
             if key in optimizer.defaults:
                 group[key] = optimizer.defaults[key]
+        if isinstance(lr, torch.Tensor):  # the saved rate, into this optimizer's scalar
+            lr.fill_(float(group["lr"]))
+            group["lr"] = lr
         for p in group["params"] if fused else []:  # fused kernels count steps on the device
             step = optimizer.state.get(p, {}).get("step")
             if isinstance(step, torch.Tensor):
                 optimizer.state[p]["step"] = step.to(device=p.device, dtype=torch.float32)
 
 
+def optimizer_state(optimizer: torch.optim.Optimizer) -> dict:
+    """`optimizer.state_dict()` with each learning rate a float, as a checkpoint keeps it
+    (whether the rate lives in a device scalar is the optimizer's business, not the file's)."""
+    state = optimizer.state_dict()
+    state["param_groups"] = [{**group, "lr": float(group["lr"])} for group in state["param_groups"]]
+    return state
+
+
 def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    """The rate of every group: written into its device scalar in place, where it has one."""
     for group in optimizer.param_groups:
-        group["lr"] = lr
+        if isinstance(group["lr"], torch.Tensor):
+            group["lr"].fill_(lr)
+        else:
+            group["lr"] = lr

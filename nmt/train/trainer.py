@@ -27,8 +27,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-from torch import Tensor
 from tqdm import tqdm
 
 from nmt import precisions
@@ -42,11 +40,13 @@ from nmt.errors import NmtError
 from nmt.out_of_memory import batch_shape, training_message
 from nmt.train import distributed as dd
 from nmt.train.builders import Run, build_run
+from nmt.train.executors import Executor
 from nmt.train.failures import RankFailures
 from nmt.train.memory import Planner
 from nmt.train.rng import rng_state, set_rng_state
 from nmt.train.runlog import acknowledge_stop
-from nmt.train.schedule import load_optimizer_state, set_learning_rate
+from nmt.train.schedule import load_optimizer_state, optimizer_state, set_learning_rate
+from nmt.train.step import Guard, T, TrainingStep, graph_shaped, step_graphs
 from nmt.train.validation import BleuSet, greedy_bleu, perplexity
 from nmt.translate.translator import SearchOptions
 
@@ -123,15 +123,18 @@ class Trainer:
         self.command = tuple(command)
         self.cfg, self.out_dir, self.dist, self.device = run.cfg, run.out_dir, run.dist, run.device
         self.log, self.progress = run.log, run.progress
-        self.corpus, self.model, self.executor = run.corpus, run.model, run.executor
+        self.corpus, self.model = run.corpus, run.model
         self.optimizer, self.schedule, self.update = run.optimizer, run.schedule, run.update
+        self.step = TrainingStep(run.executor, self.update, self.optimizer)
         self.train_batches, self.validation = run.train_batches, run.validation
         self.stopping, self.threads = run.stopping, run.threads
         self.memory_plan = run.memory_plan
+        self.graphs = step_graphs(
+            self.cfg.train, self.step, self.device, self.dist.world_size, self.log
+        )
         # counted once on the host: counting a batch on the device would read it back
         self.train_tokens = [batch.n_tokens for batch in self.train_batches]
         self.failures = RankFailures(self.dist, self.device, self._out_of_memory)
-        self._zero = torch.zeros((), dtype=torch.float64, device=self.device)  # a failed rank's
         self._pending = 0  # steps since `settle` last read the device's counts
         self.state = TrainState()
         # names the run in its checkpoints (kept on resume): `nmt average` tells runs apart
@@ -164,6 +167,15 @@ class Trainer:
             cfg, Path(out_dir), resume=resume, log=log, progress=progress, planner=planner
         )
         return cls(run, command)
+
+    @property
+    def executor(self) -> Executor:
+        """What computes the gradients: the step's."""
+        return self.step.executor
+
+    @executor.setter
+    def executor(self, executor: Executor) -> None:
+        self.step.executor = executor
 
     @property
     def bleu_set(self) -> BleuSet | None:
@@ -234,7 +246,7 @@ class Trainer:
             "run": self.run_id,
             "src_tokenizer": self.corpus.src_tokenizer.state_dict(),
             "tgt_tokenizer": self.corpus.tgt_tokenizer.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": optimizer_state(self.optimizer),
             "schedule": self.schedule.state_dict(),
             "step": s.step,
             "epoch": s.epoch,
@@ -399,36 +411,45 @@ class Trainer:
         return ppl, bleu
 
     def train_step(self, batch: Batch, n_tokens: int) -> None:
-        """One update, queued on the device and skipped there when the loss or the gradient
-        norm is not finite; `state.step` counts it until `settle` says otherwise. `n_tokens`:
-        the batch's target tokens. A rank that fails in it (out of memory) stops every rank
-        before the step ends."""
-        self.optimizer.zero_grad(set_to_none=False)
+        """One update: shard, load, run, vote. Queued on the device and skipped there when
+        the loss or the gradient norm is not finite; `state.step` counts it until `settle`
+        says otherwise. `n_tokens`: the batch's target tokens. A rank that fails in it (out
+        of memory) stops every rank before the step ends."""
         part = dd.shard(batch, self.dist)
-        attempt, step, zero = self.failures.attempt, self.state.step + 1, self._zero
-        set_learning_rate(self.optimizer, self.schedule.rate(step))  # train.warmup_steps
+        step = self.state.step + 1
+        if step <= self.schedule.warmup_steps:  # train.warmup_steps: this update's rate
+            set_learning_rate(self.optimizer, self.schedule.rate(step))
 
-        def forward_backward() -> Tensor:
-            return self.executor.forward_backward(part) if part is not None else zero
+        def guard(where: str, fn: Callable[[], T], default: T) -> T:
+            return self.failures.attempt(f"{where} of step {step}", batch, fn, default)
 
-        loss = attempt(f"the forward/backward pass of step {step}", batch, forward_backward, zero)
-        stop = float(self._signal is not None)
+        guard("the forward/backward pass", lambda: self.step.load(part, n_tokens), None)
         if self.dist.enabled:
-            loss, (stop, failed) = dd.all_reduce_loss(loss, [stop, self.failures.flag], self.dist)
-            self.failures.settle(failed)
-            share = (part.size if part is not None else 0) / batch.size
-            dd.all_reduce_gradients(list(self.model.parameters()), share, self.dist)
-        self._stop = stop > 0
-        norm = attempt(f"gradient clipping of step {step}", batch, self.update.clip, zero)
-
-        def apply() -> None:
-            self.update.apply(loss, norm, n_tokens)
-
-        attempt(f"the optimizer step of step {step}", batch, apply, None)
+            self._distributed_step(part, batch, guard)
+        else:
+            self._stop = self._signal is not None
+            if self.graphs is None or (shape := self.step.shape) is None:
+                self.step.run(guard)
+            else:  # replayed as its shape's CUDA graph (or warmed up, captured: nmt.cuda_graphs)
+                self.graphs.run(shape, lambda: self.step.run(guard))
         self.failures.vote()  # clipping or the optimizer step may have failed on one rank
         self.state.step += 1
         self._pending += 1
         self._bar.update(1)
+
+    def _distributed_step(self, part: Batch | None, batch: Batch, guard: Guard) -> None:
+        """The step's phases with torchrun's collectives between them (eager): the loss and
+        the stop and failure flags summed, the gradients averaged over the rows."""
+        s = self.step
+        loss = guard("the forward/backward pass", s.gradients, s.zero)
+        stop = float(self._signal is not None)
+        s.loss, (stop, failed) = dd.all_reduce_loss(loss, [stop, self.failures.flag], self.dist)
+        self.failures.settle(failed)
+        share = (part.size if part is not None else 0) / batch.size
+        dd.all_reduce_gradients(list(self.model.parameters()), share, self.dist)
+        self._stop = stop > 0
+        guard("gradient clipping", s.clip, s.zero)
+        guard("the optimizer step", s.apply, None)
 
     def settle(self) -> None:
         """Read back what the steps since the last call did (one host synchronisation, none
@@ -639,9 +660,13 @@ class Trainer:
         return every > 0 and self.state.step % every == 0
 
     def _training_batch(self, index: int) -> Batch:
-        """Batch `index` of this epoch as trained on: `data.word_dropout` drawn anew."""
+        """Batch `index` of this epoch as trained on: `data.word_dropout` drawn anew; shaped
+        for a CUDA graph when its step may be one (`train.cuda_graph_bucket`)."""
         p, seed = self.cfg.data.word_dropout, self.cfg.train.seed
-        return drop_source_words(self.train_batches[index], p, seed, self.state.epoch, index)
+        batch = drop_source_words(self.train_batches[index], p, seed, self.state.epoch, index)
+        if self.graphs is None:
+            return batch
+        return graph_shaped(batch, self.cfg.train.cuda_graph_bucket, self.cfg.data.max_tgt_len + 1)
 
     def _run_epoch(self) -> None:
         """One epoch from `state.position`. A step's outcome is read back (`settle`) only
@@ -688,6 +713,8 @@ class Trainer:
                 f"epoch {s.epoch}: train perplexity {math.exp(min(epoch.avg, 100)):.3f}, "
                 f"{epoch.tokens_per_second:.0f} target tokens/s"
             )
+        if self.graphs is not None:
+            self.log(self.graphs.summary())
 
 
 def train(

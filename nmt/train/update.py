@@ -13,6 +13,11 @@ The moving average of the weights (`train.ema_decay`) follows each applied updat
 device too. The loss, the target tokens and the skip counts of the applied updates
 accumulate in one device tensor; `drain()` reads it back in one synchronisation when the
 trainer needs the figures.
+
+What changes from step to step on the host - the batch's target tokens, the moving
+average's rate - reaches the device in `load`, as values written into device scalars that
+`step` reads: `step` itself bakes no host value into any kernel, so a CUDA graph of it
+replays correctly for every batch (`nmt.train.step`).
 """
 
 from __future__ import annotations
@@ -58,6 +63,8 @@ class DeviceUpdate:
         device = params[0].device
         self.stats = torch.zeros(7, dtype=torch.float64, device=device)
         self.found_inf = torch.zeros((), dtype=torch.float32, device=device)
+        # the batch's non-PAD target tokens, written by `load` (a float64 count: exact)
+        self.tokens = torch.zeros((), dtype=torch.float64, device=device)
         self.fused = bool(optimizer.defaults.get("fused"))
         if self.fused:  # its step() reads the attribute, as under GradScaler
             optimizer.found_inf = self.found_inf  # type: ignore[attr-defined]
@@ -75,20 +82,34 @@ class DeviceUpdate:
         return nn.utils.get_total_norm(grads, foreach=True)
 
     def apply(self, loss: Tensor, norm: Tensor, n_tokens: int) -> None:
-        """The optimizer step, skipped unless `loss` and `norm` are finite; `n_tokens` is the
-        batch's target token count (a host integer: counting them on the device would sync)."""
+        """`load(n_tokens)` then `step(loss, norm)`: one update from the host's view."""
+        self.load(n_tokens)
+        self.step(loss, norm)
+
+    def load(self, n_tokens: int) -> None:
+        """The host's part of the next update: the batch's target token count (a host
+        integer: counting them on the device would sync) and the moving average's rate,
+        written into the device scalars `step` reads."""
+        self.tokens.fill_(n_tokens)
+        if self.average is not None:
+            self.average.advance()
+
+    def step(self, loss: Tensor, norm: Tensor) -> None:
+        """The optimizer step, skipped unless `loss` and `norm` are finite, the moving
+        average and the counts; reads only device tensors (the unfused optimizers excepted:
+        they have no kernel that can skip, so the flag is read back)."""
         loss_ok = torch.isfinite(loss)
         ok = loss_ok & torch.isfinite(norm)
         torch.logical_not(ok, out=self.found_inf)
         if self.fused or not self.found_inf.item():  # others have no kernel that can skip
             self.optimizer.step()
         if self.average is not None:  # follows the weights, or stays where they stayed
-            self.average.update(self.found_inf)
+            self.average.follow(self.found_inf)
         s = self.stats
         # a bad step: a non-finite loss; or, without a loss scale, a non-finite gradient norm
         bad = self.found_inf if self.loss_scale is None else torch.logical_not(loss_ok)
         s[LOSS].add_(torch.where(ok, loss, 0.0))
-        s[TOKENS].add_(ok, alpha=n_tokens)
+        s[TOKENS].add_(torch.where(ok, self.tokens, 0.0))
         s[SKIPPED].add_(self.found_inf)
         s[RUN].add_(bad).mul_(bad)  # +1 when bad, else back to 0
         torch.maximum(s[WORST], s[RUN], out=s[WORST])
@@ -96,6 +117,16 @@ class DeviceUpdate:
         if self.loss_scale is not None:
             s[OVERFLOWS].add_(loss_ok & ~ok)
             self.loss_scale.update(self.found_inf)
+
+    def device_state(self) -> list[Tensor]:
+        """Every tensor the update keeps between steps (what a CUDA graph of the step reads
+        and writes in place): counts, flags, the token count, the loss scale, the average."""
+        kept = [self.stats, self.found_inf, self.tokens]
+        if self.loss_scale is not None:
+            kept += [self.loss_scale.scale, self.loss_scale.inverse, self.loss_scale.growth_tracker]
+        if self.average is not None:
+            kept += [*self.average.weights, self.average.rate]
+        return kept
 
     def drain(self) -> Drained:
         """Read the counts back (one synchronisation) and start counting afresh; a run of
