@@ -33,8 +33,8 @@ import torch
 from torch import Tensor
 
 from nmt.cells import RecurrentLayer, State
+from nmt.kernels import dropout_masks
 from nmt.model import RNNStack, Seq2SeqAttn
-from nmt.randomness import dropout_masks
 
 # cuDNN warns when the weights are not one nn.LSTM-style buffer; ours are built as one, and
 # where its layout differed it would compact them (a copy we make anyway) - not the user's doing

@@ -31,7 +31,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from nmt import precisions
+from nmt import kernels, precisions
 from nmt.data.batching import Batch
 from nmt.data.vocab import PAD
 from nmt.devices import same_device
@@ -151,7 +151,11 @@ class CloneExecutor:
                 device="meta",
                 dtype=model.generator.weight.dtype,
             ).train()
-            twin = CloneExecutor(meta_model, self.spec.replace(batch_size=None), self.plan, "meta")
+            # its nodes choose the forms this device runs (`nmt.kernels`): the same buffers
+            with kernels.standing_in_for(self.device):
+                twin = CloneExecutor(
+                    meta_model, self.spec.replace(batch_size=None), self.plan, "meta"
+                )
         with torch.device("meta"):
             full = Batch(
                 torch.zeros(batch_size, self.n_enc, dtype=torch.long),
