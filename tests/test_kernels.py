@@ -16,7 +16,7 @@ from nmt.engine.spec import ExecutorSpec
 from nmt.kernels import cuda_cells
 from nmt.model import build_model
 from nmt.opcount import count_ops
-from tests.conftest import model_structures
+from tests.conftest import TEST_DEVICE, model_structures
 from tests.test_engine_equivalence import (
     autograd_grads,
     clone_grads,
@@ -165,3 +165,30 @@ def test_the_cuda_cells_take_fewer_ops_a_step_on_meta(rnn_type: str, saved: int)
     steps = 2 * (7 + 6)  # layers x (source + target positions)
     masks = (7 + 6) + 6  # between the layers at every position, the attention's output
     assert counts["cpu"] - counts["cuda"] == steps * saved + masks
+
+
+@pytest.mark.parametrize("rnn_type", ["lstm", "gru"])
+def test_the_cuda_cells_give_the_references_float32_gradients_on_the_test_device(
+    rnn_type: str,
+) -> None:
+    """A float32 clone step with the fused CUDA cell form against the same step with the
+    reference cell, on the test device: on CUDA (scripts/gpu_check.sh) torch's fused kernels,
+    on the CPU their emulation. Not bitwise (the kernel computes the activations and the
+    cell update in one pass, and recomputes tanh(c') in its backward): every gradient within
+    1e-4 of the reference's largest, the loss within 1e-6."""
+    cfg = ModelConfig(
+        granularity="fused", rnn_type=rnn_type, num_layers=2, rnn_size=16, word_vec_size=12
+    )
+    torch.manual_seed(3)
+    model = build_model(cfg, 11, 13, device=TEST_DEVICE, dtype=torch.float32).train()
+    batch = make_batch()
+    results = {}
+    for form in ("reference", "cuda_fused"):
+        with kernels.using(**{f"{rnn_type}_cell": form}):
+            results[form] = clone_grads(model, batch, "all")
+    (ref_loss, ref), (loss, grads) = results["reference"], results["cuda_fused"]
+    assert loss == pytest.approx(ref_loss, rel=1e-6)
+    for name, g in ref.items():
+        scale = g.abs().max().item()
+        assert scale > 0, name
+        assert (grads[name] - g).abs().max().item() <= 1e-4 * scale, name
