@@ -41,6 +41,9 @@ class Granularity:
     # once by the executor, which adds their gradients into the table once a step; else a
     # LookupTable node per position
     embeddings_per_step: ClassVar[bool]
+    # a cell is one node running its step's form (`nmt.kernels.LSTM_CELL`...), whose buffers
+    # depend on the device's choice of form
+    fused_cells: ClassVar[bool]
 
     def wire_cell(self, g: Wiring, layer, prefix: str, x: Value, state: tuple) -> tuple:
         """One recurrent layer at one position; returns its next state."""
@@ -64,6 +67,7 @@ class NnGraph(Granularity):
     fused_output_layer = False
     fused_inference = False
     embeddings_per_step = False
+    fused_cells = False
 
     def wire_cell(self, g, layer, prefix, x, state):
         return layer.wire(g, prefix, x, state)
@@ -87,6 +91,7 @@ class Fused(Granularity):
     fused_output_layer = True
     fused_inference = True
     embeddings_per_step = True
+    fused_cells = True
 
     def wire_cell(self, g, layer, prefix, x, state):
         return g.add(fused.FusedLayer, prefix + "cell", x, *state, layer=layer)

@@ -192,3 +192,20 @@ def test_the_cuda_cells_give_the_references_float32_gradients_on_the_test_device
         scale = g.abs().max().item()
         assert scale > 0, name
         assert (grads[name] - g).abs().max().item() <= 1e-4 * scale, name
+
+
+def test_an_executor_refuses_a_plan_made_for_other_cell_forms() -> None:
+    """A plan records the cell forms its probe ran; an executor whose device runs other
+    forms (other buffers, other reads) refuses it, naming both. nngraph's cells are nodes:
+    its plans fit every device."""
+    cfg = ModelConfig(granularity="fused", num_layers=1, rnn_size=4, word_vec_size=3)
+    model = build_model(cfg, 9, 9, device="cpu", dtype=torch.float32).train()
+    for_cuda = planner.plan(cfg, "all", device="cuda")
+    assert for_cuda.kernels == (("lstm_cell", "cuda_fused"), ("gru_cell", "cuda_fused"))
+    with pytest.raises(ValueError, match="made for the kernel forms"):
+        CloneExecutor(model, ExecutorSpec(cfg, 2, 2), for_cuda)
+    with kernels.standing_in_for("cuda"):  # the probe's and the twin's way: accepted
+        CloneExecutor(model, ExecutorSpec(cfg, 2, 2), for_cuda)
+    CloneExecutor(model, ExecutorSpec(cfg, 2, 2), planner.plan(cfg, "all"))
+    seed = ModelConfig(granularity="nngraph", num_layers=1, rnn_size=4, word_vec_size=3)
+    assert planner.plan(seed, "all", device="cuda").kernels is None

@@ -91,6 +91,12 @@ class CloneExecutor:
         }
         self.generator = Generator(m, dev, dt, spec.label_smoothing)
         self.loss_chunk = spec.output_positions  # target positions the output layer runs at once
+        mine = kernels.buffer_forms(kernels.choice_key(self.device))
+        if plan.kernels is not None and plan.shared and plan.kernels != mine:
+            raise ValueError(
+                f"the sharing plan was made for the kernel forms of {plan.kernels}, this "
+                f"executor runs those of {mine}: plan for its device (planner.plan(device=))"
+            )
         self.plan = plan
         self.policy = self.plan.policy
         # per clone, whether it re-runs its forward in its backward: every clone under a plan
@@ -168,7 +174,7 @@ class CloneExecutor:
                 dtype=model.generator.weight.dtype,
             ).train()
             # its nodes choose the forms this device runs (`nmt.kernels`): the same buffers
-            with kernels.standing_in_for(self.device):
+            with kernels.standing_in_for(kernels.choice_key(self.device)[0]):
                 twin = CloneExecutor(
                     meta_model, self.spec.replace(batch_size=None), self.plan, "meta"
                 )

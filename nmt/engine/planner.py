@@ -43,7 +43,7 @@ from typing import Any
 
 import torch
 
-from nmt import kernels, policies
+from nmt import granularities, kernels, policies
 from nmt.config import ModelConfig, graph_structure
 from nmt.data.batching import Batch
 from nmt.engine.clones import CloneExecutor
@@ -55,7 +55,6 @@ from nmt.nodes.node import flat
 from nmt.randomness import private_rng
 
 StructureKey = tuple[tuple[str, Any], ...]  # (field, value) of every field, normalised
-KernelChoice = tuple[str, tuple[tuple[str, str], ...]]  # device type, forced implementations
 PROBE_PRECISION = "bfloat16"
 
 
@@ -80,16 +79,9 @@ def plan(
     the analysis of a step that recomputes, for those clones to share. `device`: the type of
     the device the executor runs on, whose forms of the ops (`nmt.kernels`) the probe runs
     (on the CPU: a CUDA kernel's CPU emulation), so that their buffers are analysed."""
-    return _plan(structure_key(model_cfg), policies.get(policy), partial, _probe_device(device))
-
-
-def _probe_device(device: str | torch.device | None) -> KernelChoice:
-    """Whose kernel forms a plan is made for: the device type (a CPU or meta executor's is
-    the one they stand in for, `nmt.kernels.standing_in_for`, else the CPU's) and the
-    implementations forced now (`nmt.kernels.using`)."""
-    kind = torch.device(device).type if device is not None else "cpu"
-    kind = (kernels.stand_in() or "cpu") if kind in ("cpu", "meta") else kind
-    return kind, tuple(sorted(kernels.forced().items()))
+    return _plan(
+        structure_key(model_cfg), policies.get(policy), partial, kernels.choice_key(device)
+    )
 
 
 @lru_cache(maxsize=32)
@@ -97,7 +89,7 @@ def _plan(
     key: StructureKey,
     policy: policies.Policy,
     partial: bool = False,
-    device: KernelChoice = ("cpu", ()),
+    device: kernels.KernelChoice = ("cpu", ()),
 ) -> SharingPlan:
     safe, unsafe, sizes, mm = _analysis(key, policy.recompute, device)
     shared = policy.shares(policies.Analysis(safe, frozenset(unsafe), mm))
@@ -113,7 +105,17 @@ def _plan(
         sizes,
         recompute=policy.recompute,
         recompute_shared=recompute_shared,
+        kernels=_forms_of(key, device),
     )
+
+
+def _forms_of(key: StructureKey, device: kernels.KernelChoice) -> tuple | None:
+    """The forms with buffers of their own a plan of this structure was analysed with (None
+    where its graphs run none: the nngraph granularity's cells are nodes)."""
+    granularity = dict(key).get("granularity")
+    if granularity is None or not granularities.get(granularity).fused_cells:
+        return None
+    return kernels.buffer_forms(device)
 
 
 Analysis = tuple[frozenset[Slot], dict[Slot, str], dict[Slot, int], frozenset[Slot]]
@@ -121,7 +123,7 @@ Analysis = tuple[frozenset[Slot], dict[Slot, str], dict[Slot, int], frozenset[Sl
 
 @lru_cache(maxsize=128)
 def _analysis(
-    key: StructureKey, recompute: bool = False, device: KernelChoice = ("cpu", ())
+    key: StructureKey, recompute: bool = False, device: kernels.KernelChoice = ("cpu", ())
 ) -> Analysis:
     """`analyse`, once per structure, way of running and kernel forms for all policies
     (tests sweep every structure)."""

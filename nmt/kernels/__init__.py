@@ -33,7 +33,17 @@ from nmt.kernels.ops import (
     keep_mask_,
     row_dots,
 )
-from nmt.kernels.registry import REGISTRY, KernelOp, forced, stand_in, standing_in_for, using
+from nmt.kernels.registry import (
+    REGISTRY,
+    KernelChoice,
+    KernelOp,
+    buffer_forms,
+    choice_key,
+    forced,
+    stand_in,
+    standing_in_for,
+    using,
+)
 from nmt.wide_linear import linear_into
 
 IMPLEMENTATION_FILES = (cpu_blocks, cpu_forms, cuda_cells, onednn_gates)
@@ -48,7 +58,10 @@ __all__ = [
     "PACKED_GATES",
     "REGISTRY",
     "ROW_DOTS",
+    "KernelChoice",
     "KernelOp",
+    "buffer_forms",
+    "choice_key",
     "add_row_sums",
     "dropout_mask",
     "dropout_masks",

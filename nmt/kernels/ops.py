@@ -18,8 +18,10 @@ LOGITS_BLOCKS = KernelOp(
     "logits_blocks", "the output weight's rows per product", reference.logits_block_rows
 )
 PACKED_GATES = KernelOp("packed_gates", "a weight packed once for search", reference.NoPack)
-LSTM_CELL = KernelOp("lstm_cell", "the fused LSTM cell step", reference.OwnCellForm)
-GRU_CELL = KernelOp("gru_cell", "the fused GRU cell step", reference.OwnCellForm)
+LSTM_CELL = KernelOp(
+    "lstm_cell", "the fused LSTM cell step", reference.OwnCellForm, own_buffers=True
+)
+GRU_CELL = KernelOp("gru_cell", "the fused GRU cell step", reference.OwnCellForm, own_buffers=True)
 
 
 def row_dots(context: Tensor, vector: Tensor, out: Tensor | None = None) -> Tensor:

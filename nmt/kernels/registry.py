@@ -59,8 +59,10 @@ class Implementation:
 class KernelOp:
     """A computation with a reference implementation and device-specific ones."""
 
-    def __init__(self, name: str, doc: str, reference: Any):
-        self.name, self.doc = name, doc
+    def __init__(self, name: str, doc: str, reference: Any, own_buffers: bool = False):
+        """`own_buffers`: its forms keep buffers and read what their node declares, each its
+        own (a fused cell step): a sharing plan is made for one choice of them."""
+        self.name, self.doc, self.own_buffers = name, doc, own_buffers
         self.reference = Implementation("reference", lambda device, dtype: True, reference)
         self.implementations: list[Implementation] = []  # the specific ones, in order
         self._chosen: dict[tuple[str, torch.dtype, str | None, tuple], Any] = {}
@@ -153,6 +155,32 @@ def using(**names: str) -> Iterator[None]:
     token = _FORCED.set(tuple(sorted({**dict(_FORCED.get()), **names}.items())))
     try:
         yield
+    finally:
+        _FORCED.reset(token)
+
+
+KernelChoice = tuple[str, tuple[tuple[str, str], ...]]  # device type, forced implementations
+
+
+def choice_key(device: torch.device | str | None) -> KernelChoice:
+    """Whose forms an executor on `device` runs: the device type (CPU and meta as the one
+    they stand in for, else the CPU's) and the implementations `using` forces - what the
+    planner's probe runs as (`nmt.engine.planner.plan`)."""
+    kind = torch.device(device).type if device is not None else "cpu"
+    if kind in ("cpu", "meta"):
+        kind = _STAND_IN.get() or "cpu"
+    return kind, _FORCED.get()
+
+
+def buffer_forms(choice: KernelChoice) -> tuple[tuple[str, str], ...]:
+    """The implementation each op with buffers of its own (`own_buffers`) runs under
+    `choice`, by op: what a sharing plan's analysis depends on beyond the graph's
+    structure (the float32 choice: these forms serve every float dtype alike)."""
+    kind, forced = choice
+    token = _FORCED.set(forced)
+    try:
+        ops = (op for op in REGISTRY.values() if op.own_buffers)
+        return tuple((op.name, op.implementation(kind, torch.float32).name) for op in ops)
     finally:
         _FORCED.reset(token)
 
