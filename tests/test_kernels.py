@@ -209,3 +209,30 @@ def test_an_executor_refuses_a_plan_made_for_other_cell_forms() -> None:
     CloneExecutor(model, ExecutorSpec(cfg, 2, 2), planner.plan(cfg, "all"))
     seed = ModelConfig(granularity="nngraph", num_layers=1, rnn_size=4, word_vec_size=3)
     assert planner.plan(seed, "all", device="cuda").kernels is None
+
+
+SMALL_OPS = ("row_dots", "add_row_sums", "keep_mask")
+SWEEP_IDS = ("general-L2-feed-bi-drop", "fused-mlp-L1-feed-drop", "gru-fused-dot-L1-drop")
+SWEEP_STRUCTURES = [p for p in model_structures() if p.id in SWEEP_IDS]
+assert len(SWEEP_STRUCTURES) == len(SWEEP_IDS), "a swept structure is gone: name another"
+
+
+@pytest.mark.parametrize("structure", SWEEP_STRUCTURES)
+@pytest.mark.parametrize(
+    ("op", "implementation"),
+    [(op, i.name) for op in SMALL_OPS for i in kernels.REGISTRY[op].available("cpu")],
+)
+def test_every_small_op_form_gives_autogradss_gradients(
+    structure: dict, op: str, implementation: str
+) -> None:
+    """The equivalence sweep through each form of the small ops available here (the CPU
+    forms and the references, whatever dtype they were chosen for), float64, every policy:
+    clones and autograd call the same op, so dropout's draws stay shared."""
+    model = make_model(**structure, param_init=0.3)
+    batch = make_batch()
+    with kernels.using(**{op: implementation}):
+        ref_loss, ref = autograd_grads(model, batch)
+        for policy in policies.names():
+            loss, grads = clone_grads(model, batch, policy)
+            assert max_rel_err(grads, ref) < 1e-10, (policy, op, implementation)
+            assert loss == pytest.approx(ref_loss, rel=1e-12), policy
