@@ -236,3 +236,13 @@ def test_every_small_op_form_gives_autogradss_gradients(
             loss, grads = clone_grads(model, batch, policy)
             assert max_rel_err(grads, ref) < 1e-10, (policy, op, implementation)
             assert loss == pytest.approx(ref_loss, rel=1e-12), policy
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_cpu_form_runs_on_meta_as_the_cpu_stand_in(dtype: torch.dtype) -> None:
+    """memreport accounts a CPU run on meta with the CPU's forms: the dropout draws' float32
+    scratch of a bfloat16 mask is made on the mask's device."""
+    mask = torch.empty(3, 4, dtype=dtype, device="meta")
+    with kernels.standing_in_for("cpu"):
+        assert kernels.KEEP_MASK.choose(META, dtype).__name__ == "uniform_keep_mask_"
+        assert kernels.keep_mask_(mask, 0.3) is mask

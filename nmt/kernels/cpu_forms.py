@@ -39,7 +39,7 @@ def uniform_keep_mask_(mask: Tensor, p: float) -> Tensor:
     `uniform_` and a comparison take 51 us; the masks were 3.5% of a float32 training step
     (Multi30k's model). Other draws than `bernoulli_`'s, the same distribution; both
     executors and the autograd model draw through this op, so they draw the same masks."""
-    draws = mask if mask.dtype == torch.float32 else torch.empty(mask.shape)
+    draws = mask if mask.dtype == torch.float32 else torch.empty(mask.shape, device=mask.device)
     draws.uniform_(generator=generator(mask.device))
     return torch.lt(draws, 1.0 - p, out=mask)
 
