@@ -246,3 +246,15 @@ def test_a_cpu_form_runs_on_meta_as_the_cpu_stand_in(dtype: torch.dtype) -> None
     with kernels.standing_in_for("cpu"):
         assert kernels.KEEP_MASK.choose(META, dtype).__name__ == "uniform_keep_mask_"
         assert kernels.keep_mask_(mask, 0.3) is mask
+
+
+def test_the_emulation_refuses_what_the_kernels_would_misread() -> None:
+    """The CUDA kernels take contiguous tensors; so does their emulation, so the sweeps above
+    show every tensor the executor hands them is one."""
+    gates, c = torch.zeros(3, 8), torch.zeros(3, 2)
+    cuda_cells.EMULATED_LSTM.forward(gates, gates, c)
+    with pytest.raises(RuntimeError, match="contiguous"):
+        cuda_cells.EMULATED_LSTM.forward(gates, gates, torch.zeros(2, 3).t())
+    workspace = torch.zeros(3, 10)
+    with pytest.raises(RuntimeError, match="contiguous"):
+        cuda_cells.EMULATED_GRU.backward(torch.zeros(2, 3).t(), workspace, False)

@@ -64,6 +64,13 @@ def on_cuda(device: str, dtype: torch.dtype) -> bool:
 # ---- the kernels' contract on the CPU ------------------------------------------------------
 
 
+def _contiguous(*tensors: Tensor | None) -> None:
+    """The CUDA kernels index their arguments as contiguous blocks (torch checks the forward's
+    and reads the backward's so): the emulation refuses what they would misread."""
+    if not all(t is None or t.is_contiguous() for t in tensors):
+        raise RuntimeError("the fused cell kernels take contiguous tensors")
+
+
 def _emulated_lstm(
     input_gates: Tensor,
     hidden_gates: Tensor,
@@ -71,6 +78,7 @@ def _emulated_lstm(
     input_bias: Tensor | None = None,
     hidden_bias: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
+    _contiguous(input_gates, hidden_gates, cx, input_bias, hidden_bias)
     gates = input_gates + hidden_gates
     if input_bias is not None:
         gates = gates + input_bias + hidden_bias
@@ -88,6 +96,7 @@ def _emulated_lstm_backward(
     workspace: Tensor,
     has_bias: bool,
 ) -> tuple[Tensor, Tensor, Tensor | None]:
+    _contiguous(grad_hy, grad_cy, cx, cy, workspace)
     i, f, g, o = workspace.chunk(4, 1)
     go = grad_hy if grad_hy is not None else torch.zeros_like(cx)
     gc = go * o * (1 - cy.tanh() ** 2) + (grad_cy if grad_cy is not None else 0)
@@ -110,6 +119,7 @@ def _emulated_gru(
     input_bias: Tensor | None = None,
     hidden_bias: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
+    _contiguous(input_gates, hidden_gates, hx, input_bias, hidden_bias)
     if input_bias is not None:
         input_gates, hidden_gates = input_gates + input_bias, hidden_gates + hidden_bias
     i_r, i_z, i_n = input_gates.chunk(3, 1)
@@ -120,6 +130,7 @@ def _emulated_gru(
 
 
 def _emulated_gru_backward(grad_hy: Tensor, workspace: Tensor, has_bias: bool) -> tuple:
+    _contiguous(grad_hy, workspace)
     r, z, n, hx, h_n = workspace.chunk(5, 1)
     g_n = grad_hy * (1 - z) * (1 - n * n)
     g_z = grad_hy * (hx - n) * (1 - z) * z
