@@ -258,3 +258,19 @@ def test_the_emulation_refuses_what_the_kernels_would_misread() -> None:
     workspace = torch.zeros(3, 10)
     with pytest.raises(RuntimeError, match="contiguous"):
         cuda_cells.EMULATED_GRU.backward(torch.zeros(2, 3).t(), workspace, False)
+
+
+def test_without_the_cuda_kernels_the_reference_serves_with_one_line(monkeypatch, capsys) -> None:
+    """A fast path fails safe: a torch without the fused cell kernels runs the reference
+    cell on CUDA, and says so in one line."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch._C, "_dispatch_has_kernel_for_dispatch_key", lambda op, key: False)
+    cuda_cells.has_cuda_kernels.cache_clear()
+    try:
+        assert kernels.LSTM_CELL.implementation("cuda", torch.float32).name == "reference"
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "no CUDA kernel for _thnn_fused_lstm_cell" in err[0]
+    finally:
+        cuda_cells.has_cuda_kernels.cache_clear()
+    monkeypatch.undo()
+    assert kernels.LSTM_CELL.implementation("cuda", torch.float32).name == "cuda_fused"

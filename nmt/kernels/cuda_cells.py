@@ -44,6 +44,8 @@ counts of a step's ops through this form are taken on meta, where each kernel is
 from __future__ import annotations
 
 import functools
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,6 +61,29 @@ FLOATS = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 
 def on_cuda(device: str, dtype: torch.dtype) -> bool:
     return device == "cuda" and dtype in FLOATS
+
+
+@functools.cache
+def has_cuda_kernels(*names: str) -> bool:
+    """Whether this torch has CUDA kernels for the aten ops `names`; where it has not, the
+    reference cell serves, and one line on stderr says so (once). A torch without CUDA runs
+    nothing there: its stand-ins (the planner's probe, meta) choose as a CUDA build would."""
+    if not torch.cuda.is_available():
+        return True
+    missing = [
+        n for n in names if not torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{n}", "CUDA")
+    ]
+    if missing:
+        print(
+            f"nmt: this torch has no CUDA kernel for {', '.join(missing)}: the fused "
+            "granularity's cells run their reference form on CUDA",
+            file=sys.stderr,
+        )
+    return not missing
+
+
+def _serves(*names: str) -> Callable[[str, torch.dtype], bool]:
+    return lambda device, dtype: on_cuda(device, dtype) and has_cuda_kernels(*names)
 
 
 # ---- the kernels' contract on the CPU ------------------------------------------------------
@@ -315,7 +340,7 @@ class CellForm:
 
 LSTM_CELL.register(
     "cuda_fused",
-    on_cuda,
+    _serves("_thnn_fused_lstm_cell", "_thnn_fused_lstm_cell_backward_impl"),
     CellForm(FusedLSTMStep, ATEN_LSTM),
     forms={
         "meta": CellForm(FusedLSTMStep, META_LSTM),
@@ -325,7 +350,7 @@ LSTM_CELL.register(
 )
 GRU_CELL.register(
     "cuda_fused",
-    on_cuda,
+    _serves("_thnn_fused_gru_cell", "_thnn_fused_gru_cell_backward"),
     CellForm(FusedGRUStep, ATEN_GRU),
     forms={"cpu": CellForm(FusedGRUStep, EMULATED_GRU)},
     note="CUDA: torch's fused GRU cell kernel each way",
