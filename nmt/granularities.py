@@ -7,6 +7,9 @@ A granularity decides what the clone graphs are made of, and everything that fol
                      (`RecurrentLayer.wire`)
     the attention    one node per module                 one node (`Attention.fused`)
     a dropout        a multiply by a stored mask         one op each way (mask * 1/(1-p))
+    an embedding     a LookupTable node per position:    the executor gathers every
+                     one gather, one index_add_          position's rows at once, and adds
+                                                         their gradients in one index_add_
     the output layer Linear + LogSoftMaxNLL on every     one node: Linear + log-softmax +
      and the loss    row, one target position at a time  loss over `train.loss_chunk`
                                                          positions, leading PAD rows skipped
@@ -35,6 +38,13 @@ class Granularity:
     fused_output_layer: ClassVar[bool]  # one fused node: several positions, PAD rows skipped
     fused_inference: ClassVar[bool]  # translation and validation run the fused forms
     seed_graph: ClassVar[bool] = False  # seq2seq-attn's own node set: its figures compare
+    # the clone graphs take their embedding rows as an input, gathered for all positions at
+    # once by the executor, which adds their gradients into the table once a step; else a
+    # LookupTable node per position
+    embeddings_per_step: ClassVar[bool]
+    # a cell is one node running its step's form (`nmt.kernels.LSTM_CELL`...), whose buffers
+    # depend on the device's choice of form
+    fused_cells: ClassVar[bool]
 
     def wire_cell(self, g: Wiring, layer, prefix: str, x: Value, state: tuple) -> tuple:
         """One recurrent layer at one position; returns its next state."""
@@ -58,6 +68,8 @@ class NnGraph(Granularity):
     seed_graph = True
     fused_output_layer = False
     fused_inference = False
+    embeddings_per_step = False
+    fused_cells = False
 
     def wire_cell(self, g, layer, prefix, x, state):
         return layer.wire(g, prefix, x, state)
@@ -80,6 +92,8 @@ class Fused(Granularity):
     )
     fused_output_layer = True
     fused_inference = True
+    embeddings_per_step = True
+    fused_cells = True
 
     def wire_cell(self, g, layer, prefix, x, state):
         return g.add(fused.FusedLayer, prefix + "cell", x, *state, layer=layer)

@@ -27,7 +27,8 @@ from nmt.cells import RecurrentLayer, State
 from nmt.config import ModelConfig
 from nmt.data.vocab import PAD
 from nmt.errors import NmtError
-from nmt.randomness import PRIVATE_RNG, dropout_mask
+from nmt.kernels import dropout_mask
+from nmt.randomness import PRIVATE_RNG
 
 # src B x S -> (context B x S x H, final state of every layer): `Seq2SeqAttn.encode` or another
 # implementation of the same arithmetic (`nmt.nn_rnn`)

@@ -14,7 +14,7 @@ Dropout: the kernel would draw its own inter-layer masks, all at once, which no 
 executor could reproduce. So with dropout each layer is one kernel call, and the input of
 every layer above the first (and the embeddings, with `model.embedding_dropout`) is
 multiplied by the masks the cells would have drawn - the same draws from the same generator
-in the same order (`nmt.randomness.dropout_masks`), so the decoder's masks after them are the
+in the same order (`nmt.kernels.dropout_masks`), so the decoder's masks after them are the
 same too. The loss and gradients equal the cells' to rounding, dropout on or off (float64:
 1e-10 against the clone executor). Without dropout between layers all layers run in one call.
 
@@ -33,8 +33,8 @@ import torch
 from torch import Tensor
 
 from nmt.cells import RecurrentLayer, State
+from nmt.kernels import dropout_masks
 from nmt.model import RNNStack, Seq2SeqAttn
-from nmt.randomness import dropout_masks
 
 # cuDNN warns when the weights are not one nn.LSTM-style buffer; ours are built as one, and
 # where its layout differed it would compact them (a copy we make anyway) - not the user's doing

@@ -19,11 +19,12 @@ counts.
 for weights of V rows not a multiple of `ALIGNED_ROWS`; others, CUDA, and the low precisions
 (whose products oneDNN runs: blocks of it ran no faster there) keep one product, as does a
 weight of fewer than `MIN_BLOCKS` blocks. The fused output layer
-(`nmt.engine.generator.OutputLoss`, the `train.loss_chunk` positions' rows at once) asks once,
-when built (`block_rows`); `blocks_of` builds it with another block, for the benchmarks and
-tests. The nngraph granularity's generator, one position's rows at a time, gained nothing in
-a step from blocks (its product 1.15x faster, the step 1.00x: the blocks' ops cost as much)
-and keeps one product.
+(`nmt.engine.generator.OutputLoss`, the `train.loss_chunk` positions' rows at once) asks
+once, when built, through `nmt.kernels.LOGITS_BLOCKS` (`block_rows` on a float32 CPU);
+`blocks_of` builds it with another block, for the benchmarks and tests. The nngraph
+granularity's generator, one position's rows at a time, gained nothing in a step from blocks
+(its product 1.15x faster, the step 1.00x: the blocks' ops cost as much) and keeps one
+product.
 """
 
 from __future__ import annotations
@@ -48,15 +49,23 @@ _forced: list[int] = []  # `blocks_of`'s block while it lasts
 
 def block_rows(weight: Tensor) -> int:
     """The rows of `weight` (out_features x in_features) each product of `linear_into`
-    takes on this machine: 0 for one product of all of them."""
+    takes on a CPU of this kind in float32 (`nmt.kernels.LOGITS_BLOCKS` asks it there): 0
+    for one product of all of them."""
     rows = weight.shape[0]
     if _forced:
         block = _forced[-1]
-    elif weight.device.type == "cpu" and weight.dtype == torch.float32 and rows % ALIGNED_ROWS:
+    elif rows % ALIGNED_ROWS:
         block = BLOCK_ROWS.get(this_cpu(), 0)
     else:
         return 0
     return block if block and rows >= MIN_BLOCKS * block else 0
+
+
+def forced_block_rows(weight: Tensor) -> int:
+    """`block_rows` where no rule applies (another device or dtype): one product, unless
+    `blocks_of` says otherwise."""
+    block = _forced[-1] if _forced else 0
+    return block if block and weight.shape[0] >= MIN_BLOCKS * block else 0
 
 
 @contextmanager

@@ -2,7 +2,9 @@
 # What the CPU test suite can only fake, checked on a real GPU in one run (planned to take
 # under 8 minutes on one modern GPU; needs no network and nothing outside the repository):
 #   engine     the engine's gradient-equivalence and bitwise-sharing tests on the device,
-#              and the kernel encoder's (cuDNN's LSTM and GRU), with deterministic algorithms
+#              and the kernel encoder's (cuDNN's LSTM and GRU), with deterministic algorithms;
+#              the fused granularity's cells there run torch's fused CUDA cell kernels
+#              (`nmt.kernels.cuda_cells`), checked against the reference cell (test_kernels)
 #   train      nmt train on configs/toy.yaml (data/toy)
 #   repeat     the same training run twice, and once stopped halfway and resumed,
 #              deterministic: bitwise equal parameters
@@ -140,6 +142,7 @@ low_results() {  # each low precision's BLEU or failure, and what auto chooses
 run_engine() {
     NMT_TEST_DEVICE=$device "$py" -m pytest -q -n "$engine_workers" -p no:cacheprovider \
         tests/test_engine_equivalence.py tests/test_engine_sharing.py tests/test_nn_rnn.py \
+        tests/test_kernels.py \
         "${engine_sel[@]}"
 }
 run_repeat() {  # deterministic (the default): two runs from one seed, and a third stopped

@@ -66,7 +66,7 @@ def clone_grads(
     loss_chunk: int = 1,
 ) -> tuple[float, dict[str, torch.Tensor]]:
     model.zero_grad(set_to_none=True)
-    plan = plan or planner.plan(model.cfg, policy)
+    plan = plan or planner.plan(model.cfg, policy, device=TEST_DEVICE.type)
     spec = ExecutorSpec(
         model.cfg, S - 2, T - 1, label_smoothing=label_smoothing, loss_chunk=loss_chunk
     )
@@ -299,7 +299,7 @@ def test_fused_output_layer_runs_only_the_rows_that_are_not_pad(monkeypatch) -> 
     model = make_model(granularity="fused", param_init=0.3)
     batch = make_batch()
     assert batch.pad_rows == (0, 0, 1, 1)
-    plan = planner.plan(model.cfg, "all")  # its probe runs the generator too: not counted
+    plan = planner.plan(model.cfg, "all", device=TEST_DEVICE.type)  # its probe: not counted
     rows: list[int] = []
     step = OutputLoss.step
     monkeypatch.setattr(
@@ -343,7 +343,8 @@ def test_fused_output_layer_over_several_positions(structure: dict, chunk: int, 
     )
     results = {}
     for policy in policies.names():
-        plan = planner.plan(model.cfg, policy)  # its probe runs one position at a time
+        # its probe runs one position at a time
+        plan = planner.plan(model.cfg, policy, device=TEST_DEVICE.type)
         rows.clear()
         results[policy] = clone_grads(model, batch, plan=plan, loss_chunk=chunk)
         # B rows at positions 0 and 1, B - 1 at positions 2 and 3 (pad_rows 0, 0, 1, 1)

@@ -13,6 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from nmt import attention, cells
+from nmt.kernels import add_row_sums
 from nmt.nodes import fused
 from nmt.nodes.modules import (
     AddAcross,
@@ -31,7 +32,7 @@ from nmt.nodes.modules import (
     Tanh,
     VScores,
 )
-from nmt.nodes.node import Node, add_at, add_row_sums, flat
+from nmt.nodes.node import Node, add_at, flat
 
 B, S, H = 3, 4, 5
 KW = {"device": torch.device("cpu"), "dtype": torch.float64}

@@ -71,7 +71,7 @@ def test_policies_give_bitwise_identical_parameters(structure: dict, determinist
             start,
             batches,
             lambda m, policy=policy: CloneExecutor(
-                m, ExecutorSpec(cfg, 3, 3), planner.plan(cfg, policy)
+                m, ExecutorSpec(cfg, 3, 3), planner.plan(cfg, policy, device=TEST_DEVICE.type)
             ),
         )
         for policy in policies.names()

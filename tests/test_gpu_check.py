@@ -39,9 +39,10 @@ def test_every_check_runs_on_the_cpu(tmp_path):
     assert list(rows) == CHECKS
     assert all(row[0] == "pass" for row in rows.values()), table
     # one structure per cell x granularity (general attention), in the equivalence, sharing
-    # and kernel encoder files
+    # and kernel encoder files, and the fused one per cell through the fused CUDA cell forms
     structures = len(cells.names()) * len(granularities.names())
-    assert " ".join(rows["engine"][2:4]) == f"{3 * structures} passed,"
+    engine = 3 * structures + len(cells.names())
+    assert " ".join(rows["engine"][2:4]) == f"{engine} passed,"
     # parameters bitwise equal: N of N tensors (repeated), N of N (stopped halfway and resumed)
     equal = rows["repeat"][2:]
     assert equal[:3] == ["parameters", "bitwise", "equal:"]

@@ -84,6 +84,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
                     "nmt.cpu_memory", "nmt.threads", "nmt.cpu_features", "nmt.plotting",
                     "nmt.atomic", "nmt.onednn", "nmt.wide_linear", "nmt.terminal",
                     "nmt.cuda_graphs")),
+    ("kernels", ("nmt.kernels",)),
     ("nodes", ("nmt.nodes",)),
     ("parts", ("nmt.cells", "nmt.attention", "nmt.granularities")),
     ("config", ("nmt.config",)),
@@ -174,3 +175,52 @@ def test_the_graph_reader_sees_hidden_and_submodule_imports(tmp_path: Path) -> N
     assert find_cycle(import_graph(pkg)) == ["nmt.sub", "nmt.sub.b", "nmt.sub.c", "nmt.sub"]
     (pkg / "sub" / "__init__.py").write_text("")
     assert find_cycle(import_graph(pkg)) is None
+
+
+# A layer calls a registered op of `nmt.kernels`, never a device-specific kernel: not the
+# modules that hold one, not an implementation's file, not a private aten or oneDNN kernel.
+DEVICE_KERNEL_MODULES = ("nmt.onednn", "nmt.wide_linear")
+DEVICE_KERNEL_NAMES = ("torch.ops.mkldnn", "aten._thnn_", "torch.ops.aten._thnn_")
+LAYERS = ("nmt.nodes", "nmt.cells", "nmt.attention", "nmt.model", "nmt.nn_rnn", "nmt.engine")
+
+
+def direct_kernel_calls(root: Path = ROOT) -> list[str]:
+    """'module: what' for every layer module that imports a device-specific kernel module or
+    an implementation file of `nmt.kernels`, or names a private kernel in its source."""
+    graph = import_graph(root)
+    files = {module_name(p, root): p for p in sorted(root.rglob("*.py"))}
+    found = []
+    for module, targets in sorted(graph.items()):
+        if not module.startswith(LAYERS):
+            continue
+        for t in sorted(targets):
+            if t in DEVICE_KERNEL_MODULES or t.startswith("nmt.kernels."):
+                found.append(f"{module}: imports {t}")
+        source = files[module].read_text(encoding="utf-8")
+        found += [f"{module}: names {n}" for n in DEVICE_KERNEL_NAMES if n in source]
+    return found
+
+
+def test_layers_call_registered_ops_not_device_kernels() -> None:
+    assert "nmt.kernels.cuda_cells" in import_graph()["nmt.kernels"]  # it did read the tree
+    calls = direct_kernel_calls()
+    assert not calls, "call the op of nmt.kernels instead:\n" + "\n".join(calls)
+
+
+def test_the_kernel_rule_can_fail(tmp_path: Path) -> None:
+    pkg = tmp_path / "nmt"
+    (pkg / "cells").mkdir(parents=True)
+    (pkg / "kernels").mkdir()
+    for path in ("__init__.py", "onednn.py", "cells/__init__.py", "kernels/__init__.py"):
+        (pkg / path).write_text("", encoding="utf-8")
+    (pkg / "kernels" / "cuda_cells.py").write_text("", encoding="utf-8")
+    (pkg / "cells" / "a.py").write_text("from nmt import onednn\n", encoding="utf-8")
+    (pkg / "cells" / "b.py").write_text("from nmt.kernels import cuda_cells\n", encoding="utf-8")
+    (pkg / "cells" / "c.py").write_text("f = torch.ops.aten._thnn_fused_gru_cell\n", "utf-8")
+    (pkg / "cells" / "d.py").write_text("from nmt.kernels import LSTM_CELL\n", encoding="utf-8")
+    assert direct_kernel_calls(pkg) == [
+        "nmt.cells.a: imports nmt.onednn",
+        "nmt.cells.b: imports nmt.kernels.cuda_cells",
+        "nmt.cells.c: names aten._thnn_",
+        "nmt.cells.c: names torch.ops.aten._thnn_",
+    ]

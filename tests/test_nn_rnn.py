@@ -11,9 +11,10 @@ import torch
 
 from nmt import precisions
 from nmt.config import Config, TrainConfig
+from nmt.kernels import dropout_mask, dropout_masks, keep_mask_
 from nmt.nn_rnn import KernelEncoder
 from nmt.opcount import count
-from nmt.randomness import dropout_mask, dropout_masks, keep_mask_, private_rng
+from nmt.randomness import private_rng
 from nmt.train.executors import AutogradExecutor, make_executor
 from tests.conftest import TEST_DEVICE, model_structures
 from tests.test_engine_equivalence import clone_grads, make_batch, make_model, max_rel_err

@@ -85,3 +85,25 @@ def test_the_fused_granularity_takes_fewer_ops_a_step() -> None:
     # and per position: 3 more source and 5 more target positions
     per_step = {g: counts[g, 9, 9] - counts[g, 6, 4] for g in ("nngraph", "fused")}
     assert per_step["fused"] <= 0.8 * per_step["nngraph"]
+
+
+def test_the_fused_step_adds_each_embeddings_gradient_once() -> None:
+    """The fused granularity gathers every position's embedding rows in one index_select per
+    table and adds their gradients in one index_add_ per table (the output layer's own
+    index_add_, one per chunk, besides); nngraph's LookupTable nodes take one of each per
+    position."""
+    counts = {}
+    for granularity in ("nngraph", "fused"):
+        cfg = ModelConfig(num_layers=2, rnn_size=8, word_vec_size=8, granularity=granularity)
+        model = build_model(cfg, 20, 20, device="cpu", dtype=torch.float32).train()
+        spec = ExecutorSpec(cfg, 8, 8, loss_chunk=0)
+        executor = CloneExecutor(model, spec, planner.plan(cfg, "all"))
+        batch = Batch(*(torch.randint(4, 20, (4, n)) for n in (9, 7, 7)))
+        executor.forward_backward(batch)
+        counts[granularity] = count(lambda: executor.forward_backward(batch)).by_op  # noqa: B023
+    positions = 9 + 7
+    assert counts["nngraph"]["aten.index_select"] == positions
+    assert counts["nngraph"]["aten.index_add_"] >= positions
+    assert counts["fused"]["aten.index_select"] == 2
+    generator = counts["fused"]["aten.index_add_"] - 2
+    assert 0 <= generator <= 1  # all positions' output layer at once (loss_chunk 0)

@@ -13,6 +13,7 @@ from nmt.data.batching import Batch
 from nmt.engine import planner
 from nmt.engine.clones import CloneExecutor
 from nmt.engine.spec import ExecutorSpec
+from nmt.kernels import LOGITS_BLOCKS
 from nmt.model import Seq2SeqAttn
 from tests.test_engine_equivalence import S, T, make_batch
 
@@ -36,24 +37,31 @@ def test_blocks_compute_the_one_products_logits(dtype, rows: int) -> None:
     assert torch.allclose(whole, reference, rtol=1e-5, atol=1e-4)
 
 
+def _block(weight: torch.Tensor) -> int:
+    """The block the output layer asks for `weight`: `kernels.LOGITS_BLOCKS`' choice."""
+    return LOGITS_BLOCKS.choose(weight.device, weight.dtype)(weight)
+
+
 def test_the_block_follows_the_cpus_rule(monkeypatch) -> None:
     monkeypatch.setattr(wide_linear, "this_cpu", lambda: "AuthenticAMD avx512f")
     block = wide_linear.BLOCK_ROWS["AuthenticAMD avx512f"]
     wide = torch.empty(wide_linear.MIN_BLOCKS * block + 1, 8)  # V not a multiple of 8
-    assert wide_linear.block_rows(wide) == block
-    assert wide_linear.block_rows(wide[:-1]) == 0  # V a multiple of 8: one product
-    assert wide_linear.block_rows(wide[2:]) == 0  # fewer than MIN_BLOCKS blocks: one product
-    assert wide_linear.block_rows(wide.bfloat16()) == 0  # oneDNN's products: not measured
-    assert wide_linear.block_rows(wide.double()) == 0
+    assert _block(wide) == block
+    assert _block(wide[:-1]) == 0  # V a multiple of 8: one product
+    assert _block(wide[2:]) == 0  # fewer than MIN_BLOCKS blocks: one product
+    assert _block(wide.bfloat16()) == 0  # oneDNN's products: not measured
+    assert _block(wide.double()) == 0
+    assert _block(wide.to("meta")) == 0  # another device: the reference, one product
     monkeypatch.setattr(wide_linear, "this_cpu", lambda: "GenuineIntel")
-    assert wide_linear.block_rows(wide) == 0  # no rule: one product
+    assert _block(wide) == 0  # no rule: one product
     with wide_linear.blocks_of(4):
-        assert wide_linear.block_rows(wide.double()) == 4  # forced: any dtype
-        assert wide_linear.block_rows(wide[:-1]) == 4  # and any V of MIN_BLOCKS blocks
+        assert _block(wide.double()) == 4  # forced: any dtype
+        assert _block(wide.to("meta")) == 4  # and any device
+        assert _block(wide[:-1]) == 4  # and any V of MIN_BLOCKS blocks
         with wide_linear.blocks_of(0):
-            assert wide_linear.block_rows(wide) == 0
-        assert wide_linear.block_rows(torch.empty(15, 8)) == 0  # under MIN_BLOCKS x 4 rows
-    assert wide_linear.block_rows(wide) == 0  # the rule again
+            assert _block(wide) == 0
+        assert _block(torch.empty(15, 8)) == 0  # under MIN_BLOCKS x 4 rows
+    assert _block(wide) == 0  # the rule again
 
 
 def _float32_step(granularity: str, block: int, batch: Batch) -> tuple[float, dict, CloneExecutor]:

@@ -27,7 +27,8 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
-from nmt.nodes.modules import Join, Linear, MMContext, SoftMax, Tanh, row_dots
+from nmt.kernels import row_dots
+from nmt.nodes.modules import Join, Linear, MMContext, SoftMax, Tanh
 from nmt.wiring import Buf, FusedBuffers, FusedFacts, Value, Wiring, fresh
 
 _tanh_backward = torch.ops.aten.tanh_backward.grad_input

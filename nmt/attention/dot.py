@@ -9,7 +9,8 @@ import torch
 from torch import Tensor
 
 from nmt.attention.base import COMMON_FACTS, Attention, bmm_scores, output_layer
-from nmt.nodes.modules import MMScores, row_dots
+from nmt.kernels import row_dots
+from nmt.nodes.modules import MMScores
 from nmt.wiring import Buf, FusedBuffers, Value, Wiring
 
 

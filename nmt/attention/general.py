@@ -10,7 +10,8 @@ import torch
 from torch import Tensor, nn
 
 from nmt.attention.base import COMMON_FACTS, Attention, bmm_scores, output_layer
-from nmt.nodes.modules import Linear, MMScores, row_dots
+from nmt.kernels import row_dots
+from nmt.nodes.modules import Linear, MMScores
 from nmt.wiring import Buf, FusedBuffers, Value, Wiring
 
 

@@ -18,8 +18,8 @@ import torch
 from torch import Tensor, nn
 
 from nmt.attention.base import COMMON_FACTS, Attention, output_layer, viewed
+from nmt.kernels import add_row_sums
 from nmt.nodes.modules import AddAcross, BottleLinear, Linear, Tanh, VScores
-from nmt.nodes.node import add_row_sums
 from nmt.wiring import Buf, FusedBuffers, Value, Wiring
 
 _tanh_backward = torch.ops.aten.tanh_backward.grad_input

@@ -15,6 +15,8 @@ about it:
     GATES           blocks of H in its input products: i2h = Linear(I, GATES H) with a bias,
                     h2h = Linear(H, GATES H) without (seq2seq-attn's layout)
     KERNEL_GATES, kernel   torch's fused RNN kernel on the same parameters (cuDNN, oneDNN)
+    STEP_OP         the registered op (`nmt.kernels`) whose form of the fused step a device
+                    runs: this file's (its reference) or a kernel's (the fused CUDA cells)
 
 `nmt.cells` registers the types by their `model.rnn_type` name. Shapes: B batch, I input
 size, H rnn_size, S positions.
@@ -26,6 +28,7 @@ from typing import ClassVar
 
 from torch import Tensor, nn
 
+from nmt.kernels import KernelOp
 from nmt.wiring import Buf, FusedBuffers, FusedFacts, Value, Wiring, fresh
 
 State = tuple[Tensor, ...]  # one layer's state, in the order of `STATE`
@@ -39,6 +42,7 @@ class RecurrentLayer(nn.Module):
     GATES: ClassVar[int]
     FUSED: ClassVar[FusedFacts]
     KERNEL_GATES: ClassVar[tuple[int, ...]]  # the kernel's gate blocks, as indices of ours
+    STEP_OP: ClassVar[KernelOp]  # the fused step's forms by device (`nmt.kernels`)
 
     def __init__(self, input_size: int, rnn_size: int):
         super().__init__()

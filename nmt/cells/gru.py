@@ -19,8 +19,8 @@ import torch
 from torch import Tensor
 
 from nmt.cells.base import RecurrentLayer, State
+from nmt.kernels import GRU_CELL, add_row_sums
 from nmt.nodes.modules import CAdd, CMul, Linear, OneMinus, Sigmoid, Split, Tanh
-from nmt.nodes.node import add_row_sums
 from nmt.wiring import Buf, FusedBuffers, FusedFacts, Value, Wiring, fresh
 
 _sigmoid_backward = torch.ops.aten.sigmoid_backward.grad_input
@@ -40,6 +40,7 @@ class GRULayer(RecurrentLayer):
         saved=("gates", "hidden"),
         backward_scratch=("grad_gates", "grad_hidden", "ones"),
     )
+    STEP_OP = GRU_CELL  # the fused step by device: this file's, or a kernel's (nmt.kernels)
     KERNEL_GATES = (0, 1, 2)  # torch's r z n are ours
 
     def cell(self, x: Tensor, state: State) -> State:

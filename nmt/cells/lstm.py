@@ -19,10 +19,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from nmt import onednn
 from nmt.cells.base import RecurrentLayer, State
+from nmt.kernels import LSTM_CELL, PACKED_GATES, add_row_sums
 from nmt.nodes.modules import CAdd, CMul, Linear, Sigmoid, Split, Tanh
-from nmt.nodes.node import add_row_sums
 from nmt.wiring import Buf, FusedBuffers, FusedFacts, Value, Wiring, fresh
 
 _sigmoid_backward = torch.ops.aten.sigmoid_backward.grad_input
@@ -42,15 +41,18 @@ class LSTMLayer(RecurrentLayer):
         saved=("gates", "tanh_c"),
         backward_scratch=("grad_gates", "grad_next_c", "ones"),
     )
+    STEP_OP = LSTM_CELL  # the fused step by device: this file's, or a kernel's (nmt.kernels)
     KERNEL_GATES = (0, 1, 3, 2)  # torch's gates i f g o as blocks of ours (i f o g)
     packed_gates: Tensor | None = None  # oneDNN's pack of [W_ih W_hh], for search only
 
     def pack_for_search(self) -> None:
         """Let the fused cell's gates be one product of [x h] with [W_ih W_hh], packed once
-        by oneDNN (`nmt.onednn`; None where it cannot be). For a model that only searches
+        by oneDNN where this device and dtype have it (`nmt.kernels.PACKED_GATES`; None where
+        it cannot be). For a model that only searches
         from here on: the pack does not follow the weights."""
         weight = torch.cat([self.i2h.weight, self.h2h.weight], 1).detach()
-        self.packed_gates = onednn.pack(weight, self.i2h.bias)
+        self._packer = PACKED_GATES.choose(weight.device, weight.dtype)
+        self.packed_gates = self._packer.pack(weight, self.i2h.bias)
 
     def cell(self, x: Tensor, state: State) -> State:
         h, c = state
@@ -66,7 +68,7 @@ class LSTMLayer(RecurrentLayer):
         h, c = state
         B, H = h.shape
         if self.packed_gates is not None:  # [x h] @ [W_ih W_hh]^T + b: one product
-            gates = onednn.linear(torch.cat([x, h], 1), self.packed_gates, self.i2h.bias)
+            gates = self._packer.linear(torch.cat([x, h], 1), self.packed_gates, self.i2h.bias)
         else:
             gates = torch.addmm(self.i2h.bias, x, self.i2h.weight.t(), out=buf("gates", (B, 4 * H)))
             gates.addmm_(h, self.h2h.weight.t())

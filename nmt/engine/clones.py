@@ -32,7 +32,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from nmt import precisions
+from nmt import kernels, precisions
 from nmt.data.batching import Batch
 from nmt.data.vocab import PAD
 from nmt.devices import same_device
@@ -104,6 +104,12 @@ class CloneExecutor:
         }
         self.generator = Generator(m, dev, dt, spec.label_smoothing)
         self.loss_chunk = spec.output_positions  # target positions the output layer runs at once
+        mine = kernels.buffer_forms(kernels.choice_key(self.device))
+        if plan.kernels is not None and plan.shared and plan.kernels != mine:
+            raise ValueError(
+                f"the sharing plan was made for the kernel forms of {plan.kernels}, this "
+                f"executor runs those of {mine}: plan for its device (planner.plan(device=))"
+            )
         self.plan = plan
         self.policy = self.plan.policy
         # per clone, whether it re-runs its forward in its backward: every clone under a plan
@@ -146,6 +152,22 @@ class CloneExecutor:
         for r in ("src", "tgt_in", "tgt_out"):
             self.loop[r] = torch.empty(0, device=dev, dtype=torch.long)
         self.loop["loss"] = torch.zeros((), device=dev, dtype=torch.float64)
+        # the fused granularity's embeddings, gathered and added back once a step: each
+        # position's rows and their gradients (P x B x E, in the compute dtype), and the
+        # rows in the tables' own dtype where a mixed precision keeps them in their masters
+        self.rows_per_step = m.granularity.embeddings_per_step
+        if self.rows_per_step:
+            for r in (
+                "src_rows",
+                "tgt_rows",
+                "src_row_grads",
+                "src_row_grads_bwd",
+                "tgt_row_grads",
+            ):
+                self.loop[r] = torch.empty(0, device=dev, dtype=dt)
+            table_dtype = m.src_embedding.weight.dtype
+            if table_dtype != dt:
+                self.loop["table_rows"] = torch.empty(0, device=dev, dtype=table_dtype)
         if spec.batch_size is not None:
             self.reserve(spec.batch_size)
 
@@ -164,7 +186,11 @@ class CloneExecutor:
                 device="meta",
                 dtype=model.generator.weight.dtype,
             ).train()
-            twin = CloneExecutor(meta_model, self.spec.replace(batch_size=None), self.plan, "meta")
+            # its nodes choose the forms this device runs (`nmt.kernels`): the same buffers
+            with kernels.standing_in_for(kernels.choice_key(self.device)[0]):
+                twin = CloneExecutor(
+                    meta_model, self.spec.replace(batch_size=None), self.plan, "meta"
+                )
         with torch.device("meta"):
             full = Batch(
                 torch.zeros(batch_size, self.n_enc, dtype=torch.long),
@@ -274,11 +300,17 @@ class CloneExecutor:
         zeros = resized(lp["zeros"], (B, H)).zero_()
         context = resized(lp["context"], (B, S, H))
 
+        # the fused granularity's embedding rows of every position, gathered at once
+        src_x, tgt_x = src_t, tin
+        if self.rows_per_step:
+            src_x = self._gather_rows(src_t, self.weights.model.src_embedding.weight, "src_rows")
+            tgt_x = self._gather_rows(tin, self.weights.model.tgt_embedding.weight, "tgt_rows")
+
         # ---- encoder(s) forward: the context is a loop buffer, filled position by position
-        final = self._encode(self.clones["enc"], range(S), src_t, zeros, context, tr, "copy_")
+        final = self._encode(self.clones["enc"], range(S), src_x, zeros, context, tr, "copy_")
         if self.clones["enc_bwd"]:
             final_b = self._encode(
-                self.clones["enc_bwd"], range(S - 1, -1, -1), src_t, zeros, context, tr, "add_"
+                self.clones["enc_bwd"], range(S - 1, -1, -1), src_x, zeros, context, tr, "add_"
             )
             init = resized(lp["init_state"], (n_state, B, H))
             if tr is not None:  # the loop reads both final states: a phase of its own
@@ -295,7 +327,7 @@ class CloneExecutor:
         feed = [zeros] if self.cfg.input_feed else []
         for t in range(T):
             g = dec[t]
-            g.set_inputs([tin[t], *feed, context, *states])
+            g.set_inputs([tgt_x[t], *feed, context, *states])
             self._forward(g, tr, "dec", t)
             outs = g.outputs()
             states = outs[:n_state]
@@ -307,6 +339,7 @@ class CloneExecutor:
         out_grad = resized(lp["out_grad"], (B, H)).zero_()
         enc_acc = resized(lp["encoder_acc"], (B, S, H)).zero_()
         picked = resized(lp["target_logp"], (T, B, 1)).zero_()  # skipped rows stay 0
+        emb_grads = self._row_grads("tgt_row_grads", T, B)  # None where nodes add them
         pending: dict[int, tuple[int, Tensor]] = {}  # positions an output-layer chunk ran
         for t in range(T - 1, -1, -1):
             g = dec[t]
@@ -319,11 +352,18 @@ class CloneExecutor:
             enc_acc.add_(ig["context"])
             # what position t-1 receives: its state's gradients (and its output's, by the
             # input feed), in one op (on a GPU one kernel, not one per tensor)
+            # (and its embedding rows' gradient, kept for the step's one index_add_)
+            rows = [] if emb_grads is None else [emb_grads[t]]
             if self.cfg.input_feed:
-                torch._foreach_copy_([*grads, out_grad], [*self._state_grads(ig), ig["feed"]])
+                torch._foreach_copy_(
+                    [*grads, out_grad, *rows],
+                    [*self._state_grads(ig), ig["feed"], *ig_rows(ig, rows)],
+                )
             else:
-                torch._foreach_copy_(grads, self._state_grads(ig))
+                torch._foreach_copy_([*grads, *rows], [*self._state_grads(ig), *ig_rows(ig, rows)])
                 out_grad.zero_()
+        if emb_grads is not None:
+            self._add_rows(tin, emb_grads, self.weights.model.tgt_embedding.weight)
 
         # the NLL of the real tokens, summed in float64 (whatever the buffers' dtype)
         loss = lp["loss"].zero_()
@@ -334,9 +374,17 @@ class CloneExecutor:
             grads_b = list(
                 resized(lp["state_grad_bwd"], (n_state, B, H)).copy_(lp["state_grad"]).unbind(0)
             )
-        self._encode_backward(self.clones["enc"], range(S - 1, -1, -1), grads, enc_acc, tr)
-        if self.clones["enc_bwd"]:
-            self._encode_backward(self.clones["enc_bwd"], range(S), grads_b, enc_acc, tr)
+        src_table = self.weights.model.src_embedding.weight
+        for name, order, state_grads in (
+            ("enc", range(S - 1, -1, -1), grads),
+            ("enc_bwd", range(S), grads_b if self.clones["enc_bwd"] else []),
+        ):
+            if not self.clones[name]:
+                continue
+            emb_grads = self._row_grads("src_row_grads" + name[3:], S, B)
+            self._encode_backward(self.clones[name], order, state_grads, enc_acc, tr, emb_grads)
+            if emb_grads is not None:
+                self._add_rows(src_t, emb_grads, src_table)
         self.weights.end()
         return loss
 
@@ -404,6 +452,7 @@ class CloneExecutor:
         grads: list[Tensor],
         enc_acc: Tensor,
         tr: Tracer | None,
+        emb_grads: Tensor | None,
     ) -> None:
         name = "enc" if clones is self.clones["enc"] else "enc_bwd"
         top = grads[self._top]
@@ -411,7 +460,42 @@ class CloneExecutor:
             g = clones[t]
             top.add_(enc_acc[:, t])
             ig = self._backward(g, grads, tr, name, t)
-            torch._foreach_copy_(grads, self._state_grads(ig))
+            rows = [] if emb_grads is None else [emb_grads[t]]
+            torch._foreach_copy_([*grads, *rows], [*self._state_grads(ig), *ig_rows(ig, rows)])
+
+    def _gather_rows(self, ids: Tensor, table: Tensor, role: str) -> Tensor:
+        """The embedding rows of every position's tokens (ids P x B -> P x B x E) into the
+        loop's buffer `role`: one `index_select` of the table, and where a mixed precision
+        keeps the table in its float32 master, that gather into "table_rows" and one cast -
+        the compute copy of a table is never made, only of the rows a batch looks up."""
+        P, B = ids.shape
+        E = table.shape[1]
+        rows = resized(self.loop[role], (P, B, E))
+        if table.dtype == rows.dtype:
+            torch.index_select(table, 0, ids.reshape(-1), out=rows.view(P * B, E))
+            return rows
+        gathered = resized(self.loop["table_rows"], (P * B, E))
+        torch.index_select(table, 0, ids.reshape(-1), out=gathered)
+        rows.view(P * B, E).copy_(gathered)
+        return rows
+
+    def _row_grads(self, role: str, P: int, B: int) -> Tensor | None:
+        """The loop's buffer for P positions' embedding-row gradients (None where LookupTable
+        nodes add them position by position)."""
+        if not self.rows_per_step:
+            return None
+        return resized(self.loop[role], (P, B, self.loop[role.split("_")[0] + "_rows"].shape[2]))
+
+    def _add_rows(self, ids: Tensor, grads: Tensor, table: Tensor) -> None:
+        """table.grad[ids[p, b]] += grads[p, b] for every position and row, in one
+        `index_add_` (in the table's dtype: a mixed precision's rows cast up first). Each
+        table row sums its positions' gradients in the order `index_add_` takes them, not
+        position by position."""
+        P, B, E = grads.shape
+        flat = grads.view(P * B, E)
+        if flat.dtype != table.dtype:
+            flat = resized(self.loop["table_rows"], (P * B, E)).copy_(flat)
+        table.grad.index_add_(0, ids.reshape(-1), flat)
 
     def _state_grads(self, input_grads: dict[str, Tensor]) -> list[Tensor]:
         """A clone's input gradients of its state, in the order of `self._states`."""
@@ -469,6 +553,11 @@ class CloneExecutor:
         """Every buffer the engine holds: one record per (clone, node, role); a shared storage
         appears once per clone that references it, with the same storage_key."""
         return records_for(self.owned())
+
+
+def ig_rows(input_grads: dict[str, Tensor], rows: list[Tensor]) -> list[Tensor]:
+    """The clone's gradient of its embedding rows (input "x") where the loop keeps them."""
+    return [input_grads["x"]] if rows else []
 
 
 def _forward(g: Graph, tr: Tracer | None, kind: str, t: int, phase: str = "fwd") -> None:

@@ -17,13 +17,14 @@ import torch
 from torch import Tensor
 from torch.nn import Parameter
 
-from nmt import precisions, wide_linear
+from nmt import precisions
 from nmt.data.vocab import PAD
+from nmt.kernels import LOGITS_BLOCKS, add_row_sums, linear_into
 from nmt.loss import smoothing_value
 from nmt.model import Seq2SeqAttn
 from nmt.nodes.fused import _Fused
 from nmt.nodes.modules import Linear
-from nmt.nodes.node import Node, add_at, add_row_sums, resized
+from nmt.nodes.node import Node, add_at, resized
 
 _OUT = {"output": "output"}
 
@@ -110,7 +111,8 @@ class OutputLoss(_Fused):
     ):
         self.weight: Parameter = linear.weight
         self.bias: Parameter = linear.bias
-        self.block = wide_linear.block_rows(self.weight)  # the logits' product in blocks
+        # the logits' product in blocks of the weight's rows where this device runs that faster
+        self.block = LOGITS_BLOCKS.choose(device, dtype)(self.weight)
         eps = label_smoothing
         # q (nmt.loss): 1 - eps at the target, 0 at PAD, s at every other token
         self.smoothing = smoothing_value(linear.weight.shape[0], eps) if eps else 0.0
@@ -140,7 +142,7 @@ class OutputLoss(_Fused):
         tokens, else 0."""
         w, b = self.weight, self.bias
         R, V = out.shape[0], w.shape[0]
-        logits = wide_linear.linear_into(self._rows("output", (R, V)), out, w, b, self.block)
+        logits = linear_into(self._rows("output", (R, V)), out, w, b, self.block)
         if self.low_precision:  # float32 from the logits to the gradient (class docstring)
             # lifted into the float32 buffer, then normalised there in place: no temporary
             logp = self._rows("softmax_float", (R, V)).copy_(logits)

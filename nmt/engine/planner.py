@@ -43,7 +43,7 @@ from typing import Any
 
 import torch
 
-from nmt import policies
+from nmt import granularities, kernels, policies
 from nmt.config import ModelConfig, graph_structure
 from nmt.data.batching import Batch
 from nmt.engine.clones import CloneExecutor
@@ -70,21 +70,32 @@ def structure_key(model_cfg: ModelConfig) -> StructureKey:
     return tuple((f.name, getattr(probe, f.name)) for f in dataclasses.fields(probe))
 
 
-def plan(model_cfg: ModelConfig, policy: str = "all", partial: bool = False) -> SharingPlan:
+def plan(
+    model_cfg: ModelConfig, policy: str = "all", partial: bool = False, device: str = "cpu"
+) -> SharingPlan:
     """The sharing plan for models of this graph structure (sizes do not matter, nor
     rates beyond on/off: see `nmt.config.graph_structure`). `partial`: also for clones that
     recompute while the others do not (partial recompute): what the policy selects from
-    the analysis of a step that recomputes, for those clones to share."""
-    return _plan(structure_key(model_cfg), policies.get(policy), partial)
+    the analysis of a step that recomputes, for those clones to share. `device`: the type of
+    the device the executor runs on, whose forms of the ops (`nmt.kernels`) the probe runs
+    (on the CPU: a CUDA kernel's CPU emulation), so that their buffers are analysed."""
+    return _plan(
+        structure_key(model_cfg), policies.get(policy), partial, kernels.choice_key(device)
+    )
 
 
 @lru_cache(maxsize=32)
-def _plan(key: StructureKey, policy: policies.Policy, partial: bool = False) -> SharingPlan:
-    safe, unsafe, sizes, mm = _analysis(key, policy.recompute)
+def _plan(
+    key: StructureKey,
+    policy: policies.Policy,
+    partial: bool = False,
+    device: kernels.KernelChoice = ("cpu", ()),
+) -> SharingPlan:
+    safe, unsafe, sizes, mm = _analysis(key, policy.recompute, device)
     shared = policy.shares(policies.Analysis(safe, frozenset(unsafe), mm))
     recompute_shared = None
     if partial and not policy.recompute:
-        safe_r, unsafe_r, _, mm_r = _analysis(key, True)
+        safe_r, unsafe_r, _, mm_r = _analysis(key, True, device)
         recompute_shared = policy.shares(policies.Analysis(safe_r, frozenset(unsafe_r), mm_r))
     return SharingPlan(
         policy.name,
@@ -94,17 +105,31 @@ def _plan(key: StructureKey, policy: policies.Policy, partial: bool = False) -> 
         sizes,
         recompute=policy.recompute,
         recompute_shared=recompute_shared,
+        kernels=_forms_of(key, device),
     )
+
+
+def _forms_of(key: StructureKey, device: kernels.KernelChoice) -> tuple | None:
+    """The forms with buffers of their own a plan of this structure was analysed with (None
+    where its graphs run none: the nngraph granularity's cells are nodes)."""
+    granularity = dict(key).get("granularity")
+    if granularity is None or not granularities.get(granularity).fused_cells:
+        return None
+    return kernels.buffer_forms(device)
 
 
 Analysis = tuple[frozenset[Slot], dict[Slot, str], dict[Slot, int], frozenset[Slot]]
 
 
 @lru_cache(maxsize=128)
-def _analysis(key: StructureKey, recompute: bool = False) -> Analysis:
-    """`analyse`, once per structure and way of running for all policies (tests sweep every
-    structure)."""
-    return analyse(ModelConfig(**dict(key)), recompute)
+def _analysis(
+    key: StructureKey, recompute: bool = False, device: kernels.KernelChoice = ("cpu", ())
+) -> Analysis:
+    """`analyse`, once per structure, way of running and kernel forms for all policies
+    (tests sweep every structure)."""
+    kind, forced = device
+    with kernels.standing_in_for(kind), kernels.using(**dict(forced)):
+        return analyse(ModelConfig(**dict(key)), recompute)
 
 
 def _probe(model_cfg: ModelConfig, recompute: bool = False) -> CloneExecutor:
@@ -126,7 +151,9 @@ def planned_executor(
 ) -> CloneExecutor:
     """The clone executor `spec` describes, sharing what its policy's plan says (with
     partial recompute, for both ways of running)."""
-    return CloneExecutor(model, spec, plan(spec.model, spec.policy, spec.partial_recompute), device)
+    where = device if device is not None else model.generator.weight.device
+    shares = plan(spec.model, spec.policy, spec.partial_recompute, where)
+    return CloneExecutor(model, spec, shares, device)
 
 
 class UnderdeclaredReadError(TypeError):

@@ -10,7 +10,8 @@ carries.
 Node names are per layer, not per clone ("l1.i2h", "attn.mm1"): the planner shares buffers by
 name, so the encoder, backward-encoder and decoder nodes of one name may share one buffer.
 
-Graph inputs: x (token ids), [feed], [context], then the state the cell declares for every
+Graph inputs: x (token ids; or, where the granularity gathers the embeddings once a step,
+the position's embedding rows), [feed], [context], then the state the cell declares for every
 layer (LSTM: h0, c0, h1, c1, ...; GRU: h0, h1, ...). Graph outputs: that state, then [out].
 The executor learns the state's names, and which one feeds the context, from the built
 graph (`Graph.state`).
@@ -57,6 +58,16 @@ def _drop_embedding(g: GraphBuilder, model: Seq2SeqAttn, emb: Value) -> Value:
     return model.granularity.wire_dropout(g, "emb.dropout", p, emb) if p > 0 else emb
 
 
+def _embedding(g: GraphBuilder, model: Seq2SeqAttn, weight: torch.Tensor) -> Value:
+    """The position's embedding rows: a LookupTable node on its token ids (input "x"), or,
+    where the granularity gathers them once a step (`embeddings_per_step`), the rows
+    themselves as input "x" - the executor gathers them and adds their gradient (the input's)
+    into the table."""
+    if model.granularity.embeddings_per_step:
+        return g.input("x")
+    return g.add(LookupTable, "lookup", g.input("x", needs_grad=False), weight=weight)
+
+
 def _outputs(g: GraphBuilder, states: dict[str, Value]) -> None:
     """The next state, as the first outputs, in the order the cell declared."""
     assert g.state is not None
@@ -74,10 +85,7 @@ def encoder_graph(
     """One source position of `stack` (model.encoder or model.encoder_bwd). `owner`: the
     model whose training flag dropout follows (default `model`; a compute copy's master)."""
     g = GraphBuilder(device, dtype, owner=owner or model)
-    x = g.input("x", needs_grad=False)
-    emb = _drop_embedding(
-        g, model, g.add(LookupTable, "lookup", x, weight=model.src_embedding.weight)
-    )
+    emb = _drop_embedding(g, model, _embedding(g, model, model.src_embedding.weight))
     _outputs(g, _stack(g, model, stack, emb))
     return g.build()
 
@@ -91,12 +99,10 @@ def decoder_graph(
     """One target position: embedding [+ input feed], the stack, attention, output dropout."""
     g = GraphBuilder(device, dtype, owner=owner or model)
     cfg, granularity = model.cfg, model.granularity
-    y = g.input("x", needs_grad=False)
+    emb = _embedding(g, model, model.tgt_embedding.weight)
     feed = g.input("feed") if cfg.input_feed else None
     context = g.input("context")
-    x = _drop_embedding(
-        g, model, g.add(LookupTable, "lookup", y, weight=model.tgt_embedding.weight)
-    )
+    x = _drop_embedding(g, model, emb)
     if feed is not None:
         x = g.add(Join, "feed_join", x, feed)
     states = _stack(g, model, model.decoder, x)

@@ -31,6 +31,9 @@ class SharingPlan:
     # partial recompute: what the clones that recompute share (the policy's selection from
     # the analysis of a step that recomputes); None: the plan was made for no such clone
     recompute_shared: frozenset[Slot] | None = None
+    # whose kernel forms the analysis ran (`nmt.kernels.choice_key`): an executor running
+    # other forms, whose buffers and reads differ, must not take this plan; None: any
+    kernels: tuple | None = field(default=None, compare=False)
 
     def forcing(self, slots: set[Slot] | frozenset[Slot]) -> SharingPlan:
         """The same plan with `slots` shared regardless of safety (tests use it to show

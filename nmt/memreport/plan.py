@@ -33,8 +33,9 @@ from functools import cached_property
 
 import torch
 
-from nmt import policies
+from nmt import kernels, policies
 from nmt.config import Config
+from nmt.devices import resolve_device
 from nmt.engine import planner
 from nmt.engine.spec import micro_batch_size
 from nmt.errors import NmtError
@@ -473,6 +474,36 @@ def plan_memory(
     """A run's memory plan (`nmt.train.memory.Planner`): with `train.prealloc: auto`, the
     plan `choose` picks (or `keep`, a resumed run's, while it still fits); with a policy,
     that plan, refused when a budget is given and it does not fit."""
+    with kernels.standing_in_for(_run_device(cfg)):  # the forms its device runs: their buffers
+        return _plan_memory(
+            cfg,
+            src_vocab=src_vocab,
+            tgt_vocab=tgt_vocab,
+            world_size=world_size,
+            budget=budget,
+            keep=keep,
+            log=log,
+        )
+
+
+def _run_device(cfg: Config) -> torch.device:
+    """Where the run trains (`train.device`); the CPU where that cannot be resolved here."""
+    try:
+        return resolve_device(cfg.train.device)
+    except NmtError:
+        return torch.device("cpu")
+
+
+def _plan_memory(
+    cfg: Config,
+    *,
+    src_vocab: int,
+    tgt_vocab: int,
+    world_size: int = 1,
+    budget: Budget | None,
+    keep: Plan | None = None,
+    log: Log = lambda _: None,
+) -> MemoryPlan:
     t = cfg.train
     shape = Shape.of(cfg, world_size)
     base = run_setting(cfg, src_vocab, tgt_vocab)

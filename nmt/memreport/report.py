@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from nmt import granularities, policies, precisions
+from nmt import granularities, kernels, policies, precisions
 from nmt.config import Config
 from nmt.devices import resolve_device, setup_device
 from nmt.engine import planner
@@ -198,9 +198,12 @@ def build_report(
     setting = Setting.from_config(cfg, translation)
     choose_device(device, setting, 0)  # a mistyped device fails before any work
     opt = optimizer_bytes(setting)
-    memory = {
-        p: _timed(log, f"accounted {p} on meta", lambda p=p: measure(setting, p, opt)) for p in rows
-    }
+    # on meta, every op takes the form the training device runs (its buffers: nmt.kernels)
+    with kernels.standing_in_for(_training_device(device)):
+        memory = {
+            p: _timed(log, f"accounted {p} on meta", lambda p=p: measure(setting, p, opt))
+            for p in rows
+        }
     largest_total = max(m.peak_bytes for m in memory.values())
     dev, why = choose_device(device, setting, largest_total)
     if torch.device(dev).type == "cuda":  # the real steps run as training would run there
@@ -211,10 +214,11 @@ def build_report(
     report.room = device_room(device)
     for name in dict.fromkeys(p for p in compare if p != setting.precision):
         other = setting.replace(precision=precisions.get(name).name)
-        report.compare[name] = {
-            p: _timed(log, f"accounted {p} in {name}", lambda p=p, o=other: measure(o, p))
-            for p in rows
-        }
+        with kernels.standing_in_for(_training_device(device)):
+            report.compare[name] = {
+                p: _timed(log, f"accounted {p} in {name}", lambda p=p, o=other: measure(o, p))
+                for p in rows
+            }
     if dev != "meta":
         threads = torch.get_num_threads()
         if dev == "cpu" and step_gflop(setting) <= CPU_GFLOP_LIMIT:

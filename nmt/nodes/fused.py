@@ -24,8 +24,8 @@ import torch
 from torch import Tensor
 from torch.nn import Module
 
+from nmt.kernels import keep_mask_
 from nmt.nodes.node import Node, resized
-from nmt.randomness import keep_mask_
 from nmt.wiring import Fusable
 
 _ZEROS: dict[tuple[torch.device, torch.dtype], Tensor] = {}
@@ -83,12 +83,16 @@ class _Fused(Node):
 class FusedLayer(_Fused):
     """One layer of the model as one node: a recurrent cell at one position (`nmt.cells`) or
     the attention (`nmt.attention`), run by the layer's own `fused_forward` into this node's
-    buffers and backward by its `fused_backward`. The layer's `FUSED` facts name the buffers
-    and say what its backward reads; the node turns them into the planner's facts: outputs
-    are roles `output` (or `output[i]`), the inputs' gradients `grad_input[i]`, every other
-    buffer the role of its name."""
+    buffers and backward by its `fused_backward` - or, for a cell, by the form of its step
+    that its `STEP_OP` chooses for the node's device and dtype (`nmt.kernels`), once. The
+    layer's `FUSED` facts name the buffers and say what its backward reads; the node turns
+    them into the planner's facts: outputs are roles `output` (or `output[i]`), the inputs'
+    gradients `grad_input[i]`, every other buffer the role of its name."""
 
     def __init__(self, name: str, layer: Fusable, device: torch.device, dtype: torch.dtype):
+        step_op = getattr(layer, "STEP_OP", None)  # a cell: its step as this device runs it
+        if step_op is not None:
+            layer = step_op.choose(device, dtype).bind(layer, device)
         facts = layer.FUSED
         self.layer, self.facts = layer, facts
         outs = facts.outputs
@@ -134,7 +138,7 @@ class FusedLayer(_Fused):
 
 class Dropout(_Fused):
     """Inverted dropout in one op each way: x * mask * 1/(1-p) (an addcmul) with a 0/1 mask
-    drawn by `nmt.randomness.keep_mask_`, the draws of `dropout_mask` (so the same masks as the
+    drawn by `nmt.kernels.keep_mask_`, the draws of `dropout_mask` (so the same masks as the
     autograd model, in the same order). A copy when the module is not training."""
 
     ROLES = {"output": "output", "grad_input": "grad_input", "mask": "mask"}

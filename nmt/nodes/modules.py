@@ -15,29 +15,8 @@ import torch
 from torch import Tensor
 from torch.nn import Module, Parameter
 
+from nmt.kernels import keep_mask_, row_dots
 from nmt.nodes.node import Node, resized
-from nmt.randomness import keep_mask_
-
-
-def row_dots(context: Tensor, vector: Tensor, out: Tensor | None = None) -> Tensor:
-    """out[b, s] = context[b, s] . vector[b] (B x S x H, B x H -> B x S): each vector as a
-    row times its context transposed. That form of the batched product runs 5-11x faster
-    than context times a column vector on MKL (B 64-80, S 15-50, H 256-500); the same
-    dot products. bfloat16 on a CPU is the exception: oneDNN runs the column form 1.2-1.7x
-    faster than the row form there (B 5-80, S 20-45, H 256-600; float16 and float32 the
-    other way round)."""
-    B, S, _ = context.shape
-    if context.dtype == torch.bfloat16 and context.device.type == "cpu":
-        column = vector.unsqueeze(2)
-        if out is None:
-            return torch.bmm(context, column).view(B, S)
-        torch.bmm(context, column, out=out.view(B, S, 1))
-        return out
-    if out is None:
-        return torch.bmm(vector.unsqueeze(1), context.transpose(1, 2)).view(B, S)
-    torch.bmm(vector.unsqueeze(1), context.transpose(1, 2), out=out.view(B, 1, S))
-    return out
-
 
 _sigmoid_backward = torch.ops.aten.sigmoid_backward.grad_input
 _tanh_backward = torch.ops.aten.tanh_backward.grad_input
@@ -360,7 +339,7 @@ class VScores(Node):
 
 
 class Dropout(Node):
-    """x * mask with the masks of `nmt.randomness.dropout_mask` (the same draws, into the
+    """x * mask with the masks of `nmt.kernels.dropout_mask` (the same draws, into the
     node's own buffer), drawn in forward; identity (a copy)
     when the module is not training. The mask is kept for backward (role "mask")."""
 

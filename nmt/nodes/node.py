@@ -52,17 +52,6 @@ def add_at(rows: Tensor, index: Tensor, values: Tensor, flat: Tensor) -> Tensor:
     return rows.view(-1).index_add_(0, positions, values.view(R)).view(R, V)
 
 
-def add_row_sums(acc: Tensor, rows: Tensor, ones: Tensor) -> Tensor:
-    """acc += the sum of `rows`' rows (R x n -> n: a bias's gradient from its rows'), with
-    `ones` an R-vector of ones. One matrix-vector product, except for bfloat16 and float16
-    on a CPU: there torch's matrix-vector product runs 4-5x slower than a reduction over the
-    rows (64 x 1,024: 29 against 7 us; 512 x 8,000: 593 against 114 us; 2 threads, Zen 4),
-    which sums in float32 as the product does and rounds the sum once before adding it."""
-    if rows.device.type == "cpu" and rows.dtype in (torch.bfloat16, torch.float16):
-        return acc.add_(rows.sum(0))
-    return acc.addmv_(rows.t(), ones)
-
-
 class Node:
     """Base class: named, owns the base tensors listed in ROLES, knows what its backward reads.
 
