@@ -154,6 +154,13 @@ class DataConfig:
         doc="sentencepiece only: the algorithm that learns the pieces, byte-pair merges or "
         "a unigram language model",
     )
+    spm_sample: int = _opt(
+        1_000_000,
+        min=0,
+        doc="sentencepiece only: train each model on a random sample of this many lines of "
+        "its training text, half from each side for a joint model (1-10M are enough; 0: all "
+        "lines)",
+    )
     max_src_len: int = _opt(50, min=1, doc="drop pairs whose source has more tokens")
     max_tgt_len: int = _opt(50, min=1, doc="drop pairs whose target has more tokens")
     subword_dropout: float = _opt(
@@ -240,7 +247,25 @@ class ModelConfig:
 
 @dataclass
 class TrainConfig:
-    batch_size: int = _opt(64, min=1, doc="sentence pairs per batch")
+    batch_size: int = _opt(
+        64,
+        min=1,
+        doc="sentence pairs per batch, or with batch_type tokens the most tokens a batch "
+        "holds, source and target counted as its tensors hold them (rows x (source length "
+        "+ 2 + longest target + 1))",
+    )
+    batch_type: str = _opt(
+        "sents",
+        choices=("sents", "tokens"),
+        doc="what train.batch_size counts: sentence pairs, or tokens (OpenNMT-py's batch_type)",
+    )
+    shuffle: str = _opt(
+        "batches",
+        choices=("batches", "within_length"),
+        doc="batches: the batches are cut once and their order shuffled every epoch "
+        "(seq2seq-attn); within_length: the pairs of each source length are also shuffled "
+        "before the batches are cut, so each epoch's batches hold other pairs",
+    )
     epochs: int = _opt(13, min=1, doc="passes over the training data")
     max_steps: int = _opt(0, min=0, doc="stop after this many updates (0: no limit)")
     optimizer: str = _opt("sgd", choices=("sgd", "adam"), doc="sgd (seq2seq-attn) or adam")
@@ -260,6 +285,12 @@ class TrainConfig:
         min=1,
         doc="log a progress line every N steps (train.log, metrics.jsonl; on the progress "
         "bar, or printed with --no-progress)",
+    )
+    valid_sample: int = _opt(
+        0,
+        min=0,
+        doc="measure validation perplexity on this many validation pairs, a fixed random "
+        "sample (0: all)",
     )
     valid_bleu_sample: int = _opt(
         1000,
@@ -615,7 +646,24 @@ def from_dict(raw: Any, source: str = "config", from_set: Collection[str] = ()) 
     _check_translate_keys(cfg, source, from_set)
     _check_tied_embeddings(cfg, source, from_set)
     _check_subword_dropout(cfg, source, from_set)
+    _check_token_batches(cfg, source, from_set)
     return cfg
+
+
+def longest_pair_tokens(data: DataConfig) -> int:
+    """The tokens of the longest pair as a batch holds it: <s> source </s>, target + 1."""
+    return data.max_src_len + 2 + data.max_tgt_len + 1
+
+
+def batch_rows(cfg: Config) -> int:
+    """The sentences of a full batch at the longest lengths: train.batch_size, or with
+    train.batch_type tokens as many longest pairs as its tokens hold. The clone executor,
+    validation and the memory plan are sized for this shape; a token batch of shorter pairs
+    holds more rows of fewer positions (no more tokens), and its buffers grow to it."""
+    t = cfg.train
+    if t.batch_type == "tokens":
+        return max(1, t.batch_size // longest_pair_tokens(cfg.data))
+    return t.batch_size
 
 
 def upgrade_saved(raw: Any) -> Any:
@@ -684,6 +732,26 @@ def _check_subword_dropout(cfg: Config, source: str, from_set: Collection[str] =
         )
 
 
+def _check_token_batches(cfg: Config, source: str, from_set: Collection[str] = ()) -> None:
+    """A token batch must hold the longest pair, and a micro-batch at least a row of it."""
+    t = cfg.train
+    if t.batch_type != "tokens":
+        return
+    longest = longest_pair_tokens(cfg.data)
+    if t.batch_size < longest:
+        raise NmtError(
+            f"{_blame(source, from_set, 'train.batch_size')}: {t.batch_size} tokens (train."
+            f"batch_type tokens) cannot hold the longest pair, {longest} tokens (data."
+            "max_src_len + 2 + data.max_tgt_len + 1)"
+        )
+    if t.accum_steps > batch_rows(cfg):
+        raise NmtError(
+            f"{_blame(source, from_set, 'train.accum_steps')}: {t.accum_steps} micro-batches "
+            f"of a batch of {t.batch_size} tokens, {batch_rows(cfg)} longest pairs, leave "
+            "some empty"
+        )
+
+
 def _check_tied_embeddings(cfg: Config, source: str, from_set: Collection[str] = ()) -> None:
     """A tied matrix must fit every role: V x E as an embedding, V x H as the output layer,
     and one vocabulary on both sides to serve the source too."""
@@ -722,7 +790,7 @@ def _check_memory_keys(train: TrainConfig, source: str) -> None:
                 f"{source}: key 'train.{key}': partial recompute needs train.prealloc "
                 f"{policies.DEFAULT}, got {train.prealloc}"
             )
-    if train.accum_steps > train.batch_size:
+    if train.batch_type == "sents" and train.accum_steps > train.batch_size:
         raise NmtError(
             f"{source}: key 'train.accum_steps': {train.accum_steps} micro-batches of a batch "
             f"of {train.batch_size} sentences (train.batch_size) leave some empty"

@@ -586,7 +586,7 @@ def test_a_checkpoint_unlike_its_own_config_is_one_line_everywhere(tmp_path, cha
     edit, needle = WEIGHT_CHANGES[change]
     bad = tampered(tmp_path, out, edit)
     src = write(tmp_path / "in.src", "one .\n")
-    before = {p: p.read_bytes() for p in out.iterdir()}
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
     for args in (
         ["translate", "-m", bad, "--src", src, "--no-progress"],
         ["train", "--config", str(cfg), "--out", str(tmp_path / "again"), "--resume", bad],
@@ -596,7 +596,7 @@ def test_a_checkpoint_unlike_its_own_config_is_one_line_everywhere(tmp_path, cha
         result = run(*args)
         assert_one_line_error(result, "bad.pt: the model weights do not match", needle)
     assert not (tmp_path / "avg.pt").exists()
-    assert {p: p.read_bytes() for p in out.iterdir()} == before
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
 
 
 def test_the_source_and_the_model_are_not_written_over(tmp_path):
@@ -741,13 +741,13 @@ def test_a_run_directory_is_written_over_only_with_force(tmp_path):
     assert_one_line_error(result, f"{keep}: already holds a run (model.pt); pass --force")
     (tmp_path / "second").mkdir()
     _, other = trained_run(tmp_path / "second")
-    before = {p: p.read_bytes() for p in other.iterdir()}
+    before = {p: p.read_bytes() for p in other.rglob("*") if p.is_file()}
     into_other = ["--resume", str(out / "last.pt"), "--out", str(other), "--no-progress"]
     from_best = ["--resume", str(other / "model.pt"), "--no-progress"]
     for args in (into_other, from_best):
         result = run("train", *args, "--set", "train.max_steps=3")
         assert_one_line_error(result, f"{other}: holds a last.pt that resuming", "--force")
-    assert {p: p.read_bytes() for p in other.iterdir()} == before
+    assert {p: p.read_bytes() for p in other.rglob("*") if p.is_file()} == before
     assert run("train", *into_other, "--set", "train.max_steps=3", "--force").exit_code == 0
     assert torch.load(other / "last.pt", weights_only=True)["step"] == 3
 

@@ -19,8 +19,10 @@ from concurrent.futures import ThreadPoolExecutor
 import sentencepiece as spm
 
 from nmt.config import DataConfig
-from nmt.data.batching import Batch, Example, make_batches
+from nmt.data.batch_index import BatchRule, EpochBatches
+from nmt.data.batching import Example
 from nmt.data.corpus import Corpus, Log, length_filter
+from nmt.data.prepared import PreparedPairs
 from nmt.data.tokenizers import SentencePieceTokenizer, Tokenizer
 
 
@@ -50,10 +52,10 @@ def sampled_pairs(
 
 
 def sampled_batches(
-    corpus: Corpus, cfg: DataConfig, batch_size: int, seed: int, epoch: int, log: Log
-) -> list[Batch]:
+    corpus: Corpus, cfg: DataConfig, rule: BatchRule, seed: int, epoch: int, log: Log
+) -> EpochBatches:
     """One epoch's training batches, its pairs cut with BPE-dropout `cfg.subword_dropout` and
-    length-filtered and batched as the plain cut is (`nmt.data.corpus`, `make_batches`)."""
+    length-filtered and batched as the plain cut is (`nmt.data.corpus`, `rule`)."""
     cut = sampled_pairs(
         corpus.train_text,
         corpus.src_tokenizer,
@@ -63,7 +65,7 @@ def sampled_batches(
         epoch,
     )
     kept = length_filter(cut, cfg.max_src_len, cfg.max_tgt_len, "", lambda _: None)
-    batches = make_batches(kept, batch_size)
+    batches = EpochBatches(PreparedPairs.from_examples(kept), rule, epoch)
     over = len(cut) - len(kept)
     dropped = f", {over} over the length limits dropped" if over else ""
     log(

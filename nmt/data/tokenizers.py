@@ -24,6 +24,7 @@ import torch
 from nmt.atomic import write_bytes
 from nmt.data.vocab import BOS, EOS, PAD, SPECIALS, UNK
 from nmt.errors import NmtError
+from nmt.threads import allowed_cores
 
 _SKIPPED_ON_DECODE = frozenset({PAD, BOS, EOS})
 _SP_SPACE = "\u2581"  # sentencepiece's visible space, the start-of-word mark
@@ -41,6 +42,10 @@ class Tokenizer(ABC):
     @abstractmethod
     def encode(self, line: str) -> list[int]:
         """Ids of a line, unknown pieces -> UNK; no BOS/EOS added."""
+
+    def encode_batch(self, lines: list[str]) -> list[list[int]]:
+        """`encode` of every line (sentencepiece: on all allowed cores at once)."""
+        return [self.encode(line) for line in lines]
 
     @abstractmethod
     def detokenize(self, pieces: list[str]) -> str:
@@ -67,6 +72,11 @@ class Tokenizer(ABC):
         )
 
 
+def count_words(counts: Counter[str], line: str) -> None:
+    """Count the words of `line` that a word vocabulary may hold (not the specials)."""
+    counts.update(w for w in line.split() if w not in SPECIALS)
+
+
 class WordTokenizer(Tokenizer):
     """Whitespace tokens with a frequency-ranked vocabulary, as seq2seq-attn's preprocess.py."""
 
@@ -91,7 +101,12 @@ class WordTokenizer(Tokenizer):
         """
         counts: Counter[str] = Counter()
         for line in lines:
-            counts.update(w for w in line.split() if w not in SPECIALS)
+            count_words(counts, line)
+        return cls.from_counts(counts, vocab_size)
+
+    @classmethod
+    def from_counts(cls, counts: Counter[str], vocab_size: int) -> WordTokenizer:
+        """`build` from word counts gathered elsewhere (`count_words`), a corpus streamed once."""
         ranked = sorted(counts.items(), key=lambda kv: -kv[1])
         keep = max(vocab_size - len(SPECIALS), 0)
         return cls(SPECIALS + [w for w, _ in ranked[:keep]])
@@ -120,7 +135,10 @@ class WordTokenizer(Tokenizer):
         return {"kind": self.kind, "pieces": list(self.pieces)}
 
 
-def _train_options(vocab_size: int, hard_limit: bool, model_type: str) -> dict[str, Any]:
+def _train_options(
+    vocab_size: int, hard_limit: bool, model_type: str, threads: int | None = None
+) -> dict[str, Any]:
+    """sentencepiece's trainer options; `threads`: the allowed cores unless given."""
     return dict(
         vocab_size=vocab_size,
         hard_vocab_limit=hard_limit,
@@ -135,8 +153,9 @@ def _train_options(vocab_size: int, hard_limit: bool, model_type: str) -> dict[s
         bos_piece=SPECIALS[BOS],
         eos_piece=SPECIALS[EOS],
         unk_surface=SPECIALS[UNK],
-        num_threads=1,  # the trained model depends on the thread count; 1 is reproducible
-        minloglevel=2,  # silence the trainer's INFO/WARNING stream on stderr
+        # the trained model may depend on the thread count, so it is part of the cache key
+        num_threads=allowed_cores() if threads is None else threads,
+        minloglevel=1,  # the trainer's warnings reach stderr, its INFO stream does not
     )
 
 
@@ -164,8 +183,7 @@ class SentencePieceTokenizer(Tokenizer):
         log: Callable[[str], None] = print,
         model_type: str = "bpe",
     ) -> SentencePieceTokenizer:
-        """Train a `model_type` ("bpe" or "unigram") model on `lines`, deterministically (one
-        thread).
+        """Train a `model_type` ("bpe" or "unigram") model on `lines`, on the allowed cores.
 
         When `vocab_size` is more than the text can fill, sentencepiece refuses; we then
         retry with a soft limit, accept the smaller vocabulary and say so in the log.
@@ -202,6 +220,9 @@ class SentencePieceTokenizer(Tokenizer):
 
     def encode(self, line: str) -> list[int]:
         return list(self.sp.encode(line))
+
+    def encode_batch(self, lines: list[str]) -> list[list[int]]:
+        return self.sp.encode(lines, num_threads=allowed_cores())
 
     def sample(self, line: str, dropout: float) -> list[int]:
         """Ids of a line cut with BPE-dropout: each merge skipped with probability `dropout`,

@@ -22,9 +22,9 @@ import torch
 
 from nmt import precisions
 from nmt.checkpoint import checkpoint_parts, load_checkpoint
-from nmt.config import Config, shape_keys
+from nmt.config import Config, batch_rows, shape_keys
 from nmt.cpu_memory import map_large_allocations
-from nmt.data.batching import Batch, make_batches
+from nmt.data.batch_index import BatchRule, TrainingBatches
 from nmt.data.corpus import Corpus, load_corpus
 from nmt.data.tokenizers import Tokenizer
 from nmt.devices import setup_device
@@ -42,7 +42,7 @@ from nmt.train.scaling import LossScale
 from nmt.train.schedule import LearningRateSchedule, make_optimizer
 from nmt.train.stopping import EarlyStopping
 from nmt.train.update import DeviceUpdate
-from nmt.train.validation import BleuSet, ValidBatch, validation_batches
+from nmt.train.validation import BleuSet, ValidBatch, valid_subset, validation_batches
 from nmt.translate.translator import SearchOptions
 
 Log = Callable[[str], None]
@@ -77,7 +77,7 @@ class Run:
     schedule: LearningRateSchedule
     executor: Executor
     update: DeviceUpdate
-    train_batches: list[Batch]
+    batching: TrainingBatches  # every epoch's training batches, cut from the corpus's lengths
     validation: Validation
     stopping: EarlyStopping
     checkpoint: dict[str, Any] | None  # the state to resume from
@@ -154,13 +154,20 @@ def build_corpus(
     return corpus
 
 
+def batch_rule(cfg: Config) -> BatchRule:
+    """How the training batches are cut (`train.batch_size`, `batch_type`, `shuffle`)."""
+    t = cfg.train
+    return BatchRule(t.batch_size, t.batch_type == "tokens", t.shuffle == "within_length", t.seed)
+
+
 def build_validation(cfg: Config, corpus: Corpus) -> Validation:
     """Validation as memreport accounts it: padded batches of train.batch_size pairs (with
-    train.accum_steps, of one micro-batch's), the generator over one training loss chunk's
-    rows at a time (all positions: chunk 0); BLEU greedy, at most min(2 x data.max_tgt_len,
-    3 x source tokens) tokens a sentence."""
+    train.batch_type tokens, of a full batch's rows; with train.accum_steps, of one
+    micro-batch's), the generator over one training loss chunk's rows at a time (all
+    positions: chunk 0); perplexity on train.valid_sample pairs (a fixed sample; 0: all);
+    BLEU greedy, at most min(2 x data.max_tgt_len, 3 x source tokens) tokens a sentence."""
     t = cfg.train
-    batch_size = micro_batch_size(t.batch_size, 1, t.accum_steps)
+    batch_size = micro_batch_size(batch_rows(cfg), 1, t.accum_steps)
     chunk = t.loss_chunk or cfg.data.max_tgt_len + 1
     bleu_set = None
     if t.valid_bleu_sample and corpus.valid_text:
@@ -168,7 +175,7 @@ def build_validation(cfg: Config, corpus: Corpus) -> Validation:
             corpus.valid_text, corpus.src_tokenizer, t.valid_bleu_sample, t.seed
         )
     return Validation(
-        batches=validation_batches(corpus.valid, batch_size),
+        batches=validation_batches(valid_subset(corpus.valid, t.valid_sample, t.seed), batch_size),
         batch_size=batch_size,
         rows=batch_size * chunk,
         bleu_set=bleu_set,
@@ -248,7 +255,7 @@ def build_run(
         training_message,
         where="the setup of the model, its optimizer and the clone buffers",
         device=device,
-        shape=batch_shape(t.batch_size, cfg.data.max_src_len, cfg.data.max_tgt_len),
+        shape=batch_shape(batch_rows(cfg), cfg.data.max_src_len, cfg.data.max_tgt_len),
         train=cfg.train,
         world_size=dist.world_size,
         checkpoint=resume,
@@ -285,7 +292,7 @@ def build_run(
         schedule=LearningRateSchedule.from_config(t),
         executor=executor,
         update=DeviceUpdate(params, optimizer, t.max_grad_norm, loss_scale, average),
-        train_batches=make_batches(corpus.train, t.batch_size),
+        batching=TrainingBatches(corpus.train, batch_rule(cfg)),
         validation=build_validation(cfg, corpus),
         stopping=EarlyStopping(t.early_stopping_metric, t.early_stopping),
         checkpoint=checkpoint,

@@ -123,11 +123,12 @@ class Trainer:
         self.log, self.progress = run.log, run.progress
         self.corpus, self.model, self.executor = run.corpus, run.model, run.executor
         self.optimizer, self.schedule, self.update = run.optimizer, run.schedule, run.update
-        self.train_batches, self.validation = run.train_batches, run.validation
+        self.batching, self.validation = run.batching, run.validation
         self.stopping, self.threads = run.stopping, run.threads
         self.memory_plan = run.memory_plan
+        self.train_batches = self.batching.epoch(1)  # the epoch trained now's: `_run_epoch`
         # counted once on the host: counting a batch on the device would read it back
-        self.train_tokens = [batch.n_tokens for batch in self.train_batches]
+        self.train_tokens = self.train_batches.tokens
         self.failures = RankFailures(self.dist, self.device, self._out_of_memory)
         self._zero = torch.zeros((), dtype=torch.float64, device=self.device)  # a failed rank's
         self._pending = 0  # steps since `settle` last read the device's counts
@@ -142,6 +143,8 @@ class Trainer:
         self._stop = False  # some rank received one: all stop at this step boundary
         if run.checkpoint is not None:
             self._restore(run.checkpoint, run.resume)
+            self.train_batches = self.batching.epoch(self.state.epoch)
+            self.train_tokens = self.train_batches.tokens
         self._describe()
 
     @classmethod
@@ -200,9 +203,14 @@ class Trainer:
             if self.bleu_set
             else ""
         )
+        t = self.cfg.train
+        counted = "tokens" if t.batch_type == "tokens" else "pairs"
+        shuffled = "; pairs shuffled within lengths every epoch" * (t.shuffle == "within_length")
+        valid = len(self.corpus.valid)
+        ppl_on = f" (perplexity on {t.valid_sample})" if 0 < t.valid_sample < valid else ""
         self.log(
-            f"data: {len(self.corpus.train)} training pairs in {len(self.train_batches)} batches, "
-            f"{len(self.corpus.valid)} validation pairs{bleu}"
+            f"data: {len(self.corpus.train)} training pairs in {len(self.train_batches)} batches "
+            f"of up to {t.batch_size} {counted}{shuffled}, {valid} validation pairs{ppl_on}{bleu}"
         )
         if self.memory_plan is not None:
             d = self.cfg.data
@@ -638,10 +646,14 @@ class Trainer:
         batches) they would if every step were read back at once."""
         cfg, s = self.cfg.train, self.state
         if self.corpus.train_text:  # data.subword_dropout: the epoch's own cut of the pairs
+            rule = self.batching.rule
             self.train_batches = sampled_batches(
-                self.corpus, self.cfg.data, cfg.batch_size, cfg.seed, s.epoch, self.log
+                self.corpus, self.cfg.data, rule, cfg.seed, s.epoch, self.log
             )
-            self.train_tokens = [batch.n_tokens for batch in self.train_batches]
+        else:
+            self.train_batches = self.batching.epoch(s.epoch)
+        if self.train_tokens is not self.train_batches.tokens:  # this epoch's own batches
+            self.train_tokens = self.train_batches.tokens
             self._planned = self._bar.total = self._planned_steps()  # later epochs: estimated
         order = epoch_order(len(self.train_batches), cfg.seed, s.epoch)
         self._bar.set_description(f"epoch {s.epoch}", refresh=False)
@@ -649,7 +661,7 @@ class Trainer:
         todo = order[s.position :]
         batches = on_device((self._training_batch(i) for i in todo), self.device)
         for index, batch in zip(todo, batches, strict=True):
-            self.train_step(batch, self.train_tokens[index])
+            self.train_step(batch, int(self.train_tokens[index]))
             s.position += 1
             end = s.position == len(self.train_batches)
             log, valid = self._due(cfg.log_every) or end, self._due(cfg.valid_every)
