@@ -123,13 +123,53 @@ def _opt(
         "doc_more": doc_more,
         "check": check,
     }
+    if isinstance(default, list):  # a mutable default: each config gets its own
+        return field(default_factory=lambda: list(default), metadata=meta)
     return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True)
+class TrainingCorpus:
+    """One training corpus of `data.train`: its two line-aligned files and its weight."""
+
+    src: str
+    tgt: str
+    weight: float = 1.0
+
+
+CORPUS_KEYS = ("src", "tgt", "weight")
+
+
+def _corpora_problem(value: list) -> str | None:
+    """Why `data.train` is refused: each corpus a mapping of src, tgt and a weight > 0."""
+    for number, item in enumerate(value, 1):
+        if not isinstance(item, dict):
+            return f"corpus {number} must be a mapping with src, tgt and weight, not {item!r}"
+        if unknown := sorted(set(map(str, item)) - set(CORPUS_KEYS)):
+            return f"corpus {number}: unknown key '{unknown[0]}' (src, tgt, weight)"
+        for key in ("src", "tgt"):
+            if not isinstance(item.get(key), str) or not item[key]:
+                return f"corpus {number}: '{key}' must name a file, got {item.get(key)!r}"
+        weight = item.get("weight", 1.0)
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)):
+            return f"corpus {number}: 'weight' must be a number, got {weight!r}"
+        if not math.isfinite(weight) or weight <= 0:
+            return f"corpus {number}: 'weight' must be > 0, got {weight!r}"
+    return None
 
 
 @dataclass
 class DataConfig:
     train_src: str = _opt("", doc="training source file, one sentence per line")
     train_tgt: str = _opt("", doc="training target file, line-aligned with train_src")
+    train: list = _opt(
+        [],
+        check=_corpora_problem,
+        doc="instead of train_src / train_tgt, several training corpora, each a mapping "
+        "{src: FILE, tgt: FILE, weight: W} (W > 0, default 1): every epoch holds as many "
+        "pairs as all of them, drawn from each in proportion to its weight (OpenNMT-py's "
+        "weights); the vocabularies are learnt from all of them",
+    )
     valid_src: str = _opt("", doc="validation source file")
     valid_tgt: str = _opt("", doc="validation target file")
     tokenizer: str = _opt(
@@ -554,6 +594,10 @@ def _coerce(value: Any, typ: type, where: str) -> Any:
         if isinstance(value, str):
             return value
         raise NmtError(f"{where}: expected a string, got {value!r}")
+    if typ is list:
+        if isinstance(value, (list, tuple)):
+            return [dict(v) if isinstance(v, dict) else v for v in value]
+        raise NmtError(f"{where}: expected a list, got {value!r}")
     raise TypeError(f"unsupported config type {typ}")
 
 
@@ -647,6 +691,7 @@ def from_dict(raw: Any, source: str = "config", from_set: Collection[str] = ()) 
     _check_tied_embeddings(cfg, source, from_set)
     _check_subword_dropout(cfg, source, from_set)
     _check_token_batches(cfg, source, from_set)
+    _check_training_corpora(cfg, source, from_set)
     return cfg
 
 
@@ -729,6 +774,17 @@ def _check_subword_dropout(cfg: Config, source: str, from_set: Collection[str] =
         raise NmtError(
             f"{_blame(source, from_set, 'data.subword_dropout')}: needs data.subword_model "
             f"bpe (it skips merges a unigram model does not have), got {cfg.data.subword_model}"
+        )
+
+
+def _check_training_corpora(cfg: Config, source: str, from_set: Collection[str] = ()) -> None:
+    """Training corpora come from data.train or from data.train_src / train_tgt, not both."""
+    d = cfg.data
+    if d.train and (d.train_src or d.train_tgt):
+        given = "data.train_src" if d.train_src else "data.train_tgt"
+        raise NmtError(
+            f"{_blame(source, from_set, 'data.train')}: give the training corpora either "
+            f"here or as data.train_src / data.train_tgt, not both ({given} is set)"
         )
 
 
@@ -949,11 +1005,18 @@ def shown_path(value: str | Path) -> str:
 
 
 def check_data_files(cfg: Config, source: str, from_set: Collection[str] = ()) -> None:
-    """The four data files exist and are readable files. Relative paths are taken from the
-    working directory, as every other path on the command line."""
-    for key in DATA_FILE_KEYS:
-        value = getattr(cfg.data, key)
-        where = _blame(source, from_set, f"data.{key}")
+    """The data files exist and are readable files: the validation pair and the training
+    pair, or every corpus of data.train. Relative paths are taken from the working
+    directory, as every other path on the command line."""
+    files = [(f"data.{key}", "", getattr(cfg.data, key)) for key in DATA_FILE_KEYS]
+    if cfg.data.train:
+        files = files[2:] + [
+            ("data.train", f" (corpus {n}, {side})", getattr(corpus, side))
+            for n, corpus in enumerate(training_corpora(cfg.data), 1)
+            for side in ("src", "tgt")
+        ]
+    for dotted, which, value in files:
+        where = _blame(source, from_set, dotted) + which
         if not value:
             raise NmtError(f"{where} is required")
         p = Path(value)
@@ -963,6 +1026,13 @@ def check_data_files(cfg: Config, source: str, from_set: Collection[str] = ()) -
             raise NmtError(f"{where}: file not found: {shown_path(value)}")
         if not os.access(p, os.R_OK):
             raise NmtError(f"{where}: file not readable: {shown_path(value)}")
+
+
+def training_corpora(data: DataConfig) -> list[TrainingCorpus]:
+    """The training corpora: data.train's, or the one of data.train_src / train_tgt."""
+    if not data.train:
+        return [TrainingCorpus(data.train_src, data.train_tgt)]
+    return [TrainingCorpus(c["src"], c["tgt"], float(c.get("weight", 1.0))) for c in data.train]
 
 
 def overridden_keys(overrides: list[str]) -> set[str]:
@@ -1007,7 +1077,9 @@ def reference_markdown() -> str:
                 doc += ": " + more()
             if choices := choices_of(meta):
                 doc += f" ({' / '.join(choices)})"
-            default = "required" if section == "data" and f.name in DATA_FILE_KEYS else f.default
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            if section == "data" and f.name in DATA_FILE_KEYS:
+                default = "required"
             lines.append(f"| `{f.name}` | `{default}` | {doc} |")
         lines.append("")
     return "\n".join(lines)

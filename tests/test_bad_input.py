@@ -116,6 +116,33 @@ def line_count_mismatch(tmp: Path):
     return ["train", "--config", str(cfg), "--out", str(tmp / "r")], ["a.src", "a.tgt", "3", "2"]
 
 
+def write_corpora_config(tmp: Path, corpora: list[tuple[str, str, float]]) -> Path:
+    """A config whose training data are the weighted corpora `data.train` lists."""
+    listed = ", ".join(f"{{src: {s}, tgt: {t}, weight: {w}}}" for s, t, w in corpora)
+    path = write_config(tmp)
+    text = path.read_text(encoding="utf-8")
+    text = text.replace(f"  train_src: {TOY / 'train.src'}\n", f"  train: [{listed}]\n")
+    path.write_text(text.replace(f"  train_tgt: {TOY / 'train.tgt'}\n", ""), encoding="utf-8")
+    return path
+
+
+def weight_not_positive(tmp: Path):
+    toy = (str(TOY / "train.src"), str(TOY / "train.tgt"))
+    cfg = write_corpora_config(tmp, [(*toy, 2), (*toy, 0)])
+    args = ["train", "--config", str(cfg), "--out", str(tmp / "r")]
+    return args, ["c.yaml: key 'data.train'", "corpus 2: 'weight' must be > 0, got 0"]
+
+
+def weighted_corpora_of_different_line_counts(tmp: Path):
+    src = write(tmp / "a.src", "one two\nthree\nfour\n")
+    tgt = write(tmp / "a.tgt", "eins zwei\ndrei\n")
+    cfg = write_corpora_config(
+        tmp, [(str(TOY / "train.src"), str(TOY / "train.tgt"), 1), (src, tgt, 1)]
+    )
+    args = ["train", "--config", str(cfg), "--out", str(tmp / "r")]
+    return args, [f"{src} has 3 lines but {tgt} has 2"]
+
+
 def empty_after_filter(tmp: Path):
     cfg = write_config(tmp)
     args = ["train", "--config", str(cfg), "--out", str(tmp / "r"), "--set", "data.max_src_len=1"]
@@ -296,6 +323,8 @@ CASES = [
     missing_data_file,
     unreadable_data_file,
     line_count_mismatch,
+    weight_not_positive,
+    weighted_corpora_of_different_line_counts,
     empty_after_filter,
     validation_empty_after_filter,
     undecodable_bytes,

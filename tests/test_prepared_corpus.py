@@ -370,3 +370,60 @@ def test_sentencepiece_trains_on_a_sample_of_data_spm_sample_lines(tmp_path):
     key = (tmp_path / "run" / "spm.joint.model.json").read_text(encoding="utf-8")
     assert '"lines": 3000' in key
     assert len(corpus.src_tokenizer) == 100 and len(corpus.train) > 19_000
+
+
+# ---- weighted corpora ----------------------------------------------------------------------
+
+
+def test_weighted_corpora_share_each_epoch_by_weight():
+    examples = random_examples(400, seed=3)
+    pairs = PreparedPairs.from_examples(examples)
+    pairs.corpus_sizes = (300, 100)
+    rule = BatchRule(16, seed=5, weights=(1.0, 3.0))
+    assert rule.draws(pairs) == [100, 300] and rule.varies
+    one, two = EpochBatches(pairs, rule, 1), EpochBatches(pairs, rule, 2)
+    for epoch in (one, two):
+        drawn = np.asarray(epoch.order)
+        assert len(drawn) == 400
+        assert np.count_nonzero(drawn >= 300) == 300  # corpus 2: three passes
+        assert np.bincount(drawn[drawn >= 300] - 300).tolist() == [3] * 100
+        assert len(set(drawn[drawn < 300].tolist())) == 100  # corpus 1: no repeats
+    assert sorted(one.order.tolist()) != sorted(two.order.tolist())  # another draw
+    again = EpochBatches(pairs, rule, 2)
+    assert again.order.tolist() == two.order.tolist()
+    plain = BatchRule(16, weights=(2.0,))
+    assert plain.selection(pairs, 1) is None and not plain.varies
+
+
+def test_data_train_lists_corpora_and_refuses_mixing_with_the_old_keys(tmp_path):
+    from nmt.config import build_config, training_corpora
+
+    toy = {"src": str(TOY / "train.src"), "tgt": str(TOY / "train.tgt")}
+    valid = {"valid_src": str(TOY / "valid.src"), "valid_tgt": str(TOY / "valid.tgt")}
+    cfg = build_config({"data": {"train": [toy, {**toy, "weight": 2.5}], **valid}}, "c.yaml")
+    assert [c.weight for c in training_corpora(cfg.data)] == [1.0, 2.5]
+    assert build_config(cfg.to_dict(), "checkpoint").data.train == cfg.data.train
+    with pytest.raises(NmtError, match="data.train': give the training corpora either"):
+        build_config({"data": {"train": [toy], "train_src": toy["src"], **valid}}, "c.yaml")
+    with pytest.raises(NmtError, match=r"data.train' \(corpus 2, tgt\): file not found"):
+        build_config({"data": {"train": [toy, {**toy, "tgt": "nope"}], **valid}}, "c.yaml")
+    with pytest.raises(NmtError, match="corpus 1: unknown key 'wieght'"):
+        build_config({"data": {"train": [{**toy, "wieght": 2}], **valid}}, "c.yaml")
+
+
+def test_training_on_weighted_corpora_logs_the_shares(tmp_path):
+    small = small_toy(tmp_path, pairs=300)
+    text = small.read_text(encoding="utf-8")
+    corpora = (
+        f"  train: [{{src: {tmp_path / 'train.src'}, tgt: {tmp_path / 'train.tgt'}, weight: 1}}, "
+        f"{{src: {TOY / 'valid.src'}, tgt: {TOY / 'valid.tgt'}, weight: 3}}]\n"
+    )
+    lines = [ln for ln in text.splitlines(keepends=True) if "train_src" not in ln]
+    lines = [corpora if "train_tgt" in ln else ln for ln in lines]
+    small.write_text("".join(lines), encoding="utf-8")
+    logs: list[str] = []
+    train(load_config(small, ["train.max_steps=3"]), tmp_path / "run", log=logs.append)
+    shares = [m for m in logs if m.startswith("data.train corpus")]
+    assert len(shares) == 2
+    assert "300 pairs, weight 1: 200 pairs of each epoch's 800 (25.0%, 0.67 passes)" in shares[0]
+    assert "500 pairs, weight 3: 600 pairs of each epoch's 800 (75.0%, 1.20 passes)" in shares[1]

@@ -35,19 +35,55 @@ from nmt.data.vocab import BOS, EOS, PAD
 @dataclass(frozen=True)
 class BatchRule:
     """How batches are cut: `size` pairs, or tokens when `by_tokens`; `within_length`: the
-    pairs of each source length shuffled every epoch first (`seed`)."""
+    pairs of each source length shuffled every epoch first (`seed`); `weights`: one per
+    training corpus (several: each epoch draws from them in these proportions)."""
 
     size: int
     by_tokens: bool = False
     within_length: bool = False
     seed: int = 0
+    weights: tuple[float, ...] = ()
+
+    @property
+    def varies(self) -> bool:
+        """Whether each epoch has batches of its own."""
+        return self.within_length or len(self.weights) > 1
+
+    def draws(self, pairs: PreparedPairs) -> list[int]:
+        """How many pairs an epoch draws from each corpus: all pairs together, shared in
+        proportion to the weights (a corpus drawn past its size is taken whole as many
+        times as it fits, the rest drawn without repeats)."""
+        sizes = pairs.corpus_sizes
+        if len(self.weights) < 2:
+            return list(sizes)
+        total, weight = sum(sizes), sum(self.weights)
+        return [round(total * w / weight) for w in self.weights]
+
+    def selection(self, pairs: PreparedPairs, epoch: int) -> np.ndarray | None:
+        """The pairs epoch `epoch` trains on, with repeats (None: every pair once)."""
+        if len(self.weights) < 2:
+            return None
+        gen = np.random.Generator(np.random.PCG64([self.seed, epoch, 1]))
+        parts, start = [], 0
+        for n, m in zip(pairs.corpus_sizes, self.draws(pairs), strict=True):
+            whole, rest = divmod(m, n)
+            parts.append(np.tile(np.arange(start, start + n), whole))
+            parts.append(start + np.sort(gen.choice(n, rest, replace=False)))
+            start += n
+        return np.concatenate(parts)
 
     def order(self, pairs: PreparedPairs, epoch: int) -> np.ndarray:
         """The pairs in the order the batches take them, grouped by source length."""
+        chosen = self.selection(pairs, epoch)
+        src, tgt = pairs.src_lengths, pairs.tgt_lengths
+        if chosen is not None:
+            src, tgt = src[chosen], tgt[chosen]
         if not self.within_length:
-            return np.lexsort((pairs.tgt_lengths, pairs.src_lengths))
-        gen = np.random.Generator(np.random.PCG64([self.seed, epoch]))
-        return np.lexsort((gen.permutation(len(pairs)), pairs.src_lengths))
+            order = np.lexsort((tgt, src))
+        else:
+            gen = np.random.Generator(np.random.PCG64([self.seed, epoch]))
+            order = np.lexsort((gen.permutation(len(src)), src))
+        return order if chosen is None else chosen[order]
 
     def bounds(self, src_lengths: np.ndarray, tgt_lengths: np.ndarray) -> np.ndarray:
         """Where each batch starts (and, last, where the pairs end) in pairs already in
@@ -132,14 +168,14 @@ def gather_batch(pairs: PreparedPairs, rows: np.ndarray) -> Batch:
 
 class TrainingBatches:
     """Every epoch's batches under one rule: the same batches each epoch unless the rule
-    shuffles within lengths."""
+    shuffles within lengths or draws from weighted corpora."""
 
     def __init__(self, pairs: PreparedPairs, rule: BatchRule):
         self.pairs, self.rule = pairs, rule
         self._fixed: EpochBatches | None = None
 
     def epoch(self, epoch: int) -> EpochBatches:
-        if self.rule.within_length:
+        if self.rule.varies:
             return EpochBatches(self.pairs, self.rule, epoch)
         if self._fixed is None:
             self._fixed = EpochBatches(self.pairs, self.rule)

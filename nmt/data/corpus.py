@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nmt.config import DataConfig
+from nmt.config import DataConfig, training_corpora
 from nmt.data.batching import Example
 from nmt.data.prepared import (
     FOLDER,
@@ -58,8 +58,9 @@ class Corpus:
 
 
 def training_files(cfg: DataConfig) -> list[tuple[str, str]]:
-    """The (source, target) files of every training corpus, in order."""
-    return [(cfg.train_src, cfg.train_tgt)]
+    """The (source, target) files of every training corpus, in order (weights aside: they
+    change which pairs an epoch draws, not what is encoded)."""
+    return [(c.src, c.tgt) for c in training_corpora(cfg)]
 
 
 def corpus_key(cfg: DataConfig) -> dict[str, Any]:

@@ -22,7 +22,7 @@ import torch
 
 from nmt import precisions
 from nmt.checkpoint import checkpoint_parts, load_checkpoint
-from nmt.config import Config, batch_rows, shape_keys
+from nmt.config import Config, batch_rows, shape_keys, training_corpora
 from nmt.cpu_memory import map_large_allocations
 from nmt.data.batch_index import BatchRule, TrainingBatches
 from nmt.data.corpus import Corpus, load_corpus
@@ -155,9 +155,13 @@ def build_corpus(
 
 
 def batch_rule(cfg: Config) -> BatchRule:
-    """How the training batches are cut (`train.batch_size`, `batch_type`, `shuffle`)."""
+    """How the training batches are cut (`train.batch_size`, `batch_type`, `shuffle`) and
+    drawn (`data.train`'s weights)."""
     t = cfg.train
-    return BatchRule(t.batch_size, t.batch_type == "tokens", t.shuffle == "within_length", t.seed)
+    weights = tuple(c.weight for c in training_corpora(cfg.data)) if cfg.data.train else ()
+    return BatchRule(
+        t.batch_size, t.batch_type == "tokens", t.shuffle == "within_length", t.seed, weights
+    )
 
 
 def build_validation(cfg: Config, corpus: Corpus) -> Validation:

@@ -33,7 +33,7 @@ from tqdm import tqdm
 
 from nmt import precisions
 from nmt.checkpoint import prune_step_checkpoints, save_checkpoint
-from nmt.config import Config
+from nmt.config import Config, training_corpora
 from nmt.data.batching import Batch, epoch_order, on_device
 from nmt.data.sampling import sampled_batches
 from nmt.data.word_dropout import drop_source_words
@@ -212,11 +212,28 @@ class Trainer:
             f"data: {len(self.corpus.train)} training pairs in {len(self.train_batches)} batches "
             f"of up to {t.batch_size} {counted}{shuffled}, {valid} validation pairs{ppl_on}{bleu}"
         )
+        self._describe_weights()
         if self.memory_plan is not None:
             d = self.cfg.data
             for line in self.memory_plan.lines(d.max_src_len + 2, d.max_tgt_len + 1):
                 self.log(line)
             self.log.metrics(kind="memory_plan", step=self.state.step, **self.memory_plan.to_dict())
+
+    def _describe_weights(self) -> None:
+        """With several weighted training corpora, the share each has of every epoch."""
+        rule, pairs = self.batching.rule, self.corpus.train
+        if len(rule.weights) < 2:
+            return
+        draws, corpora = rule.draws(pairs), training_corpora(self.cfg.data)
+        total = sum(draws)
+        for number, (corpus, n, m) in enumerate(
+            zip(corpora, pairs.corpus_sizes, draws, strict=True), 1
+        ):
+            self.log(
+                f"data.train corpus {number} ({corpus.src} / {corpus.tgt}): {n} pairs, "
+                f"weight {corpus.weight:g}: {m} pairs of each epoch's {total} "
+                f"({100 * m / total:.1f}%, {m / n:.2f} passes)"
+            )
 
     def _executor_name(self) -> str:
         t = self.cfg.train
