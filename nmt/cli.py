@@ -203,6 +203,35 @@ def train(
         remove_if_empty(made)  # a failed run leaves no empty directory behind
 
 
+@command()
+def prepare(
+    config: ConfigOpt,
+    out: Annotated[
+        Path | None, typer.Option(help="Run directory (default: runs/<config name>).")
+    ] = None,
+    set_: SetOpt = None,
+) -> None:
+    """Prepare the training corpus of a config ahead of `nmt train` (which otherwise does it
+    at its first start): tokenizers learnt, pairs encoded into OUT/prepared."""
+    from nmt.config import load_config
+    from nmt.data.corpus import load_corpus
+
+    try:
+        cfg = load_config(config, list(set_ or []))
+        out_dir = out or Path("runs") / config.stem
+        if out_dir.exists() and not out_dir.is_dir():
+            raise NmtError(f"--out {out_dir}: is a file, not a directory")
+        try:
+            out_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            reason = exc.strerror or exc.__class__.__name__
+            raise NmtError(f"--out {out_dir}: cannot create the run directory ({reason})") from None
+        load_corpus(cfg.data, out_dir, log=print)
+    except NmtError as exc:
+        raise _fail(exc) from None
+    print(f"prepared: nmt train --config {config} --out {out_dir} starts from it")
+
+
 MODEL_DEFAULT = "default: the model's translate.{key}, else {default}"
 
 

@@ -161,7 +161,9 @@ def test_translate_rejects_non_checkpoint(tmp_path):
     assert_clean_error(proc, str(bogus), "checkpoint")
 
 
-@pytest.mark.parametrize("command", [[], ["train"], ["translate"], ["average"], ["memreport"]])
+@pytest.mark.parametrize(
+    "command", [[], ["train"], ["translate"], ["average"], ["memreport"], ["prepare"]]
+)
 def test_help_shows_no_value_for_on_off_flags(command):
     """typer renders a `<bool>` value column for every flag (--force, --help, ...), as if
     each took a value; the flags show none, the options that take one keep theirs."""
@@ -177,6 +179,7 @@ def test_help_shows_no_value_for_on_off_flags(command):
         "translate": ["<path>", "<int>"],
         "average": ["<path>"],
         "memreport": ["<path>", "<str>"],
+        "prepare": ["KEY=VALUE", "<path>"],
     }
     for column in takes_a_value.get(" ".join(command), []):
         assert column in result.output, column

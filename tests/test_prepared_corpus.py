@@ -427,3 +427,21 @@ def test_training_on_weighted_corpora_logs_the_shares(tmp_path):
     assert len(shares) == 2
     assert "300 pairs, weight 1: 200 pairs of each epoch's 800 (25.0%, 0.67 passes)" in shares[0]
     assert "500 pairs, weight 3: 600 pairs of each epoch's 800 (75.0%, 1.20 passes)" in shares[1]
+
+
+def test_nmt_prepare_ahead_then_train_starts_from_it(tmp_path):
+    from typer.testing import CliRunner
+
+    from nmt.cli import app
+
+    small = small_toy(tmp_path, pairs=200)
+    out = tmp_path / "run"
+    result = CliRunner().invoke(app, ["prepare", "--config", str(small), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert f"data: prepared 200 training pairs in {out / 'prepared'}" in result.stdout
+    key = (out / "prepared" / "key.json").read_bytes()
+    args = ["train", "--config", str(small), "--out", str(out), "--no-progress"]
+    result = CliRunner().invoke(app, [*args, "--set", "train.max_steps=2"])
+    assert result.exit_code == 0, result.output
+    assert f"data: the prepared corpus {out / 'prepared'} (200 pairs) is reused" in result.stdout
+    assert (out / "prepared" / "key.json").read_bytes() == key
