@@ -770,6 +770,12 @@ def _check_subword_dropout(cfg: Config, source: str, from_set: Collection[str] =
             f"{_blame(source, from_set, 'data.subword_dropout')}: needs data.tokenizer "
             f"sentencepiece (it skips subword merges), got {cfg.data.tokenizer}"
         )
+    if cfg.data.subword_dropout > 0 and len(cfg.data.train) > 1:
+        raise NmtError(
+            f"{_blame(source, from_set, 'data.subword_dropout')}: cuts one training corpus "
+            f"anew every epoch; data.train lists {len(cfg.data.train)} (weighted corpora and "
+            "BPE-dropout do not combine)"
+        )
     if cfg.data.subword_dropout > 0 and cfg.data.subword_model != "bpe":
         raise NmtError(
             f"{_blame(source, from_set, 'data.subword_dropout')}: needs data.subword_model "

@@ -407,6 +407,9 @@ def test_data_train_lists_corpora_and_refuses_mixing_with_the_old_keys(tmp_path)
         build_config({"data": {"train": [toy], "train_src": toy["src"], **valid}}, "c.yaml")
     with pytest.raises(NmtError, match=r"data.train' \(corpus 2, tgt\): file not found"):
         build_config({"data": {"train": [toy, {**toy, "tgt": "nope"}], **valid}}, "c.yaml")
+    spm = {"tokenizer": "sentencepiece", "subword_dropout": 0.1}
+    with pytest.raises(NmtError, match="weighted corpora and BPE-dropout do not combine"):
+        build_config({"data": {"train": [toy, toy], **valid, **spm}}, "c.yaml")
     with pytest.raises(NmtError, match="corpus 1: unknown key 'wieght'"):
         build_config({"data": {"train": [{**toy, "wieght": 2}], **valid}}, "c.yaml")
 
@@ -445,3 +448,14 @@ def test_nmt_prepare_ahead_then_train_starts_from_it(tmp_path):
     assert result.exit_code == 0, result.output
     assert f"data: the prepared corpus {out / 'prepared'} (200 pairs) is reused" in result.stdout
     assert (out / "prepared" / "key.json").read_bytes() == key
+
+
+def test_valid_sample_is_a_fixed_subset():
+    from nmt.train.validation import valid_subset
+
+    examples = random_examples(300, seed=4)
+    assert valid_subset(examples, 0, 1) is examples
+    chosen = valid_subset(examples, 40, 1)
+    assert len(chosen) == 40 and chosen == valid_subset(examples, 40, 1)
+    assert all(example in examples for example in chosen)
+    assert valid_subset(examples, 500, 1) == examples
