@@ -126,9 +126,6 @@ class Trainer:
         self.batching, self.validation = run.batching, run.validation
         self.stopping, self.threads = run.stopping, run.threads
         self.memory_plan = run.memory_plan
-        self.train_batches = self.batching.epoch(1)  # the epoch trained now's: `_run_epoch`
-        # counted once on the host: counting a batch on the device would read it back
-        self.train_tokens = self.train_batches.tokens
         self.failures = RankFailures(self.dist, self.device, self._out_of_memory)
         self._zero = torch.zeros((), dtype=torch.float64, device=self.device)  # a failed rank's
         self._pending = 0  # steps since `settle` last read the device's counts
@@ -143,8 +140,10 @@ class Trainer:
         self._stop = False  # some rank received one: all stop at this step boundary
         if run.checkpoint is not None:
             self._restore(run.checkpoint, run.resume)
-            self.train_batches = self.batching.epoch(self.state.epoch)
-            self.train_tokens = self.train_batches.tokens
+        # the batches of the epoch trained now (`_run_epoch` moves on to the next ones); their
+        # tokens counted on the host: counting a batch on the device would read it back
+        self.train_batches = self.batching.epoch(self.state.epoch)
+        self.train_tokens = self.train_batches.tokens
         self._describe()
 
     @classmethod
