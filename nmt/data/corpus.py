@@ -125,12 +125,14 @@ def build_tokenizers(
         for src_path, tgt_path in files:
             seen = kept = 0
             for chunk in parallel_chunks(src_path, tgt_path, log):
-                seen += len(chunk)
-                for s, t in chunk:
-                    if len(s.split()) <= cfg.max_src_len and len(t.split()) <= cfg.max_tgt_len:
-                        kept += 1
-                        count_words(counts[0], s)
-                        count_words(counts[1], t)
+                short = [
+                    (s, t)
+                    for s, t in chunk
+                    if len(s.split()) <= cfg.max_src_len and len(t.split()) <= cfg.max_tgt_len
+                ]
+                seen, kept = seen + len(chunk), kept + len(short)
+                count_words(counts[0], (s for s, _ in short))
+                count_words(counts[1], (t for _, t in short))
             if not kept:  # refused before anything is written (encoding would refuse it too)
                 _filtered(cfg, seen, kept, src_path, tgt_path, "training", log)
         return (

@@ -31,6 +31,7 @@ import os
 import shutil
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -122,7 +123,7 @@ class PreparedPairs:
             lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
             offsets = np.zeros(len(rows), dtype=np.int64)
             np.cumsum(lengths[:-1], out=offsets[1:])
-            ids = np.fromiter((i for r in rows for i in r), dtype=id_dtype(vocab_size))
+            ids = np.fromiter(chain.from_iterable(rows), dtype=id_dtype(vocab_size))
             sides += [ids, offsets, lengths]
         return cls(*sides, corpus_sizes=(len(examples),))
 
@@ -158,7 +159,7 @@ class _SideWriter:
     def add(self, rows: list[list[int]]) -> None:
         lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
         total = int(lengths.sum())
-        flat = np.fromiter((i for row in rows for i in row), dtype=self.ids_dtype, count=total)
+        flat = np.fromiter(chain.from_iterable(rows), dtype=self.ids_dtype, count=total)
         self.ids.write(flat.tobytes())
         self.lengths.write(lengths.astype(self.len_dtype).tobytes())
         self.tokens += total

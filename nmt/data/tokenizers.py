@@ -15,6 +15,7 @@ import re
 from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Callable, Iterable
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -72,9 +73,16 @@ class Tokenizer(ABC):
         )
 
 
-def count_words(counts: Counter[str], line: str) -> None:
-    """Count the words of `line` that a word vocabulary may hold (not the specials)."""
-    counts.update(w for w in line.split() if w not in SPECIALS)
+def count_words(counts: Counter[str], lines: Iterable[str]) -> None:
+    """Count the words of `lines` (`WordTokenizer.from_counts` leaves out the specials)."""
+    counts.update(chain.from_iterable(map(str.split, lines)))
+
+
+class _Ids(dict):
+    """Word -> id, UNK for a word it does not hold, looked up at C speed (`map`)."""
+
+    def __missing__(self, word: str) -> int:
+        return UNK
 
 
 class WordTokenizer(Tokenizer):
@@ -89,6 +97,11 @@ class WordTokenizer(Tokenizer):
         self.index = {p: i for i, p in enumerate(self.pieces)}
         if len(self.index) != len(self.pieces):
             raise NmtError("word vocabulary has duplicate entries")
+        # what `encode` looks words up in: a literal "<s>" in the text is a word it does not
+        # know, not a marker
+        self._ids = _Ids(self.index)
+        for special in SPECIALS:
+            self._ids[special] = UNK
 
     @classmethod
     def build(cls, lines: Iterable[str], vocab_size: int) -> WordTokenizer:
@@ -100,14 +113,15 @@ class WordTokenizer(Tokenizer):
         maps them to UNK.
         """
         counts: Counter[str] = Counter()
-        for line in lines:
-            count_words(counts, line)
+        count_words(counts, lines)
         return cls.from_counts(counts, vocab_size)
 
     @classmethod
     def from_counts(cls, counts: Counter[str], vocab_size: int) -> WordTokenizer:
         """`build` from word counts gathered elsewhere (`count_words`), a corpus streamed once."""
-        ranked = sorted(counts.items(), key=lambda kv: -kv[1])
+        ranked = sorted(
+            ((w, n) for w, n in counts.items() if w not in SPECIALS), key=lambda kv: -kv[1]
+        )
         keep = max(vocab_size - len(SPECIALS), 0)
         return cls(SPECIALS + [w for w, _ in ranked[:keep]])
 
@@ -115,7 +129,7 @@ class WordTokenizer(Tokenizer):
         return line.split()
 
     def encode(self, line: str) -> list[int]:
-        return [self.piece_to_id(w) for w in line.split()]
+        return list(map(self._ids.__getitem__, line.split()))
 
     def detokenize(self, pieces: list[str]) -> str:
         return " ".join(pieces)
