@@ -459,3 +459,47 @@ def test_valid_sample_is_a_fixed_subset():
     assert len(chosen) == 40 and chosen == valid_subset(examples, 40, 1)
     assert all(example in examples for example in chosen)
     assert valid_subset(examples, 500, 1) == examples
+
+
+def test_word_corpora_on_worker_processes_equal_one_process(tmp_path, monkeypatch):
+    """A process per core counts and encodes a large word corpus: the same vocabularies
+    (ties in first-occurrence order) and the same arrays as one process."""
+    monkeypatch.setattr(reading, "CHUNK_PAIRS", 500)
+    cfg = DataConfig(
+        train_src=str(TOY / "train.src"),
+        train_tgt=str(TOY / "train.tgt"),
+        valid_src=str(TOY / "valid.src"),
+        valid_tgt=str(TOY / "valid.tgt"),
+        src_vocab_size=60,
+        tgt_vocab_size=70,
+        max_src_len=9,
+    )
+    here = load_corpus(cfg, tmp_path / "here", log=lambda _: None)
+    monkeypatch.setattr(corpus_module, "PARALLEL_BYTES", 0)
+    monkeypatch.setattr(corpus_module, "allowed_cores", lambda: 2)
+    logs: list[str] = []
+    there = load_corpus(cfg, tmp_path / "there", log=logs.append)
+    assert not any("did not start" in m for m in logs)
+    assert there.src_tokenizer.pieces == here.src_tokenizer.pieces
+    assert there.tgt_tokenizer.pieces == here.tgt_tokenizer.pieces
+    for name in ("src_ids", "src_lengths", "tgt_ids", "tgt_offsets"):
+        assert np.array_equal(getattr(there.train, name), getattr(here.train, name)), name
+    assert len(here.train) < 20_000  # the length limit dropped some
+
+
+def test_worker_processes_that_cannot_start_fall_back_with_one_line(tmp_path, monkeypatch):
+    from nmt.data import word_workers
+
+    def refused(*args, **kwargs):
+        raise OSError("no processes here")
+
+    monkeypatch.setattr(word_workers, "ProcessPoolExecutor", refused)
+    monkeypatch.setattr(corpus_module, "PARALLEL_BYTES", 0)
+    monkeypatch.setattr(corpus_module, "allowed_cores", lambda: 2)
+    src = write(tmp_path / "c.src", "a b\nb c\n")
+    tgt = write(tmp_path / "c.tgt", "x\ny\n")
+    logs: list[str] = []
+    corpus = load_corpus(word_data(src, tgt), tmp_path / "run", log=logs.append)
+    fallback = [m for m in logs if "did not start" in m]
+    assert len(fallback) == 2 and "no processes here" in fallback[0]  # counting, encoding
+    assert corpus.train.examples() == [([5, 4], [4]), ([4, 6], [5])]  # b is the commonest

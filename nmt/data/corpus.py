@@ -13,8 +13,11 @@ import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from itertools import chain
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from nmt.config import DataConfig, training_corpora
 from nmt.data.batching import Example
@@ -34,11 +37,13 @@ from nmt.data.tokenizers import (
     TrainingFailed,
     WordTokenizer,
     cached_sentencepiece,
-    count_words,
 )
+from nmt.data.word_workers import count_chunk, encode_chunk, ordered_map, start_encoding
 from nmt.errors import NmtError
+from nmt.threads import allowed_cores
 
 Log = Callable[[str], None]
+PARALLEL_BYTES = 64 << 20  # training files larger than this: a process per core for words
 SAMPLE_SEED = 20_160_601  # the sentencepiece sample depends on the text only, never on train.seed
 
 
@@ -124,15 +129,11 @@ def build_tokenizers(
         counts: tuple[Counter[str], Counter[str]] = (Counter(), Counter())
         for src_path, tgt_path in files:
             seen = kept = 0
-            for chunk in parallel_chunks(src_path, tgt_path, log):
-                short = [
-                    (s, t)
-                    for s, t in chunk
-                    if len(s.split()) <= cfg.max_src_len and len(t.split()) <= cfg.max_tgt_len
-                ]
-                seen, kept = seen + len(chunk), kept + len(short)
-                count_words(counts[0], (s for s, _ in short))
-                count_words(counts[1], (t for _, t in short))
+            jobs = _jobs(cfg, src_path, tgt_path, log)
+            for src_counts, tgt_counts, n, k in _word_map(cfg, count_chunk, jobs, log):
+                counts[0].update(src_counts)  # in chunk order: first occurrences keep theirs
+                counts[1].update(tgt_counts)
+                seen, kept = seen + n, kept + k
             if not kept:  # refused before anything is written (encoding would refuse it too)
                 _filtered(cfg, seen, kept, src_path, tgt_path, "training", log)
         return (
@@ -179,24 +180,68 @@ def build_tokenizers(
     )
 
 
+def _jobs(cfg: DataConfig, src_path: str, tgt_path: str, log: Log) -> Iterator[tuple]:
+    return (
+        (chunk, cfg.max_src_len, cfg.max_tgt_len)
+        for chunk in parallel_chunks(src_path, tgt_path, log)
+    )
+
+
+def word_workers(cfg: DataConfig) -> int:
+    """The processes that count and encode a word corpus: one per allowed core when the
+    training files hold more than `PARALLEL_BYTES` (below, starting them costs more than
+    they save), else 1 (this process)."""
+    size = sum(Path(f).stat().st_size for pair in training_files(cfg) for f in pair)
+    return allowed_cores() if size > PARALLEL_BYTES else 1
+
+
+def _word_map(cfg: DataConfig, fn: Callable, jobs: Iterator, log: Log, **init: Any) -> Iterator:
+    """`fn` of every job in order: on worker processes where they pay, else here."""
+    workers = word_workers(cfg)
+    if workers > 1:
+        initializer = start_encoding if init else None
+        initargs = (init["src"], init["tgt"]) if init else ()
+        results = ordered_map(fn, jobs, workers, log, initializer, initargs)
+        if results is not None:
+            return results
+    if init:
+        start_encoding(init["src"], init["tgt"])
+    return map(fn, jobs)
+
+
 def encoded_chunks(
     cfg: DataConfig, src_path: str, tgt_path: str, tokenizers: tuple[Tokenizer, Tokenizer], log: Log
-) -> Iterator[tuple[list[list[int]], list[list[int]]]]:
-    """The pairs of one training corpus, encoded and length-filtered, a chunk at a time; the
-    log says how many were too long, and a corpus with none short enough is refused."""
+) -> Iterator[list[np.ndarray]]:
+    """The pairs of one training corpus, encoded and length-filtered, a chunk at a time, as
+    [source ids, source lengths, target ids, target lengths]; the log says how many were
+    too long, and a corpus with none short enough is refused. Word vocabularies encode on
+    a process per core (`nmt.data.word_workers`), sentencepiece on its own threads."""
     src_tok, tgt_tok = tokenizers
+    jobs = _jobs(cfg, src_path, tgt_path, log)
+    if isinstance(src_tok, WordTokenizer) and isinstance(tgt_tok, WordTokenizer):
+        results = _word_map(cfg, encode_chunk, jobs, log, src=src_tok.pieces, tgt=tgt_tok.pieces)
+    else:
+        results = (_encode_here(job, tokenizers) for job in jobs)
     seen = kept = 0
-    for chunk in parallel_chunks(src_path, tgt_path, log):
-        src_rows = src_tok.encode_batch([s for s, _ in chunk])
-        tgt_rows = tgt_tok.encode_batch([t for _, t in chunk])
-        keep = [
-            i
-            for i, (s, t) in enumerate(zip(src_rows, tgt_rows, strict=True))
-            if len(s) <= cfg.max_src_len and len(t) <= cfg.max_tgt_len
-        ]
-        seen, kept = seen + len(chunk), kept + len(keep)
-        yield [src_rows[i] for i in keep], [tgt_rows[i] for i in keep]
+    for arrays, n in results:
+        seen, kept = seen + n, kept + len(arrays[1])
+        yield arrays
     _filtered(cfg, seen, kept, src_path, tgt_path, "training", log)
+
+
+def _encode_here(
+    job: tuple, tokenizers: tuple[Tokenizer, Tokenizer]
+) -> tuple[list[np.ndarray], int]:
+    """`encode_chunk` with any tokenizers, in this process."""
+    pairs, max_src, max_tgt = job
+    src = tokenizers[0].encode_batch([s for s, _ in pairs])
+    tgt = tokenizers[1].encode_batch([t for _, t in pairs])
+    keep = [i for i in range(len(pairs)) if len(src[i]) <= max_src and len(tgt[i]) <= max_tgt]
+    arrays = []
+    for rows in ([src[i] for i in keep], [tgt[i] for i in keep]):
+        lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
+        arrays += [np.fromiter(chain.from_iterable(rows), dtype=np.int64), lengths]
+    return arrays, len(pairs)
 
 
 def _filtered(

@@ -156,13 +156,11 @@ class _SideWriter:
         self.lengths = open(folder / f"{side}.lengths", "wb")  # noqa: SIM115
         self.tokens = 0
 
-    def add(self, rows: list[list[int]]) -> None:
-        lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
-        total = int(lengths.sum())
-        flat = np.fromiter(chain.from_iterable(rows), dtype=self.ids_dtype, count=total)
-        self.ids.write(flat.tobytes())
+    def add(self, ids: np.ndarray, lengths: np.ndarray) -> None:
+        """Append pairs: their ids back to back and each one's length."""
+        self.ids.write(ids.astype(self.ids_dtype).tobytes())
         self.lengths.write(lengths.astype(self.len_dtype).tobytes())
-        self.tokens += total
+        self.tokens += len(ids)
 
     def close(self) -> None:
         for handle in (self.ids, self.lengths):
@@ -179,12 +177,13 @@ def write_prepared(
     folder: Path,
     key: dict[str, Any],
     tokenizers: tuple[Tokenizer, Tokenizer],
-    corpora: Iterable[Iterable[tuple[list[list[int]], list[list[int]]]]],
+    corpora: Iterable[Iterable[list[np.ndarray]]],
     max_len: int,
 ) -> None:
     """Write the prepared corpus to `folder` (replacing one there) from `corpora`: for each
-    training corpus, chunks of encoded, length-filtered (source rows, target rows). Built in
-    a temporary folder beside it and renamed into place when complete."""
+    training corpus, chunks of encoded, length-filtered pairs as [source ids, source
+    lengths, target ids, target lengths]. Built in a temporary folder beside it and renamed
+    into place when complete."""
     folder.parent.mkdir(parents=True, exist_ok=True)
     building = folder.with_name(f".{folder.name}.{os.getpid()}.tmp")
     shutil.rmtree(building, ignore_errors=True)
@@ -198,10 +197,10 @@ def write_prepared(
         sizes = []
         for chunks in corpora:
             pairs = 0
-            for src_rows, tgt_rows in chunks:
-                writers[0].add(src_rows)
-                writers[1].add(tgt_rows)
-                pairs += len(src_rows)
+            for src_ids, src_lengths, tgt_ids, tgt_lengths in chunks:
+                writers[0].add(src_ids, src_lengths)
+                writers[1].add(tgt_ids, tgt_lengths)
+                pairs += len(src_lengths)
             sizes.append(pairs)
         for writer in writers:
             writer.close()

@@ -24,6 +24,7 @@ import torch
 
 from nmt.atomic import write_bytes
 from nmt.data.vocab import BOS, EOS, PAD, SPECIALS, UNK
+from nmt.data.word_workers import word_ids
 from nmt.errors import NmtError
 from nmt.threads import allowed_cores
 
@@ -78,13 +79,6 @@ def count_words(counts: Counter[str], lines: Iterable[str]) -> None:
     counts.update(chain.from_iterable(map(str.split, lines)))
 
 
-class _Ids(dict):
-    """Word -> id, UNK for a word it does not hold, looked up at C speed (`map`)."""
-
-    def __missing__(self, word: str) -> int:
-        return UNK
-
-
 class WordTokenizer(Tokenizer):
     """Whitespace tokens with a frequency-ranked vocabulary, as seq2seq-attn's preprocess.py."""
 
@@ -97,11 +91,7 @@ class WordTokenizer(Tokenizer):
         self.index = {p: i for i, p in enumerate(self.pieces)}
         if len(self.index) != len(self.pieces):
             raise NmtError("word vocabulary has duplicate entries")
-        # what `encode` looks words up in: a literal "<s>" in the text is a word it does not
-        # know, not a marker
-        self._ids = _Ids(self.index)
-        for special in SPECIALS:
-            self._ids[special] = UNK
+        self._ids = word_ids(self.pieces)  # what `encode` looks words up in, through `map`
 
     @classmethod
     def build(cls, lines: Iterable[str], vocab_size: int) -> WordTokenizer:
@@ -118,7 +108,7 @@ class WordTokenizer(Tokenizer):
 
     @classmethod
     def from_counts(cls, counts: Counter[str], vocab_size: int) -> WordTokenizer:
-        """`build` from word counts gathered elsewhere (`count_words`), a corpus streamed once."""
+        """`build` from word counts gathered elsewhere (`count_words`, chunk by chunk)."""
         ranked = sorted(
             ((w, n) for w, n in counts.items() if w not in SPECIALS), key=lambda kv: -kv[1]
         )
