@@ -51,15 +51,14 @@ SAMPLE_SEED = 20_160_601  # the sentencepiece sample depends on the text only, n
 class Corpus:
     """Everything training needs from the data: the two tokenizers and the encoded training
     pairs (`PreparedPairs`, arrays), the validation pairs and their text (every non-blank
-    pair, before the length filter) for BLEU, and with data.subword_dropout the training
-    text, cut anew every epoch (`nmt.data.sampling`)."""
+    pair, before the length filter) for BLEU. With data.subword_dropout each epoch's cut is
+    made from the training files (`nmt.data.sampling.EpochCuts`)."""
 
     src_tokenizer: Tokenizer
     tgt_tokenizer: Tokenizer
     train: PreparedPairs
     valid: list[Example]
     valid_text: list[tuple[str, str]] = field(default_factory=list)
-    train_text: list[tuple[str, str]] = field(default_factory=list)
 
 
 def training_files(cfg: DataConfig) -> list[tuple[str, str]]:
@@ -355,7 +354,4 @@ def load_corpus(
         f"data: {len(train)} train / {len(valid)} valid pairs, "
         f"{src_tok.kind} vocabularies: source {len(src_tok)}, target {len(tgt_tok)}"
     )
-    train_text = []
-    if cfg.subword_dropout > 0:  # BPE-dropout cuts the text anew every epoch: it is kept
-        train_text = [p for s, t in training_files(cfg) for p in read_parallel(s, t, log)]
-    return Corpus(src_tok, tgt_tok, train, valid, valid_pairs, train_text)
+    return Corpus(src_tok, tgt_tok, train, valid, valid_pairs)

@@ -26,6 +26,7 @@ from nmt.config import Config, batch_rows, shape_keys, training_corpora
 from nmt.cpu_memory import map_large_allocations
 from nmt.data.batch_index import BatchRule, TrainingBatches
 from nmt.data.corpus import Corpus, load_corpus
+from nmt.data.sampling import EpochCuts
 from nmt.data.tokenizers import Tokenizer
 from nmt.devices import setup_device
 from nmt.engine.spec import micro_batch_size
@@ -78,6 +79,7 @@ class Run:
     executor: Executor
     update: DeviceUpdate
     batching: TrainingBatches  # every epoch's training batches, cut from the corpus's lengths
+    cuts: EpochCuts | None  # data.subword_dropout: every epoch's own cut of the corpus
     validation: Validation
     stopping: EarlyStopping
     checkpoint: dict[str, Any] | None  # the state to resume from
@@ -162,6 +164,14 @@ def batch_rule(cfg: Config) -> BatchRule:
     return BatchRule(
         t.batch_size, t.batch_type == "tokens", t.shuffle == "within_length", t.seed, weights
     )
+
+
+def build_cuts(cfg: Config, corpus: Corpus, out_dir: Path) -> EpochCuts | None:
+    """With data.subword_dropout, the maker of every epoch's cut, in the run directory."""
+    if cfg.data.subword_dropout <= 0:
+        return None
+    tokenizers = (corpus.src_tokenizer, corpus.tgt_tokenizer)
+    return EpochCuts(cfg.data, tokenizers, cfg.train.seed, cfg.train.epochs, out_dir)
 
 
 def build_validation(cfg: Config, corpus: Corpus) -> Validation:
@@ -297,6 +307,7 @@ def build_run(
         executor=executor,
         update=DeviceUpdate(params, optimizer, t.max_grad_norm, loss_scale, average),
         batching=TrainingBatches(corpus.train, batch_rule(cfg)),
+        cuts=build_cuts(cfg, corpus, out_dir),
         validation=build_validation(cfg, corpus),
         stopping=EarlyStopping(t.early_stopping_metric, t.early_stopping),
         checkpoint=checkpoint,

@@ -123,7 +123,7 @@ class Trainer:
         self.log, self.progress = run.log, run.progress
         self.corpus, self.model, self.executor = run.corpus, run.model, run.executor
         self.optimizer, self.schedule, self.update = run.optimizer, run.schedule, run.update
-        self.batching, self.validation = run.batching, run.validation
+        self.batching, self.cuts, self.validation = run.batching, run.cuts, run.validation
         self.stopping, self.threads = run.stopping, run.threads
         self.memory_plan = run.memory_plan
         self.failures = RankFailures(self.dist, self.device, self._out_of_memory)
@@ -661,11 +661,9 @@ class Trainer:
         makes it so - so logs, validations and the stop fall on exactly the steps (and
         batches) they would if every step were read back at once."""
         cfg, s = self.cfg.train, self.state
-        if self.corpus.train_text:  # data.subword_dropout: the epoch's own cut of the pairs
+        if self.cuts is not None:  # data.subword_dropout: the epoch's own cut of the pairs
             rule = self.batching.rule
-            self.train_batches = sampled_batches(
-                self.corpus, self.cfg.data, rule, cfg.seed, s.epoch, self.log
-            )
+            self.train_batches = sampled_batches(self.cuts, self.cfg.data, rule, s.epoch, self.log)
         else:
             self.train_batches = self.batching.epoch(s.epoch)
         if self.train_tokens is not self.train_batches.tokens:  # this epoch's own batches
@@ -717,6 +715,7 @@ def train(
     """Train a model as configured; checkpoints go to `out_dir`. `command`: the command line
     that gave `cfg`, for the resume hint after an interruption; `planner`: decides the memory
     plan (`train.prealloc: auto`, `train.memory_budget`): `nmt.memreport.plan.plan_memory`."""
+    trainer = None
     try:
         resume = Path(resume) if resume else None
         trainer = Trainer.build(
@@ -734,4 +733,6 @@ def train(
         dd.barrier(trainer.dist)
         return state
     finally:
+        if trainer is not None and trainer.cuts is not None:
+            trainer.cuts.close()  # the cut made ahead, and the cuts' folder
         dd.shutdown()
