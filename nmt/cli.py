@@ -335,6 +335,44 @@ def with_decoding_options(command: Callable[..., Any]) -> Callable[..., Any]:
 
 
 @command()
+def prepare(
+    config: Annotated[
+        Path,
+        typer.Option(
+            "--config", "-c", rich_help_panel=cli_help.RUN_CONFIG, help="YAML config file."
+        ),
+    ],
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            rich_help_panel=cli_help.RUN_DIRECTORY,
+            help="Run directory (default: runs/<config name>).",
+        ),
+    ] = None,
+    set_: Annotated[list[str] | None, set_option(cli_help.RUN_CONFIG)] = None,
+) -> None:
+    """Prepare the training corpus of a config ahead of `nmt train` (which otherwise does it
+    at its first start): tokenizers learnt, pairs encoded into OUT/prepared."""
+    from nmt.config import load_config
+    from nmt.data.corpus import load_corpus
+
+    try:
+        cfg = load_config(config, list(set_ or []))
+        out_dir = out or Path("runs") / config.stem
+        if out_dir.exists() and not out_dir.is_dir():
+            raise NmtError(f"--out {out_dir}: is a file, not a directory")
+        try:
+            out_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            reason = exc.strerror or exc.__class__.__name__
+            raise NmtError(f"--out {out_dir}: cannot create the run directory ({reason})") from None
+        load_corpus(cfg.data, out_dir, log=print)
+    except NmtError as exc:
+        raise _fail(exc) from None
+    print(f"prepared: nmt train --config {config} --out {out_dir} starts from it")
+
+
+@command()
 @with_decoding_options
 def translate(
     model: Annotated[

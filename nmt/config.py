@@ -126,13 +126,53 @@ def _opt(
         "check": check,
         "off": off,
     }
+    if isinstance(default, list):  # a mutable default: each config gets its own
+        return field(default_factory=lambda: list(default), metadata=meta)
     return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True)
+class TrainingCorpus:
+    """One training corpus of `data.train`: its two line-aligned files and its weight."""
+
+    src: str
+    tgt: str
+    weight: float = 1.0
+
+
+CORPUS_KEYS = ("src", "tgt", "weight")
+
+
+def _corpora_problem(value: list) -> str | None:
+    """Why `data.train` is refused: each corpus a mapping of src, tgt and a weight > 0."""
+    for number, item in enumerate(value, 1):
+        if not isinstance(item, dict):
+            return f"corpus {number} must be a mapping with src, tgt and weight, not {item!r}"
+        if unknown := sorted(set(map(str, item)) - set(CORPUS_KEYS)):
+            return f"corpus {number}: unknown key '{unknown[0]}' (src, tgt, weight)"
+        for key in ("src", "tgt"):
+            if not isinstance(item.get(key), str) or not item[key]:
+                return f"corpus {number}: '{key}' must name a file, got {item.get(key)!r}"
+        weight = item.get("weight", 1.0)
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)):
+            return f"corpus {number}: 'weight' must be a number, got {weight!r}"
+        if not math.isfinite(weight) or weight <= 0:
+            return f"corpus {number}: 'weight' must be > 0, got {weight!r}"
+    return None
 
 
 @dataclass
 class DataConfig:
     train_src: str = _opt("", doc="training source file, one sentence per line")
     train_tgt: str = _opt("", doc="training target file, line-aligned with train_src")
+    train: list = _opt(
+        [],
+        check=_corpora_problem,
+        doc="instead of train_src / train_tgt, several training corpora, each a mapping "
+        "{src: FILE, tgt: FILE, weight: W} (W > 0, default 1): every epoch holds as many "
+        "pairs as all of them, drawn from each in proportion to its weight (OpenNMT-py's "
+        "weights); the vocabularies are learnt from all of them",
+    )
     valid_src: str = _opt("", doc="validation source file")
     valid_tgt: str = _opt("", doc="validation target file")
     tokenizer: str = _opt(
@@ -168,6 +208,13 @@ class DataConfig:
     )
     spm_model_tgt: str = _opt(
         "", doc="sentencepiece only: an existing model file for the target side (as spm_model)"
+    )
+    spm_sample: int = _opt(
+        1_000_000,
+        min=0,
+        doc="sentencepiece only: train each model on a random sample of this many lines of "
+        "its training text, half from each side for a joint model (1-10M are enough; 0: all "
+        "lines)",
     )
     max_src_len: int = _opt(
         50,
@@ -265,7 +312,25 @@ class ModelConfig:
 
 @dataclass
 class TrainConfig:
-    batch_size: int = _opt(64, min=1, doc="sentence pairs per batch")
+    batch_size: int = _opt(
+        64,
+        min=1,
+        doc="sentence pairs per batch, or with batch_type tokens the most tokens a batch "
+        "holds, source and target counted as its tensors hold them (rows x (source length "
+        "+ 2 + longest target + 1))",
+    )
+    batch_type: str = _opt(
+        "sents",
+        choices=("sents", "tokens"),
+        doc="what train.batch_size counts: sentence pairs, or tokens (OpenNMT-py's batch_type)",
+    )
+    shuffle: str = _opt(
+        "batches",
+        choices=("batches", "within_length"),
+        doc="batches: the batches are cut once and their order shuffled every epoch "
+        "(seq2seq-attn); within_length: the pairs of each source length are also shuffled "
+        "before the batches are cut, so each epoch's batches hold other pairs",
+    )
     epochs: int = _opt(13, min=1, doc="passes over the training data")
     max_steps: int = _opt(0, min=0, doc="stop after this many updates (0: no limit)")
     optimizer: str = _opt("sgd", choices=("sgd", "adam"), doc="sgd (seq2seq-attn) or adam")
@@ -304,6 +369,12 @@ class TrainConfig:
         doc="also write the scalars of metrics.jsonl (loss, perplexity, BLEU, learning rate, "
         "tokens/s, peak memory) as TensorBoard event files into OUT/tensorboard/ (needs the "
         "tensorboard extra: pip install 'nmt[tensorboard]')",
+    )
+    valid_sample: int = _opt(
+        0,
+        min=0,
+        doc="measure validation perplexity on this many validation pairs, a fixed random "
+        "sample (0: all)",
     )
     valid_bleu_sample: int = _opt(
         1000,
@@ -607,6 +678,10 @@ def _coerce(value: Any, typ: type, where: str) -> Any:
         if isinstance(value, str):
             return value
         raise NmtError(f"{where}: expected a string, got {value!r}")
+    if typ is list:
+        if isinstance(value, (list, tuple)):
+            return [dict(v) if isinstance(v, dict) else v for v in value]
+        raise NmtError(f"{where}: expected a list, got {value!r}")
     raise TypeError(f"unsupported config type {typ}")
 
 
@@ -700,7 +775,25 @@ def from_dict(raw: Any, source: str = "config", from_set: Collection[str] = ()) 
     _check_tied_embeddings(cfg, source, from_set)
     _check_subword_dropout(cfg, source, from_set)
     _check_given_vocabularies(cfg, source, from_set)
+    _check_token_batches(cfg, source, from_set)
+    _check_training_corpora(cfg, source, from_set)
     return cfg
+
+
+def longest_pair_tokens(data: DataConfig) -> int:
+    """The tokens of the longest pair as a batch holds it: <s> source </s>, target + 1."""
+    return data.max_src_len + 2 + data.max_tgt_len + 1
+
+
+def batch_rows(cfg: Config) -> int:
+    """The sentences of a full batch at the longest lengths: train.batch_size, or with
+    train.batch_type tokens as many longest pairs as its tokens hold. The clone executor,
+    validation and the memory plan are sized for this shape; a token batch of shorter pairs
+    holds more rows of fewer positions (no more tokens), and its buffers grow to it."""
+    t = cfg.train
+    if t.batch_type == "tokens":
+        return max(1, t.batch_size // longest_pair_tokens(cfg.data))
+    return t.batch_size
 
 
 def upgrade_saved(raw: Any) -> Any:
@@ -762,6 +855,12 @@ def _check_subword_dropout(cfg: Config, source: str, from_set: Collection[str] =
             f"{_blame(source, from_set, 'data.subword_dropout')}: needs data.tokenizer "
             f"sentencepiece (it skips subword merges), got {cfg.data.tokenizer}"
         )
+    if cfg.data.subword_dropout > 0 and len(cfg.data.train) > 1:
+        raise NmtError(
+            f"{_blame(source, from_set, 'data.subword_dropout')}: cuts one training corpus "
+            f"anew every epoch; data.train lists {len(cfg.data.train)} (weighted corpora and "
+            "BPE-dropout do not combine)"
+        )
     if cfg.data.subword_dropout > 0 and cfg.data.subword_model != "bpe":
         raise NmtError(
             f"{_blame(source, from_set, 'data.subword_dropout')}: needs data.subword_model "
@@ -795,6 +894,37 @@ def _check_given_vocabularies(cfg: Config, source: str, from_set: Collection[str
         raise NmtError(
             f"{where}: train.init_from brings the checkpoint's own vocabularies; leave "
             f"data.{given[0]} empty"
+        )
+
+
+def _check_training_corpora(cfg: Config, source: str, from_set: Collection[str] = ()) -> None:
+    """Training corpora come from data.train or from data.train_src / train_tgt, not both."""
+    d = cfg.data
+    if d.train and (d.train_src or d.train_tgt):
+        given = "data.train_src" if d.train_src else "data.train_tgt"
+        raise NmtError(
+            f"{_blame(source, from_set, 'data.train')}: give the training corpora either "
+            f"here or as data.train_src / data.train_tgt, not both ({given} is set)"
+        )
+
+
+def _check_token_batches(cfg: Config, source: str, from_set: Collection[str] = ()) -> None:
+    """A token batch must hold the longest pair, and a micro-batch at least a row of it."""
+    t = cfg.train
+    if t.batch_type != "tokens":
+        return
+    longest = longest_pair_tokens(cfg.data)
+    if t.batch_size < longest:
+        raise NmtError(
+            f"{_blame(source, from_set, 'train.batch_size')}: {t.batch_size} tokens (train."
+            f"batch_type tokens) cannot hold the longest pair, {longest} tokens (data."
+            "max_src_len + 2 + data.max_tgt_len + 1)"
+        )
+    if t.accum_steps > batch_rows(cfg):
+        raise NmtError(
+            f"{_blame(source, from_set, 'train.accum_steps')}: {t.accum_steps} micro-batches "
+            f"of a batch of {t.batch_size} tokens, {batch_rows(cfg)} longest pairs, leave "
+            "some empty"
         )
 
 
@@ -836,7 +966,7 @@ def _check_memory_keys(train: TrainConfig, source: str) -> None:
                 f"{source}: key 'train.{key}': partial recompute needs train.prealloc "
                 f"{policies.DEFAULT}, got {train.prealloc}"
             )
-    if train.accum_steps > train.batch_size:
+    if train.batch_type == "sents" and train.accum_steps > train.batch_size:
         raise NmtError(
             f"{source}: key 'train.accum_steps': {train.accum_steps} micro-batches of a batch "
             f"of {train.batch_size} sentences (train.batch_size) leave some empty"
@@ -996,11 +1126,18 @@ def shown_path(value: str | Path) -> str:
 
 
 def check_data_files(cfg: Config, source: str, from_set: Collection[str] = ()) -> None:
-    """The four data files exist and are readable files. Relative paths are taken from the
-    working directory, as every other path on the command line."""
-    for key in DATA_FILE_KEYS:
-        value = getattr(cfg.data, key)
-        where = _blame(source, from_set, f"data.{key}")
+    """The data files exist and are readable files: the validation pair and the training
+    pair, or every corpus of data.train. Relative paths are taken from the working
+    directory, as every other path on the command line."""
+    files = [(f"data.{key}", "", getattr(cfg.data, key)) for key in DATA_FILE_KEYS]
+    if cfg.data.train:
+        files = files[2:] + [
+            ("data.train", f" (corpus {n}, {side})", getattr(corpus, side))
+            for n, corpus in enumerate(training_corpora(cfg.data), 1)
+            for side in ("src", "tgt")
+        ]
+    for dotted, which, value in files:
+        where = _blame(source, from_set, dotted) + which
         if not value:
             raise NmtError(f"{where} is required")
         p = Path(value)
@@ -1010,6 +1147,13 @@ def check_data_files(cfg: Config, source: str, from_set: Collection[str] = ()) -
             raise NmtError(f"{where}: file not found: {shown_path(value)}")
         if not os.access(p, os.R_OK):
             raise NmtError(f"{where}: file not readable: {shown_path(value)}")
+
+
+def training_corpora(data: DataConfig) -> list[TrainingCorpus]:
+    """The training corpora: data.train's, or the one of data.train_src / train_tgt."""
+    if not data.train:
+        return [TrainingCorpus(data.train_src, data.train_tgt)]
+    return [TrainingCorpus(c["src"], c["tgt"], float(c.get("weight", 1.0))) for c in data.train]
 
 
 def overridden_keys(overrides: list[str]) -> set[str]:
@@ -1054,7 +1198,9 @@ def reference_markdown() -> str:
                 doc += ": " + more()
             if choices := choices_of(meta):
                 doc += f" ({' / '.join(choices)})"
-            default = "required" if section == "data" and f.name in DATA_FILE_KEYS else f.default
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            if section == "data" and f.name in DATA_FILE_KEYS:
+                default = "required"
             lines.append(f"| `{f.name}` | `{default}` | {doc} |")
         lines.append("")
     return "\n".join(lines)

@@ -64,7 +64,8 @@ from nmt import policies, precisions, wide_linear
 from nmt.config import all_keys, apply_overrides, from_dict
 from nmt.cpu_features import describe as describe_cpu
 from nmt.cuda_graphs import GraphCache
-from nmt.data.batching import Batch, epoch_order, make_batches
+from nmt.data.batch_index import BatchRule, EpochBatches
+from nmt.data.batching import Batch, epoch_order
 from nmt.data.corpus import load_corpus
 from nmt.data.vocab import PAD
 from nmt.devices import setup_device
@@ -345,7 +346,7 @@ def run(args: argparse.Namespace, stack: contextlib.ExitStack) -> None:
         batches = random_batches(n, args.batch, args.fixed_length, vocab)
         order = list(range(n))
     else:
-        batches = make_batches(corpus.train, args.batch)
+        batches = EpochBatches(corpus.train, BatchRule(args.batch))
         order = epoch_order(len(batches), 3435, 1)[:n]
     order = order * (n // len(order) + 1)  # a tiny corpus: go round again
     batches = [batches[i] for i in order[:n]]

@@ -116,6 +116,33 @@ def line_count_mismatch(tmp: Path):
     return ["train", "--config", str(cfg), "--out", str(tmp / "r")], ["a.src", "a.tgt", "3", "2"]
 
 
+def write_corpora_config(tmp: Path, corpora: list[tuple[str, str, float]]) -> Path:
+    """A config whose training data are the weighted corpora `data.train` lists."""
+    listed = ", ".join(f"{{src: {s}, tgt: {t}, weight: {w}}}" for s, t, w in corpora)
+    path = write_config(tmp)
+    text = path.read_text(encoding="utf-8")
+    text = text.replace(f"  train_src: {TOY / 'train.src'}\n", f"  train: [{listed}]\n")
+    path.write_text(text.replace(f"  train_tgt: {TOY / 'train.tgt'}\n", ""), encoding="utf-8")
+    return path
+
+
+def weight_not_positive(tmp: Path):
+    toy = (str(TOY / "train.src"), str(TOY / "train.tgt"))
+    cfg = write_corpora_config(tmp, [(*toy, 2), (*toy, 0)])
+    args = ["train", "--config", str(cfg), "--out", str(tmp / "r")]
+    return args, ["c.yaml: key 'data.train'", "corpus 2: 'weight' must be > 0, got 0"]
+
+
+def weighted_corpora_of_different_line_counts(tmp: Path):
+    src = write(tmp / "a.src", "one two\nthree\nfour\n")
+    tgt = write(tmp / "a.tgt", "eins zwei\ndrei\n")
+    cfg = write_corpora_config(
+        tmp, [(str(TOY / "train.src"), str(TOY / "train.tgt"), 1), (src, tgt, 1)]
+    )
+    args = ["train", "--config", str(cfg), "--out", str(tmp / "r")]
+    return args, [f"{src} has 3 lines but {tgt} has 2"]
+
+
 def empty_after_filter(tmp: Path):
     cfg = write_config(tmp)
     args = ["train", "--config", str(cfg), "--out", str(tmp / "r"), "--set", "data.max_src_len=1"]
@@ -296,6 +323,8 @@ CASES = [
     missing_data_file,
     unreadable_data_file,
     line_count_mismatch,
+    weight_not_positive,
+    weighted_corpora_of_different_line_counts,
     empty_after_filter,
     validation_empty_after_filter,
     undecodable_bytes,
@@ -587,7 +616,7 @@ def test_a_checkpoint_unlike_its_own_config_is_one_line_everywhere(tmp_path, cha
     edit, needle = WEIGHT_CHANGES[change]
     bad = tampered(tmp_path, out, edit)
     src = write(tmp_path / "in.src", "one .\n")
-    before = {p: p.read_bytes() for p in out.iterdir()}
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
     for args in (
         ["translate", "-m", bad, "--src", src, "--no-progress"],
         ["train", "--config", str(cfg), "--out", str(tmp_path / "again"), "--resume", bad],
@@ -597,7 +626,7 @@ def test_a_checkpoint_unlike_its_own_config_is_one_line_everywhere(tmp_path, cha
         result = run(*args)
         assert_one_line_error(result, "bad.pt: the model weights do not match", needle)
     assert not (tmp_path / "avg.pt").exists()
-    assert {p: p.read_bytes() for p in out.iterdir()} == before
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
 
 
 def test_the_source_and_the_model_are_not_written_over(tmp_path):
@@ -742,13 +771,13 @@ def test_a_run_directory_is_written_over_only_with_force(tmp_path):
     assert_one_line_error(result, f"{keep}: already holds a run (model.pt); pass --force")
     (tmp_path / "second").mkdir()
     _, other = trained_run(tmp_path / "second")
-    before = {p: p.read_bytes() for p in other.iterdir()}
+    before = {p: p.read_bytes() for p in other.rglob("*") if p.is_file()}
     into_other = ["--resume", str(out / "last.pt"), "--out", str(other), "--no-progress"]
     from_best = ["--resume", str(other / "model.pt"), "--no-progress"]
     for args in (into_other, from_best):
         result = run("train", *args, "--set", "train.max_steps=3")
         assert_one_line_error(result, f"{other}: holds a last.pt that resuming", "--force")
-    assert {p: p.read_bytes() for p in other.iterdir()} == before
+    assert {p: p.read_bytes() for p in other.rglob("*") if p.is_file()} == before
     assert run("train", *into_other, "--set", "train.max_steps=3", "--force").exit_code == 0
     assert torch.load(other / "last.pt", weights_only=True)["step"] == 3
 

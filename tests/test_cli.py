@@ -162,7 +162,9 @@ def test_translate_rejects_non_checkpoint(tmp_path):
     assert_clean_error(proc, str(bogus), "checkpoint")
 
 
-@pytest.mark.parametrize("command", [[], ["train"], ["translate"], ["average"], ["memreport"]])
+@pytest.mark.parametrize(
+    "command", [[], ["train"], ["translate"], ["average"], ["memreport"], ["prepare"]]
+)
 def test_help_shows_no_value_for_on_off_flags(command):
     """On/off flags (--force, --help, ...) show no value, as if each took one; the options
     that take one show what it is, in words."""
@@ -179,6 +181,7 @@ def test_help_shows_no_value_for_on_off_flags(command):
         "translate": ["--ref PATH", "--beam-size N"],
         "average": ["-o, --output PATH"],
         "memreport": ["-c, --config PATH", "--budget SIZE"],
+        "prepare": ["-s, --set KEY=VALUE", "--out PATH"],
     }
     for column in takes_a_value.get(" ".join(command), []):
         assert column in result.output, column

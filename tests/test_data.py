@@ -178,7 +178,7 @@ def test_load_corpus_word_length_filter_and_summary(tmp_path):
     # like preprocess.py, the vocabulary only counts the pairs that pass the filter.
     assert corpus.src_tokenizer.pieces[4:] == ["a", "b"]
     assert corpus.tgt_tokenizer.pieces[4:] == ["x", "y"]
-    assert corpus.train == [([4, 5], [4]), ([5, 4], [5])] == corpus.valid
+    assert corpus.train.examples() == [([4, 5], [4]), ([5, 4], [5])] == corpus.valid
     assert sum("dropped 2 of 4 pairs" in m for m in logs) == 1  # training's
     assert sum(m.startswith("warning: 2 of 4 validation pairs") for m in logs) == 1
     assert "2 train / 2 valid pairs" in logs[-1] and "source 6, target 6" in logs[-1]
@@ -195,7 +195,7 @@ def test_load_corpus_reuses_given_tokenizers(tmp_path):
         tokenizers=(first.src_tokenizer, first.tgt_tokenizer),
     )
     assert again.src_tokenizer is first.src_tokenizer
-    assert again.train == [
+    assert again.train.examples() == [
         ([first.src_tokenizer.piece_to_id("c")] * 3, [first.tgt_tokenizer.piece_to_id("y")] * 2)
     ]
 

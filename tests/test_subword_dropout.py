@@ -1,5 +1,6 @@
 """BPE-dropout (`data.subword_dropout`): an epoch's cut depends only on (seed, epoch), keeps
-the text, differs from the plain cut; a run with it resumes exactly; words refuse it."""
+the text, differs from the plain cut, is streamed from the files a chunk at a time; a run
+with it resumes exactly; words refuse it."""
 
 from __future__ import annotations
 
@@ -90,6 +91,7 @@ def test_a_run_with_subword_dropout_resumes_exactly(tmp_path):
     train(straight, tmp_path / "straight", log=logged.append, progress=False)
     cuts = [line for line in logged if "cut with BPE-dropout 0.1" in line]
     assert [line.split(":")[0] for line in cuts] == ["epoch 1", "epoch 2", "epoch 3"]
+    assert not list((tmp_path / "straight").glob(".cuts-*"))  # removed when the run ends
     quiet = {"log": lambda _: None, "progress": False}
     first = load_config(run_config(tmp_path), [*keys, "train.max_steps=50"])
     train(first, tmp_path / "run", **quiet)
@@ -99,3 +101,40 @@ def test_a_run_with_subword_dropout_resumes_exactly(tmp_path):
     assert a["step"] == b["step"] == 80 and a["epoch"] == 3
     for key, value in a["model"].items():
         assert torch.equal(value, b["model"][key]), key
+
+
+def test_epoch_cuts_stream_the_files_and_cut_as_sampled_pairs_does(
+    tmp_path, pairs_and_tokenizer, monkeypatch
+):
+    """The cut made from the files a chunk at a time, in a thread of its own, is the one
+    `sampled_pairs` makes of the pairs in memory (length-filtered); the next epoch's cut is
+    made ahead, only two epochs' cuts are ever on disk, and `close` removes them."""
+    from nmt.config import DataConfig
+    from nmt.data import reading
+    from nmt.data.sampling import EpochCuts
+
+    monkeypatch.setattr(reading, "CHUNK_PAIRS", 64)
+    pairs, tok = pairs_and_tokenizer
+    for side, lines in (("src", [s for s, _ in pairs]), ("tgt", [t for _, t in pairs])):
+        (tmp_path / f"t.{side}").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    cfg = DataConfig(
+        train_src=str(tmp_path / "t.src"),
+        train_tgt=str(tmp_path / "t.tgt"),
+        max_src_len=12,
+        subword_dropout=0.1,
+    )
+    cuts = EpochCuts(cfg, (tok, tok), seed=3, last_epoch=3, where=tmp_path)
+    expected = [
+        (s, t)
+        for s, t in sampled_pairs(pairs, tok, tok, 0.1, seed=3, epoch=2)
+        if len(s) <= 12 and len(t) <= 50
+    ]
+    first, seen = cuts.pairs(1)
+    assert seen == len(pairs) and cuts._ahead[0] == 2  # epoch 2's cut is under way
+    second, _ = cuts.pairs(2)
+    assert second.examples() == expected and len(expected) < len(pairs)
+    assert first.examples() != second.examples()
+    cuts.pairs(3)
+    assert sorted(p.name for p in cuts.folder.iterdir()) == ["epoch3"]  # nothing past 3
+    cuts.close()
+    assert [p for p in tmp_path.iterdir() if p.name.startswith(".cuts-")] == []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -171,8 +172,13 @@ def test_load_corpus_caches_sentencepiece_models_in_run_dir(tmp_path):
     assert (len(corpus.src_tokenizer), len(corpus.tgt_tokenizer)) == (80, 90)
     logs: list[str] = []
     again = load_corpus(cfg, run, log=logs.append)
+    assert any("prepared corpus" in m and "is reused" in m for m in logs)  # models and all
+    assert again.train.examples() == corpus.train.examples() and again.valid == corpus.valid
+    shutil.rmtree(run / "prepared")  # the corpus is encoded anew, by the cached models
+    logs.clear()
+    again = load_corpus(cfg, run, log=logs.append)
     assert sum("reusing" in m for m in logs) == 2
-    assert again.train == corpus.train and again.valid == corpus.valid
+    assert again.train.examples() == corpus.train.examples() and again.valid == corpus.valid
 
     joint_cfg = DataConfig(**{**cfg.__dict__, "joint_vocab": True, "tgt_vocab_size": 80})
     joint = load_corpus(joint_cfg, run, log=lambda _: None)
@@ -193,13 +199,13 @@ def test_data_subword_model_unigram_trains_a_unigram_model_and_the_cache_knows_i
     assert any("was trained on model type bpe, not unigram" in m for m in logs)
     key = json.loads(key_path(run / "spm.joint.model").read_text(encoding="utf-8"))
     assert key["options"]["model_type"] == "unigram"
-    assert unigram.train != bpe.train  # other pieces
+    assert unigram.train.examples() != bpe.train.examples()  # other pieces
     tok = unigram.tgt_tokenizer
     for line in toy_lines("valid.tgt", 200):
         assert tok.decode(tok.encode(line)) == " ".join(line.split())
     logs.clear()
     load_corpus(unigram_cfg, run, log=logs.append)
-    assert any("reusing" in m for m in logs)
+    assert any("is reused" in m for m in logs)
 
 
 # ---- state_dict ----------------------------------------------------------------------------

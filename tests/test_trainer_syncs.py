@@ -54,6 +54,7 @@ def test_batches_reach_a_gpu_pinned_and_without_waiting(monkeypatch, tmp_path):
     device that does not sync the host: test_opcount), each batch sent before the one
     before it is used. CPU torch cannot pin: the two calls are recorded, not run."""
     t = trainer(tmp_path)
+    batches = t.train_batches[:3]  # built from the corpus's index before `to` is replaced
     calls: list[tuple[str, int, object]] = []
     monkeypatch.setattr(
         torch.Tensor, "pin_memory", lambda x: calls.append(("pin", id(x), None)) or x
@@ -64,7 +65,6 @@ def test_batches_reach_a_gpu_pinned_and_without_waiting(monkeypatch, tmp_path):
         return x
 
     monkeypatch.setattr(torch.Tensor, "to", to)
-    batches = t.train_batches[:3]
     feed = on_device(iter(batches), torch.device("cuda", 0))
     first = next(feed)
     sent = [c for c in calls if c[0] == "to"]

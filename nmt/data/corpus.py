@@ -1,14 +1,37 @@
-"""From the data section of a config to token ids: read, build tokenizers, encode, filter."""
+"""From the data section of a config to token ids: read, build tokenizers, encode, filter.
+
+The training pairs are streamed from their files a block at a time and kept as the arrays of
+a prepared corpus (`nmt.data.prepared`), built once and memory-mapped by every later start;
+the validation pairs, a small file read at every start, as Python lists.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import random
+import shutil
+import tempfile
+from collections import Counter
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from itertools import chain
 from pathlib import Path
+from typing import Any
 
-from nmt.config import DataConfig, shown_path
+import numpy as np
+
+from nmt.config import DataConfig, shown_path, training_corpora
 from nmt.data.batching import Example
-from nmt.data.reading import read_parallel
+from nmt.data.prepared import (
+    FOLDER,
+    FORMAT,
+    PreparedPairs,
+    fingerprint,
+    in_memory,
+    open_prepared,
+    tokenizers_digest,
+    write_prepared,
+)
+from nmt.data.reading import parallel_chunks, read_parallel
 from nmt.data.tokenizers import (
     SentencePieceTokenizer,
     Tokenizer,
@@ -16,49 +39,107 @@ from nmt.data.tokenizers import (
     WordTokenizer,
     cached_sentencepiece,
 )
+from nmt.data.word_workers import count_chunk, encode_chunk, ordered_map, start_encoding
 from nmt.errors import NmtError
+from nmt.threads import allowed_cores
 
 Log = Callable[[str], None]
+PARALLEL_BYTES = 64 << 20  # training files larger than this: a process per core for words
+SAMPLE_SEED = 20_160_601  # the sentencepiece sample depends on the text only, never on train.seed
 
 
 @dataclass
 class Corpus:
-    """Everything training needs from the data: the two tokenizers and the encoded pairs,
-    the validation text (every non-blank pair, before the length filter) for BLEU, and with
-    data.subword_dropout the training text, cut anew every epoch (`nmt.data.sampling`)."""
+    """Everything training needs from the data: the two tokenizers and the encoded training
+    pairs (`PreparedPairs`, arrays), the validation pairs and their text (every non-blank
+    pair, before the length filter) for BLEU. With data.subword_dropout each epoch's cut is
+    made from the training files (`nmt.data.sampling.EpochCuts`)."""
 
     src_tokenizer: Tokenizer
     tgt_tokenizer: Tokenizer
-    train: list[Example]
+    train: PreparedPairs
     valid: list[Example]
     valid_text: list[tuple[str, str]] = field(default_factory=list)
-    train_text: list[tuple[str, str]] = field(default_factory=list)
+
+
+def training_files(cfg: DataConfig) -> list[tuple[str, str]]:
+    """The (source, target) files of every training corpus, in order (weights aside: they
+    change which pairs an epoch draws, not what is encoded)."""
+    return [(c.src, c.tgt) for c in training_corpora(cfg)]
+
+
+def corpus_key(cfg: DataConfig) -> dict[str, Any]:
+    """What a prepared corpus is a function of (`nmt.data.prepared`): the training files and
+    the settings of the tokenizers and the length filter."""
+    return {
+        "format": FORMAT,
+        "train": [{"src": fingerprint(s), "tgt": fingerprint(t)} for s, t in training_files(cfg)],
+        **{
+            name: getattr(cfg, name)
+            for name in (
+                "tokenizer",
+                "src_vocab_size",
+                "tgt_vocab_size",
+                "joint_vocab",
+                "subword_model",
+                "spm_sample",
+                "max_src_len",
+                "max_tgt_len",
+            )
+        },
+    }
+
+
+class Reservoir:
+    """A uniform random sample of at most `size` lines of a stream (all of them, in order,
+    when it has no more; `size` 0: all), drawn the same way for the same stream."""
+
+    def __init__(self, size: int, seed: int = SAMPLE_SEED):
+        self.size, self.rng, self.lines, self.seen = size, random.Random(seed), [], 0
+
+    def add(self, lines: list[str]) -> None:
+        room = self.size - len(self.lines) if self.size else len(lines)
+        self.lines.extend(lines[:room])
+        self.seen += min(room, len(lines))
+        for line in lines[room:]:
+            self.seen += 1
+            slot = self.rng.randrange(self.seen)
+            if slot < self.size:
+                self.lines[slot] = line
 
 
 def build_tokenizers(
-    cfg: DataConfig, pairs: list[tuple[str, str]], run_dir: Path | None, log: Log = print
+    cfg: DataConfig, run_dir: Path | None, log: Log = print
 ) -> tuple[Tokenizer, Tokenizer]:
-    """Tokenizers learnt from the training pairs.
+    """Tokenizers learnt from the training corpora, read once in blocks.
 
     word: like preprocess.py, only pairs within the length limits are counted (for words
-    the token count is known before the vocabulary is). sentencepiece: all pairs, since
-    lengths are only known after; the models are cached in `run_dir` and reused from there
-    while they match the text, vocabulary size and options (`cached_sentencepiece`). A model
-    file the config names (`data.spm_model`, `data.spm_model_src` / `_tgt`) is used as it is.
+    the token count is known before the vocabulary is). sentencepiece: a random sample of
+    data.spm_sample lines of each side (half from each side for a joint model; all lines
+    when there are fewer), since lengths are only known after; the models are cached in
+    `run_dir` and reused from there while they match the sample, vocabulary size and options
+    (`cached_sentencepiece`). A model file the config names (`data.spm_model`,
+    `data.spm_model_src` / `_tgt`) is used as it is.
     """
+    files = training_files(cfg)
     if cfg.tokenizer == "word":
         if cfg.joint_vocab:
             log("data.joint_vocab applies to sentencepiece only; word vocabularies stay separate")
         if cfg.subword_model != "bpe":
             log(f"data.subword_model {cfg.subword_model} applies to sentencepiece only")
-        kept = [
-            (s, t)
-            for s, t in pairs
-            if len(s.split()) <= cfg.max_src_len and len(t.split()) <= cfg.max_tgt_len
-        ]
+        counts: tuple[Counter[str], Counter[str]] = (Counter(), Counter())
+        for src_path, tgt_path in files:
+            seen = kept = 0
+            jobs = _jobs(cfg, src_path, tgt_path, log)
+            for src_counts, tgt_counts, n, k in _word_map(cfg, count_chunk, jobs, log):
+                counts[0].update(src_counts)  # in chunk order: first occurrences keep theirs
+                counts[1].update(tgt_counts)
+                seen, kept = seen + n, kept + k
+            if not kept:  # refused before anything is written (encoding would refuse it too)
+                _filtered(cfg, seen, kept, src_path, tgt_path, "training", log)
         return (
-            WordTokenizer.build((s for s, _ in kept), cfg.src_vocab_size),
-            WordTokenizer.build((t for _, t in kept), cfg.tgt_vocab_size),
+            WordTokenizer.from_counts(counts[0], cfg.src_vocab_size),
+            WordTokenizer.from_counts(counts[1], cfg.tgt_vocab_size),
         )
 
     def cache(name: str) -> Path | None:
@@ -75,22 +156,35 @@ def build_tokenizers(
     if cfg.spm_model:
         joint = given_sentencepiece(cfg, "spm_model", log)
         return joint, joint
-    src_lines = [s for s, _ in pairs]
-    tgt_lines = [t for _, t in pairs]
     src_given = given_sentencepiece(cfg, "spm_model_src", log) if cfg.spm_model_src else None
     tgt_given = given_sentencepiece(cfg, "spm_model_tgt", log) if cfg.spm_model_tgt else None
-    if cfg.joint_vocab:
-        if cfg.src_vocab_size != cfg.tgt_vocab_size:
-            raise NmtError(
-                f"data.joint_vocab: one model serves both sides, so data.src_vocab_size "
-                f"({cfg.src_vocab_size}) must equal data.tgt_vocab_size "
-                f"({cfg.tgt_vocab_size})"
+    if src_given is not None and tgt_given is not None:
+        return src_given, tgt_given
+    if cfg.joint_vocab and cfg.src_vocab_size != cfg.tgt_vocab_size:
+        raise NmtError(
+            f"data.joint_vocab: one model serves both sides, so data.src_vocab_size "
+            f"({cfg.src_vocab_size}) must equal data.tgt_vocab_size "
+            f"({cfg.tgt_vocab_size})"
+        )
+    n = cfg.spm_sample
+    sizes = ((n + 1) // 2, n // 2) if cfg.joint_vocab and n else (n, n)
+    samples = (Reservoir(sizes[0]), Reservoir(sizes[1]))
+    for src_path, tgt_path in files:
+        for chunk in parallel_chunks(src_path, tgt_path, log):
+            samples[0].add([s for s, _ in chunk])
+            samples[1].add([t for _, t in chunk])
+    for side, sample in zip(("source", "target"), samples, strict=True):
+        if len(sample.lines) < sample.seen:
+            log(
+                f"sentencepiece: trained on {len(sample.lines)} of the {sample.seen} {side} "
+                f"lines, a random sample (data.spm_sample {cfg.spm_sample})"
             )
-        joint = trained("joint", src_lines + tgt_lines, "src_vocab_size")
+    if cfg.joint_vocab:
+        joint = trained("joint", samples[0].lines + samples[1].lines, "src_vocab_size")
         return joint, joint
     return (
-        src_given or trained("src", src_lines, "src_vocab_size"),
-        tgt_given or trained("tgt", tgt_lines, "tgt_vocab_size"),
+        src_given or trained("src", samples[0].lines, "src_vocab_size"),
+        tgt_given or trained("tgt", samples[1].lines, "tgt_vocab_size"),
     )
 
 
@@ -113,6 +207,133 @@ def given_sentencepiece(cfg: DataConfig, key: str, log: Log) -> SentencePieceTok
         raise NmtError(f"data.{key}: {exc}{hint}") from None
     log(f"sentencepiece: data.{key} {path} ({len(tok)} pieces, used as it is)")
     return tok
+
+
+def _jobs(cfg: DataConfig, src_path: str, tgt_path: str, log: Log) -> Iterator[tuple]:
+    return (
+        (chunk, cfg.max_src_len, cfg.max_tgt_len)
+        for chunk in parallel_chunks(src_path, tgt_path, log)
+    )
+
+
+def word_workers(cfg: DataConfig) -> int:
+    """The processes that count and encode a word corpus: one per allowed core when the
+    training files hold more than `PARALLEL_BYTES` (below, starting them costs more than
+    they save), else 1 (this process)."""
+    size = sum(Path(f).stat().st_size for pair in training_files(cfg) for f in pair)
+    return allowed_cores() if size > PARALLEL_BYTES else 1
+
+
+def _word_map(cfg: DataConfig, fn: Callable, jobs: Iterator, log: Log, **init: Any) -> Iterator:
+    """`fn` of every job in order: on worker processes where they pay, else here."""
+    workers = word_workers(cfg)
+    if workers > 1:
+        initializer = start_encoding if init else None
+        initargs = (init["src"], init["tgt"]) if init else ()
+        results = ordered_map(fn, jobs, workers, log, initializer, initargs)
+        if results is not None:
+            return results
+    if init:
+        start_encoding(init["src"], init["tgt"])
+    return map(fn, jobs)
+
+
+def encoded_chunks(
+    cfg: DataConfig, src_path: str, tgt_path: str, tokenizers: tuple[Tokenizer, Tokenizer], log: Log
+) -> Iterator[list[np.ndarray]]:
+    """The pairs of one training corpus, encoded and length-filtered, a chunk at a time, as
+    [source ids, source lengths, target ids, target lengths]; the log says how many were
+    too long, and a corpus with none short enough is refused. Word vocabularies encode on
+    a process per core (`nmt.data.word_workers`), sentencepiece on its own threads."""
+    src_tok, tgt_tok = tokenizers
+    jobs = _jobs(cfg, src_path, tgt_path, log)
+    if isinstance(src_tok, WordTokenizer) and isinstance(tgt_tok, WordTokenizer):
+        results = _word_map(cfg, encode_chunk, jobs, log, src=src_tok.pieces, tgt=tgt_tok.pieces)
+    else:
+        results = (_encode_here(job, tokenizers) for job in jobs)
+    seen = kept = 0
+    for arrays, n in results:
+        seen, kept = seen + n, kept + len(arrays[1])
+        yield arrays
+    _filtered(cfg, seen, kept, src_path, tgt_path, "training", log)
+
+
+def _encode_here(
+    job: tuple, tokenizers: tuple[Tokenizer, Tokenizer]
+) -> tuple[list[np.ndarray], int]:
+    """`encode_chunk` with any tokenizers, in this process."""
+    pairs, max_src, max_tgt = job
+    src = tokenizers[0].encode_batch([s for s, _ in pairs])
+    tgt = tokenizers[1].encode_batch([t for _, t in pairs])
+    keep = [i for i in range(len(pairs)) if len(src[i]) <= max_src and len(tgt[i]) <= max_tgt]
+    arrays = []
+    for rows in ([src[i] for i in keep], [tgt[i] for i in keep]):
+        lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
+        arrays += [np.fromiter(chain.from_iterable(rows), dtype=np.int64), lengths]
+    return arrays, len(pairs)
+
+
+def _filtered(
+    cfg: DataConfig, seen: int, kept: int, src: str, tgt: str, name: str, log: Log
+) -> None:
+    if not kept:
+        limits = f"data.max_src_len {cfg.max_src_len}, data.max_tgt_len {cfg.max_tgt_len}"
+        raise NmtError(
+            f"{src} / {tgt}: all {seen} {name} pairs are longer than the length "
+            f"limits ({limits} tokens); raise them or use shorter sentences"
+        )
+    if kept < seen:
+        log(
+            f"dropped {seen - kept} of {seen} pairs from {src} longer "
+            f"than {cfg.max_src_len} source / {cfg.max_tgt_len} target tokens"
+        )
+
+
+def reused_training(
+    cfg: DataConfig,
+    run_dir: Path | None,
+    log: Log = print,
+    tokenizers: tuple[Tokenizer, Tokenizer] | None = None,
+) -> tuple[PreparedPairs, tuple[Tokenizer, Tokenizer]] | None:
+    """The training pairs prepared in `run_dir` (`nmt.data.prepared`) and their tokenizers,
+    when the key matches and, given `tokenizers`, they are the ones it was encoded with."""
+    if run_dir is None:
+        return None
+    folder = Path(run_dir) / FOLDER
+    if (found := open_prepared(folder, corpus_key(cfg), log)) is None:
+        return None
+    pairs, cached, digest = found
+    if tokenizers is not None and tokenizers_digest(*tokenizers) != digest:
+        log(
+            f"data: {folder} was encoded with tokenizers other than the checkpoint's; "
+            "preparing the corpus anew"
+        )
+        return None
+    log(f"data: the prepared corpus {folder} ({len(pairs)} pairs) is reused")
+    return pairs, tokenizers or cached
+
+
+def prepare_training(
+    cfg: DataConfig, run_dir: Path | None, tokenizers: tuple[Tokenizer, Tokenizer], log: Log
+) -> PreparedPairs:
+    """Encode the training corpora with `tokenizers` into `run_dir`'s prepared corpus and
+    map it; without a run directory, in a temporary one read back into memory."""
+    key = corpus_key(cfg)
+    folder = None if run_dir is None else Path(run_dir) / FOLDER
+    target = folder or Path(tempfile.mkdtemp(prefix="nmt-prepared-")) / FOLDER
+    try:
+        corpora = (encoded_chunks(cfg, s, t, tokenizers, log) for s, t in training_files(cfg))
+        write_prepared(target, key, tokenizers, corpora, max(cfg.max_src_len, cfg.max_tgt_len))
+        found = open_prepared(target, key, log)
+        if found is None:
+            raise NmtError(f"{target}: the prepared corpus just written cannot be read back")
+        pairs = found[0] if folder is not None else in_memory(found[0])
+    finally:
+        if folder is None:
+            shutil.rmtree(target.parent, ignore_errors=True)
+    if folder is not None:
+        log(f"data: prepared {len(pairs)} training pairs in {folder}")
+    return pairs
 
 
 def encode_pairs(
@@ -161,36 +382,26 @@ def load_corpus(
     log: Log = print,
     tokenizers: tuple[Tokenizer, Tokenizer] | None = None,
 ) -> Corpus:
-    """Read train/valid, build (or reuse) tokenizers from the training side, encode, filter."""
-    train_pairs = read_parallel(cfg.train_src, cfg.train_tgt, log)
+    """The training pairs, prepared once (`reused_training`, else `prepare_training` with
+    the given tokenizers or ones built from the corpus), and the validation pairs, read,
+    encoded and filtered - before the training corpus is prepared, so that a refused
+    validation set leaves nothing written."""
+    reused = reused_training(cfg, run_dir, log, tokenizers)
+    if reused is not None:
+        train, tokenizers = reused
+    elif tokenizers is None:
+        tokenizers = build_tokenizers(cfg, run_dir, log)
+    src_tok, tgt_tok = tokenizers
     valid_pairs = read_parallel(cfg.valid_src, cfg.valid_tgt, log)
-    if tokenizers is None:
-        src_tok, tgt_tok = build_tokenizers(cfg, train_pairs, run_dir, log)
-    else:
-        src_tok, tgt_tok = tokenizers
-    limits = f"data.max_src_len {cfg.max_src_len}, data.max_tgt_len {cfg.max_tgt_len}"
     unit = "words" if src_tok.kind == "word" else "pieces"  # what the limits count
-    splits = {}
-    for name, src, tgt, pairs in (
-        ("training", cfg.train_src, cfg.train_tgt, train_pairs),
-        ("validation", cfg.valid_src, cfg.valid_tgt, valid_pairs),
-    ):
-        encoded = encode_pairs(pairs, src_tok, tgt_tok)
-        if name == "validation":
-            examples = validation_filter(encoded, cfg, src, unit, log)
-        else:
-            examples = length_filter(encoded, cfg.max_src_len, cfg.max_tgt_len, src, log)
-        if not examples:
-            raise NmtError(
-                f"{src} / {tgt}: all {len(pairs)} {name} pairs are longer than the length "
-                f"limits ({limits} tokens); raise them or use shorter sentences"
-            )
-        splits[name] = examples
+    encoded = encode_pairs(valid_pairs, src_tok, tgt_tok)
+    valid = validation_filter(encoded, cfg, cfg.valid_src, unit, log)
+    if not valid:
+        _filtered(cfg, len(valid_pairs), 0, cfg.valid_src, cfg.valid_tgt, "validation", log)
+    if reused is None:
+        train = prepare_training(cfg, run_dir, tokenizers, log)
     log(
-        f"data: {len(splits['training'])} train / {len(splits['validation'])} valid pairs, "
+        f"data: {len(train)} train / {len(valid)} valid pairs, "
         f"{src_tok.kind} vocabularies: source {len(src_tok)}, target {len(tgt_tok)}"
     )
-    train_text = train_pairs if cfg.subword_dropout > 0 else []
-    return Corpus(
-        src_tok, tgt_tok, splits["training"], splits["validation"], valid_pairs, train_text
-    )
+    return Corpus(src_tok, tgt_tok, train, valid, valid_pairs)

@@ -14,12 +14,15 @@ One set of rules for every text `nmt` reads, training corpora and translation in
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from itertools import chain, islice, zip_longest
 from pathlib import Path
 from typing import BinaryIO, TextIO
 
 from nmt.errors import NmtError, not_utf8, not_utf8_in
 
 BOM = "\ufeff"
+BLOCK_BYTES = 1 << 24  # read at a time by `line_blocks`: 16 MiB, whatever the file's size
+CHUNK_PAIRS = 1 << 16  # pairs handed on at a time by `parallel_chunks`
 
 
 def read_lines(path: str | Path) -> list[str]:
@@ -85,3 +88,91 @@ def read_parallel(
     if dropped:
         log(f"dropped {dropped} blank pairs from {src_path} / {tgt_path}")
     return pairs
+
+
+def line_blocks(path: str | Path) -> Iterator[list[str]]:
+    """The lines of a file by the rules of `read_lines`, a block of whole lines at a time, so
+    that a file of any size is read in bounded memory (`BLOCK_BYTES` and the lines in it)."""
+    path = Path(path)
+    try:
+        handle = open(path, "rb")  # noqa: SIM115 (closed by the `with` below)
+    except FileNotFoundError:
+        raise NmtError(f"{path}: file not found") from None
+    except OSError as exc:
+        raise NmtError(f"{path}: cannot read ({exc.strerror or exc.__class__.__name__})") from None
+    with handle:
+        number, rest, first = 0, b"", True
+        while True:
+            try:
+                block = handle.read(BLOCK_BYTES)
+            except OSError as exc:
+                reason = exc.strerror or exc.__class__.__name__
+                raise NmtError(f"{path}: cannot read ({reason})") from None
+            data = rest + block
+            cut = len(data) if not block else data.rfind(b"\n") + 1
+            if not data:
+                return
+            if cut == 0:  # no line end in this block yet: read on
+                rest = data
+                continue
+            part, rest = data[:cut], data[cut:]
+            try:
+                text = part.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                start = part.rfind(b"\n", 0, exc.start) + 1
+                line = number + part.count(b"\n", 0, exc.start) + 1
+                raise not_utf8(path, line, part[start:], exc.start - start) from None
+            if first:
+                text, first = text.removeprefix(BOM), False
+            lines = text.split("\n")
+            if text.endswith("\n") or not text:  # the line end of the block's last line
+                lines.pop()
+            number += len(lines)
+            yield [line.strip() for line in lines]
+            if not block:
+                return
+
+
+def parallel_chunks(
+    src_path: str | Path, tgt_path: str | Path, log: Callable[[str], None] = print
+) -> Iterator[list[tuple[str, str]]]:
+    """The aligned non-blank (source, target) pairs of `read_parallel`, up to `CHUNK_PAIRS`
+    at a time, read in bounded memory; its errors are raised when the reading reaches them
+    (a caller writing files as it goes must be ready to discard them)."""
+    src = chain.from_iterable(line_blocks(src_path))
+    tgt = chain.from_iterable(line_blocks(tgt_path))
+    pairs = zip_longest(src, tgt)  # None: that side has ended
+    seen = kept = 0
+    nonblank = [False, False]
+    while chunk := list(islice(pairs, CHUNK_PAIRS)):
+        ended = next((i for i, (s, t) in enumerate(chunk) if s is None or t is None), None)
+        whole = chunk if ended is None else chunk[:ended]
+        nonblank[0] = nonblank[0] or any(s for s, _ in whole)
+        nonblank[1] = nonblank[1] or any(t for _, t in whole)
+        if ended is not None:
+            longer = 0 if chunk[ended][0] is not None else 1
+            lines = [seen + ended, seen + ended]
+            for pair in chain(chunk[ended:], pairs):
+                nonblank[longer] = nonblank[longer] or bool(pair[longer])
+                lines[longer] += 1
+            _refuse_empty(src_path, tgt_path, nonblank)
+            raise NmtError(
+                f"{src_path} has {lines[0]} lines but {tgt_path} has {lines[1]}; "
+                "the two sides must be line-aligned"
+            )
+        seen += len(chunk)
+        both = [(s, t) for s, t in chunk if s and t]
+        kept += len(both)
+        if both:
+            yield both
+    _refuse_empty(src_path, tgt_path, nonblank)
+    if not kept:
+        raise NmtError(f"{src_path} / {tgt_path}: no line pair where both sides are non-blank")
+    if dropped := seen - kept:
+        log(f"dropped {dropped} blank pairs from {src_path} / {tgt_path}")
+
+
+def _refuse_empty(src_path: str | Path, tgt_path: str | Path, nonblank: list[bool]) -> None:
+    for path, any_line in zip((src_path, tgt_path), nonblank, strict=True):
+        if not any_line:
+            raise NmtError(f"{path}: file is empty")

@@ -15,6 +15,7 @@ import re
 from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Callable, Iterable
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,9 @@ import torch
 
 from nmt.atomic import write_bytes
 from nmt.data.vocab import BOS, EOS, PAD, SPECIALS, UNK
+from nmt.data.word_workers import word_ids
 from nmt.errors import NmtError
+from nmt.threads import allowed_cores
 
 _SKIPPED_ON_DECODE = frozenset({PAD, BOS, EOS})
 _SP_SPACE = "\u2581"  # sentencepiece's visible space, the start-of-word mark
@@ -41,6 +44,10 @@ class Tokenizer(ABC):
     @abstractmethod
     def encode(self, line: str) -> list[int]:
         """Ids of a line, unknown pieces -> UNK; no BOS/EOS added."""
+
+    def encode_batch(self, lines: list[str]) -> list[list[int]]:
+        """`encode` of every line (sentencepiece: on all allowed cores at once)."""
+        return [self.encode(line) for line in lines]
 
     @abstractmethod
     def detokenize(self, pieces: list[str]) -> str:
@@ -67,6 +74,11 @@ class Tokenizer(ABC):
         )
 
 
+def count_words(counts: Counter[str], lines: Iterable[str]) -> None:
+    """Count the words of `lines` (`WordTokenizer.from_counts` leaves out the specials)."""
+    counts.update(chain.from_iterable(map(str.split, lines)))
+
+
 class WordTokenizer(Tokenizer):
     """Whitespace tokens with a frequency-ranked vocabulary, as seq2seq-attn's preprocess.py."""
 
@@ -79,6 +91,7 @@ class WordTokenizer(Tokenizer):
         self.index = {p: i for i, p in enumerate(self.pieces)}
         if len(self.index) != len(self.pieces):
             raise NmtError("word vocabulary has duplicate entries")
+        self._ids = word_ids(self.pieces)  # what `encode` looks words up in, through `map`
 
     @classmethod
     def build(cls, lines: Iterable[str], vocab_size: int) -> WordTokenizer:
@@ -90,9 +103,15 @@ class WordTokenizer(Tokenizer):
         maps them to UNK.
         """
         counts: Counter[str] = Counter()
-        for line in lines:
-            counts.update(w for w in line.split() if w not in SPECIALS)
-        ranked = sorted(counts.items(), key=lambda kv: -kv[1])
+        count_words(counts, lines)
+        return cls.from_counts(counts, vocab_size)
+
+    @classmethod
+    def from_counts(cls, counts: Counter[str], vocab_size: int) -> WordTokenizer:
+        """`build` from word counts gathered elsewhere (`count_words`, chunk by chunk)."""
+        ranked = sorted(
+            ((w, n) for w, n in counts.items() if w not in SPECIALS), key=lambda kv: -kv[1]
+        )
         keep = max(vocab_size - len(SPECIALS), 0)
         return cls(SPECIALS + [w for w, _ in ranked[:keep]])
 
@@ -100,7 +119,7 @@ class WordTokenizer(Tokenizer):
         return line.split()
 
     def encode(self, line: str) -> list[int]:
-        return [self.piece_to_id(w) for w in line.split()]
+        return list(map(self._ids.__getitem__, line.split()))
 
     def detokenize(self, pieces: list[str]) -> str:
         return " ".join(pieces)
@@ -120,7 +139,10 @@ class WordTokenizer(Tokenizer):
         return {"kind": self.kind, "pieces": list(self.pieces)}
 
 
-def _train_options(vocab_size: int, hard_limit: bool, model_type: str) -> dict[str, Any]:
+def _train_options(
+    vocab_size: int, hard_limit: bool, model_type: str, threads: int | None = None
+) -> dict[str, Any]:
+    """sentencepiece's trainer options; `threads`: the allowed cores unless given."""
     return dict(
         vocab_size=vocab_size,
         hard_vocab_limit=hard_limit,
@@ -135,8 +157,9 @@ def _train_options(vocab_size: int, hard_limit: bool, model_type: str) -> dict[s
         bos_piece=SPECIALS[BOS],
         eos_piece=SPECIALS[EOS],
         unk_surface=SPECIALS[UNK],
-        num_threads=1,  # the trained model depends on the thread count; 1 is reproducible
-        minloglevel=2,  # silence the trainer's INFO/WARNING stream on stderr
+        # the trained model may depend on the thread count, so it is part of the cache key
+        num_threads=allowed_cores() if threads is None else threads,
+        minloglevel=1,  # the trainer's warnings reach stderr, its INFO stream does not
     )
 
 
@@ -164,8 +187,7 @@ class SentencePieceTokenizer(Tokenizer):
         log: Callable[[str], None] = print,
         model_type: str = "bpe",
     ) -> SentencePieceTokenizer:
-        """Train a `model_type` ("bpe" or "unigram") model on `lines`, deterministically (one
-        thread).
+        """Train a `model_type` ("bpe" or "unigram") model on `lines`, on the allowed cores.
 
         When `vocab_size` is more than the text can fill, sentencepiece refuses; we then
         retry with a soft limit, accept the smaller vocabulary and say so in the log.
@@ -202,6 +224,9 @@ class SentencePieceTokenizer(Tokenizer):
 
     def encode(self, line: str) -> list[int]:
         return list(self.sp.encode(line))
+
+    def encode_batch(self, lines: list[str]) -> list[list[int]]:
+        return self.sp.encode(lines, num_threads=allowed_cores())
 
     def sample(self, line: str, dropout: float) -> list[int]:
         """Ids of a line cut with BPE-dropout: each merge skipped with probability `dropout`,

@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass
 
 from nmt import granularities, policies, precisions
-from nmt.config import Config, ModelConfig
+from nmt.config import Config, ModelConfig, batch_rows
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ class ExecutorSpec:
             max_src_len=d.max_src_len,
             max_tgt_len=d.max_tgt_len,
             policy=t.prealloc,
-            batch_size=micro_batch_size(t.batch_size, world_size, t.accum_steps),
+            batch_size=micro_batch_size(batch_rows(cfg), world_size, t.accum_steps),
             label_smoothing=t.label_smoothing,
             loss_chunk=t.loss_chunk,
             precision=t.precision,

@@ -34,7 +34,7 @@ from functools import cached_property
 import torch
 
 from nmt import kernels, policies
-from nmt.config import Config
+from nmt.config import Config, batch_rows
 from nmt.devices import resolve_device
 from nmt.engine import planner
 from nmt.engine.spec import micro_batch_size
@@ -77,11 +77,12 @@ class Shape:
         t = cfg.train
         auto = t.prealloc == policies.AUTO if auto is None else auto
         most = max(t.accum_steps, t.max_accum_steps) if auto else t.accum_steps
+        rows = batch_rows(cfg)  # a token batch: its full-length shape
         return cls(
-            t.batch_size,
+            rows,
             world_size,
             t.accum_steps,
-            min(most, t.batch_size),  # more would leave micro-batches empty
+            min(most, rows),  # more would leave micro-batches empty
             t.valid_bleu_sample > 0,
             cfg.data.max_tgt_len,
         )

@@ -22,10 +22,11 @@ import torch
 
 from nmt import precisions
 from nmt.checkpoint import checkpoint_parts, load_checkpoint
-from nmt.config import Config, shape_keys
+from nmt.config import Config, batch_rows, shape_keys, training_corpora
 from nmt.cpu_memory import map_large_allocations
-from nmt.data.batching import Batch, make_batches
+from nmt.data.batch_index import BatchRule, TrainingBatches
 from nmt.data.corpus import Corpus, load_corpus
+from nmt.data.sampling import EpochCuts
 from nmt.data.tokenizers import Tokenizer
 from nmt.devices import setup_device
 from nmt.engine.spec import micro_batch_size
@@ -43,7 +44,7 @@ from nmt.train.scaling import LossScale
 from nmt.train.schedule import LearningRateSchedule, make_optimizer
 from nmt.train.stopping import EarlyStopping
 from nmt.train.update import DeviceUpdate
-from nmt.train.validation import BleuSet, ValidBatch, validation_batches
+from nmt.train.validation import BleuSet, ValidBatch, valid_subset, validation_batches
 from nmt.translate.translator import SearchOptions
 
 Log = Callable[[str], None]
@@ -78,7 +79,8 @@ class Run:
     schedule: LearningRateSchedule
     executor: Executor
     update: DeviceUpdate
-    train_batches: list[Batch]
+    batching: TrainingBatches  # every epoch's training batches, cut from the corpus's lengths
+    cuts: EpochCuts | None  # data.subword_dropout: every epoch's own cut of the corpus
     validation: Validation
     stopping: EarlyStopping
     checkpoint: dict[str, Any] | None  # the state to resume from
@@ -191,13 +193,32 @@ def build_corpus(
     return corpus
 
 
+def batch_rule(cfg: Config) -> BatchRule:
+    """How the training batches are cut (`train.batch_size`, `batch_type`, `shuffle`) and
+    drawn (`data.train`'s weights)."""
+    t = cfg.train
+    weights = tuple(c.weight for c in training_corpora(cfg.data)) if cfg.data.train else ()
+    return BatchRule(
+        t.batch_size, t.batch_type == "tokens", t.shuffle == "within_length", t.seed, weights
+    )
+
+
+def build_cuts(cfg: Config, corpus: Corpus, out_dir: Path) -> EpochCuts | None:
+    """With data.subword_dropout, the maker of every epoch's cut, in the run directory."""
+    if cfg.data.subword_dropout <= 0:
+        return None
+    tokenizers = (corpus.src_tokenizer, corpus.tgt_tokenizer)
+    return EpochCuts(cfg.data, tokenizers, cfg.train.seed, cfg.train.epochs, out_dir)
+
+
 def build_validation(cfg: Config, corpus: Corpus) -> Validation:
     """Validation as memreport accounts it: padded batches of train.batch_size pairs (with
-    train.accum_steps, of one micro-batch's), the generator over one training loss chunk's
-    rows at a time (all positions: chunk 0); BLEU greedy, at most min(2 x data.max_tgt_len,
-    3 x source tokens) tokens a sentence."""
+    train.batch_type tokens, of a full batch's rows; with train.accum_steps, of one
+    micro-batch's), the generator over one training loss chunk's rows at a time (all
+    positions: chunk 0); perplexity on train.valid_sample pairs (a fixed sample; 0: all);
+    BLEU greedy, at most min(2 x data.max_tgt_len, 3 x source tokens) tokens a sentence."""
     t = cfg.train
-    batch_size = micro_batch_size(t.batch_size, 1, t.accum_steps)
+    batch_size = micro_batch_size(batch_rows(cfg), 1, t.accum_steps)
     chunk = t.loss_chunk or cfg.data.max_tgt_len + 1
     bleu_set = None
     if t.valid_bleu_sample and corpus.valid_text:
@@ -205,7 +226,7 @@ def build_validation(cfg: Config, corpus: Corpus) -> Validation:
             corpus.valid_text, corpus.src_tokenizer, t.valid_bleu_sample, t.seed
         )
     return Validation(
-        batches=validation_batches(corpus.valid, batch_size),
+        batches=validation_batches(valid_subset(corpus.valid, t.valid_sample, t.seed), batch_size),
         batch_size=batch_size,
         rows=batch_size * chunk,
         bleu_set=bleu_set,
@@ -294,7 +315,7 @@ def build_run(
         training_message,
         where="the setup of the model, its optimizer and the clone buffers",
         device=device,
-        shape=batch_shape(t.batch_size, cfg.data.max_src_len, cfg.data.max_tgt_len),
+        shape=batch_shape(batch_rows(cfg), cfg.data.max_src_len, cfg.data.max_tgt_len),
         train=cfg.train,
         world_size=dist.world_size,
         checkpoint=resume,
@@ -340,7 +361,8 @@ def build_run(
         schedule=LearningRateSchedule.from_config(t),
         executor=executor,
         update=DeviceUpdate(params, optimizer, t.max_grad_norm, loss_scale, average),
-        train_batches=make_batches(corpus.train, t.batch_size),
+        batching=TrainingBatches(corpus.train, batch_rule(cfg)),
+        cuts=build_cuts(cfg, corpus, out_dir),
         validation=build_validation(cfg, corpus),
         stopping=EarlyStopping(t.early_stopping_metric, t.early_stopping),
         checkpoint=checkpoint,

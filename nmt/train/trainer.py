@@ -31,7 +31,7 @@ from tqdm import tqdm
 
 from nmt import precisions
 from nmt.checkpoint import prune_step_checkpoints, save_checkpoint
-from nmt.config import Config
+from nmt.config import Config, training_corpora
 from nmt.data.batching import Batch, epoch_order, on_device
 from nmt.data.sampling import sampled_batches
 from nmt.data.word_dropout import drop_source_words
@@ -126,14 +126,12 @@ class Trainer:
         self.corpus, self.model = run.corpus, run.model
         self.optimizer, self.schedule, self.update = run.optimizer, run.schedule, run.update
         self.step = TrainingStep(run.executor, self.update, self.optimizer)
-        self.train_batches, self.validation = run.train_batches, run.validation
+        self.batching, self.cuts, self.validation = run.batching, run.cuts, run.validation
         self.stopping, self.threads = run.stopping, run.threads
         self.memory_plan = run.memory_plan
         self.graphs = step_graphs(
             self.cfg.train, self.step, self.device, self.dist.world_size, self.log
         )
-        # counted once on the host: counting a batch on the device would read it back
-        self.train_tokens = [batch.n_tokens for batch in self.train_batches]
         self.failures = RankFailures(self.dist, self.device, self._out_of_memory)
         self._pending = 0  # steps since `settle` last read the device's counts
         self.state = TrainState()
@@ -147,6 +145,10 @@ class Trainer:
         self._stop = False  # some rank received one: all stop at this step boundary
         if run.checkpoint is not None:
             self._restore(run.checkpoint, run.resume)
+        # the batches of the epoch trained now (`_run_epoch` moves on to the next ones); their
+        # tokens counted on the host: counting a batch on the device would read it back
+        self.train_batches = self.batching.epoch(self.state.epoch)
+        self.train_tokens = self.train_batches.tokens
         self._describe()
 
     @classmethod
@@ -214,15 +216,37 @@ class Trainer:
             if self.bleu_set
             else ""
         )
+        t = self.cfg.train
+        counted = "tokens" if t.batch_type == "tokens" else "pairs"
+        shuffled = "; pairs shuffled within lengths every epoch" * (t.shuffle == "within_length")
+        valid = len(self.corpus.valid)
+        ppl_on = f" (perplexity on {t.valid_sample})" if 0 < t.valid_sample < valid else ""
         self.log(
-            f"data: {len(self.corpus.train)} training pairs in {len(self.train_batches)} batches, "
-            f"{len(self.corpus.valid)} validation pairs{bleu}"
+            f"data: {len(self.corpus.train)} training pairs in {len(self.train_batches)} batches "
+            f"of up to {t.batch_size} {counted}{shuffled}, {valid} validation pairs{ppl_on}{bleu}"
         )
+        self._describe_weights()
         if self.memory_plan is not None:
             d = self.cfg.data
             for line in self.memory_plan.lines(d.max_src_len + 2, d.max_tgt_len + 1):
                 self.log(line)
             self.log.metrics(kind="memory_plan", step=self.state.step, **self.memory_plan.to_dict())
+
+    def _describe_weights(self) -> None:
+        """With several weighted training corpora, the share each has of every epoch."""
+        rule, pairs = self.batching.rule, self.corpus.train
+        if len(rule.weights) < 2:
+            return
+        draws, corpora = rule.draws(pairs), training_corpora(self.cfg.data)
+        total = sum(draws)
+        for number, (corpus, n, m) in enumerate(
+            zip(corpora, pairs.corpus_sizes, draws, strict=True), 1
+        ):
+            self.log(
+                f"data.train corpus {number} ({corpus.src} / {corpus.tgt}): {n} pairs, "
+                f"weight {corpus.weight:g}: {m} pairs of each epoch's {total} "
+                f"({100 * m / total:.1f}%, {m / n:.2f} passes)"
+            )
 
     def _executor_name(self) -> str:
         t = self.cfg.train
@@ -676,11 +700,13 @@ class Trainer:
         makes it so - so logs, validations and the stop fall on exactly the steps (and
         batches) they would if every step were read back at once."""
         cfg, s = self.cfg.train, self.state
-        if self.corpus.train_text:  # data.subword_dropout: the epoch's own cut of the pairs
-            self.train_batches = sampled_batches(
-                self.corpus, self.cfg.data, cfg.batch_size, cfg.seed, s.epoch, self.log
-            )
-            self.train_tokens = [batch.n_tokens for batch in self.train_batches]
+        if self.cuts is not None:  # data.subword_dropout: the epoch's own cut of the pairs
+            rule = self.batching.rule
+            self.train_batches = sampled_batches(self.cuts, self.cfg.data, rule, s.epoch, self.log)
+        else:
+            self.train_batches = self.batching.epoch(s.epoch)
+        if self.train_tokens is not self.train_batches.tokens:  # this epoch's own batches
+            self.train_tokens = self.train_batches.tokens
             self._planned = self._bar.total = self._planned_steps()  # later epochs: estimated
         order = epoch_order(len(self.train_batches), cfg.seed, s.epoch)
         self._bar.set_description(f"epoch {s.epoch}", refresh=False)
@@ -688,7 +714,7 @@ class Trainer:
         todo = order[s.position :]
         batches = on_device((self._training_batch(i) for i in todo), self.device)
         for index, batch in zip(todo, batches, strict=True):
-            self.train_step(batch, self.train_tokens[index])
+            self.train_step(batch, int(self.train_tokens[index]))
             s.position += 1
             end = s.position == len(self.train_batches)
             log, valid = self._due(cfg.log_every) or end, self._due(cfg.valid_every)
@@ -730,6 +756,7 @@ def train(
     """Train a model as configured; checkpoints go to `out_dir`. `command`: the command line
     that gave `cfg`, for the resume hint after an interruption; `planner`: decides the memory
     plan (`train.prealloc: auto`, `train.memory_budget`): `nmt.memreport.plan.plan_memory`."""
+    trainer = None
     try:
         resume = Path(resume) if resume else None
         trainer = Trainer.build(
@@ -747,4 +774,6 @@ def train(
         dd.barrier(trainer.dist)
         return state
     finally:
+        if trainer is not None and trainer.cuts is not None:
+            trainer.cuts.close()  # the cut made ahead, and the cuts' folder
         dd.shutdown()

@@ -140,6 +140,14 @@ def bleu_sample(n_pairs: int, size: int, seed: int) -> list[int]:
     return sorted(torch.randperm(n_pairs, generator=gen)[:size].tolist())
 
 
+def valid_subset(examples: list[Example], size: int, seed: int) -> list[Example]:
+    """The validation pairs perplexity is measured on (train.valid_sample): a fixed sample of
+    `size` (0: all), the same at every validation and in a resumed run."""
+    if not size:
+        return examples
+    return [examples[i] for i in bleu_sample(len(examples), size, seed)]
+
+
 @dataclass
 class BleuSet:
     """The validation pairs BLEU is measured on: source ids and reference text."""

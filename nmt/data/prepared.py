@@ -1,0 +1,315 @@
+"""A training corpus encoded once into token-id arrays on disk, memory-mapped by every start.
+
+The first `nmt train` on a corpus reads it in blocks, encodes it and writes, per side, the
+token ids of every kept pair back to back in the narrowest unsigned integer type the
+vocabulary allows (`<side>.ids`), each pair's length (`<side>.lengths`) and where its ids
+start (`<side>.offsets`, int64), with the two tokenizers (`tokenizers.pt`) and a key file
+(`key.json`). Every later start, resume and torchrun rank maps the arrays (`numpy.memmap`):
+nothing is read or decoded again, the operating system's page cache is shared by the ranks,
+and no Python object exists per pair.
+
+The key says what the arrays were built from: the format, the length limits and the
+tokenizer's settings, and each training file by its size, its modification time and a
+SHA-256 of `SAMPLE_BLOCKS` blocks spread over it. A full hash would read the whole corpus at
+every start (seconds per GB, growing with the corpus); size and time catch every edit made
+by a program that writes the file, and the sampled hash a file replaced by another of the
+same size and time (a `cp -p` or an unpacked archive). The tokenizers' SHA-256 is recorded
+beside the key: a resumed run whose checkpoint holds other tokenizers encodes anew.
+
+The folder is built beside its final place (`.prepared.PID.tmp`) and renamed into place
+once complete, the key file written last, so an interrupted preparation leaves no prepared
+corpus (the next start builds it) and a replaced one is never a mix of two. It lives in the
+run directory: a place `nmt` may write to (a corpus folder may be read-only or shared),
+found again by every resume and rank, and removed with the run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from itertools import chain
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from nmt.atomic import write_bytes
+from nmt.data.batching import Example
+from nmt.data.tokenizers import Tokenizer, tokenizer_from_state
+from nmt.errors import NmtError
+
+Log = Callable[[str], None]
+FORMAT = 1
+FOLDER = "prepared"
+KEY_FILE = "key.json"
+TOKENIZERS_FILE = "tokenizers.pt"
+SAMPLE_BLOCKS, SAMPLE_BYTES = 16, 1 << 16
+SIDES = ("src", "tgt")
+
+
+def fingerprint(path: str | Path) -> dict[str, Any]:
+    """What identifies a text file cheaply: where it is, its size, its modification time and
+    a SHA-256 of `SAMPLE_BLOCKS` blocks of `SAMPLE_BYTES` spread evenly over it (the first
+    and last included), read in constant time whatever the file's size."""
+    path = Path(path)
+    try:
+        stat = path.stat()
+        digest = hashlib.sha256(str(stat.st_size).encode())
+        with open(path, "rb") as handle:
+            last = max(stat.st_size - SAMPLE_BYTES, 0)
+            for k in range(SAMPLE_BLOCKS):
+                handle.seek(last * k // (SAMPLE_BLOCKS - 1))
+                digest.update(handle.read(SAMPLE_BYTES))
+    except OSError as exc:
+        raise NmtError(f"{path}: cannot read ({exc.strerror or exc.__class__.__name__})") from None
+    return {
+        "path": str(path.resolve()),
+        "size": stat.st_size,
+        "mtime_ns": stat.st_mtime_ns,
+        "sample_sha256": digest.hexdigest(),
+    }
+
+
+def tokenizers_digest(src: Tokenizer, tgt: Tokenizer) -> str:
+    """The SHA-256 of the two tokenizers' states (pieces or sentencepiece model bytes)."""
+    digest = hashlib.sha256()
+    for tok in (src, tgt):
+        for name, value in sorted(tok.state_dict().items()):
+            digest.update(name.encode() + b"=")
+            if isinstance(value, torch.Tensor):
+                digest.update(value.numpy().tobytes())
+            else:
+                digest.update(json.dumps(value).encode())
+    return digest.hexdigest()
+
+
+def id_dtype(vocab_size: int) -> np.dtype:
+    """The narrowest unsigned integer type that holds every id of the vocabulary."""
+    for dtype in (np.uint8, np.uint16, np.uint32):
+        if vocab_size <= np.iinfo(dtype).max + 1:
+            return np.dtype(dtype)
+    return np.dtype(np.uint64)
+
+
+def length_dtype(max_len: int) -> np.dtype:
+    return np.dtype(np.uint16 if max_len <= np.iinfo(np.uint16).max else np.uint32)
+
+
+@dataclass(eq=False)  # arrays: compare `examples()`
+class PreparedPairs:
+    """Encoded training pairs as arrays: pair i's source ids are
+    `src_ids[src_offsets[i] : src_offsets[i] + src_lengths[i]]` (no BOS/EOS), and so for the
+    target; `corpus_sizes`: how many of the pairs, in order, each training corpus gave."""
+
+    src_ids: np.ndarray
+    src_offsets: np.ndarray
+    src_lengths: np.ndarray
+    tgt_ids: np.ndarray
+    tgt_offsets: np.ndarray
+    tgt_lengths: np.ndarray
+    corpus_sizes: tuple[int, ...]
+
+    @classmethod
+    def from_examples(cls, examples: list[Example], vocab_size: int = 2**32) -> PreparedPairs:
+        """`examples` as arrays in memory (a cut of BPE-dropout, a test's pairs)."""
+        sides = []
+        for side in (0, 1):
+            rows = [ex[side] for ex in examples]
+            lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
+            offsets = np.zeros(len(rows), dtype=np.int64)
+            np.cumsum(lengths[:-1], out=offsets[1:])
+            ids = np.fromiter(chain.from_iterable(rows), dtype=id_dtype(vocab_size))
+            sides += [ids, offsets, lengths]
+        return cls(*sides, corpus_sizes=(len(examples),))
+
+    def __len__(self) -> int:
+        return len(self.src_lengths)
+
+    def source(self, i: int) -> np.ndarray:
+        start = int(self.src_offsets[i])
+        return self.src_ids[start : start + int(self.src_lengths[i])]
+
+    def target(self, i: int) -> np.ndarray:
+        start = int(self.tgt_offsets[i])
+        return self.tgt_ids[start : start + int(self.tgt_lengths[i])]
+
+    def example(self, i: int) -> Example:
+        return self.source(i).tolist(), self.target(i).tolist()
+
+    def examples(self) -> list[Example]:
+        """Every pair as Python lists: for small corpora and tests only."""
+        return [self.example(i) for i in range(len(self))]
+
+
+class _SideWriter:
+    """Appends one side's ids and lengths to its files as chunks of pairs arrive."""
+
+    def __init__(self, folder: Path, side: str, ids: np.dtype, lengths: np.dtype):
+        self.folder, self.side, self.ids_dtype, self.len_dtype = folder, side, ids, lengths
+        # open until `close`, which the caller reaches or abandons with the whole folder
+        self.ids = open(folder / f"{side}.ids", "wb")  # noqa: SIM115
+        self.lengths = open(folder / f"{side}.lengths", "wb")  # noqa: SIM115
+        self.tokens = 0
+
+    def add(self, ids: np.ndarray, lengths: np.ndarray) -> None:
+        """Append pairs: their ids back to back and each one's length."""
+        self.ids.write(ids.astype(self.ids_dtype).tobytes())
+        self.lengths.write(lengths.astype(self.len_dtype).tobytes())
+        self.tokens += len(ids)
+
+    def close(self) -> None:
+        for handle in (self.ids, self.lengths):
+            handle.flush()
+            os.fsync(handle.fileno())
+            handle.close()
+        lengths = np.fromfile(self.folder / f"{self.side}.lengths", dtype=self.len_dtype)
+        offsets = np.zeros(len(lengths), dtype=np.int64)
+        np.cumsum(lengths[:-1], out=offsets[1:])
+        offsets.tofile(self.folder / f"{self.side}.offsets")
+
+
+def write_prepared(
+    folder: Path,
+    key: dict[str, Any],
+    tokenizers: tuple[Tokenizer, Tokenizer],
+    corpora: Iterable[Iterable[list[np.ndarray]]],
+    max_len: int,
+) -> None:
+    """Write the prepared corpus to `folder` (replacing one there) from `corpora`: for each
+    training corpus, chunks of encoded, length-filtered pairs as [source ids, source
+    lengths, target ids, target lengths]. Built in a temporary folder beside it and renamed
+    into place when complete."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    building = folder.with_name(f".{folder.name}.{os.getpid()}.tmp")
+    shutil.rmtree(building, ignore_errors=True)
+    building.mkdir()
+    try:
+        src_tok, tgt_tok = tokenizers
+        writers = [
+            _SideWriter(building, side, id_dtype(len(tok)), length_dtype(max_len))
+            for side, tok in zip(SIDES, tokenizers, strict=True)
+        ]
+        sizes = []
+        for chunks in corpora:
+            pairs = 0
+            for src_ids, src_lengths, tgt_ids, tgt_lengths in chunks:
+                writers[0].add(src_ids, src_lengths)
+                writers[1].add(tgt_ids, tgt_lengths)
+                pairs += len(src_lengths)
+            sizes.append(pairs)
+        for writer in writers:
+            writer.close()
+        state = {"src": src_tok.state_dict(), "tgt": tgt_tok.state_dict()}
+        torch.save(state, building / TOKENIZERS_FILE)
+        record = {
+            **key,
+            "tokenizers_sha256": tokenizers_digest(src_tok, tgt_tok),
+            "corpus_sizes": sizes,
+            "tokens": [w.tokens for w in writers],
+            "dtypes": {
+                "ids": [w.ids_dtype.str for w in writers],
+                "lengths": writers[0].len_dtype.str,
+            },
+        }
+        write_bytes(building / KEY_FILE, (json.dumps(record, indent=1) + "\n").encode())
+        old = folder.with_name(f".{folder.name}.{os.getpid()}.old")
+        if folder.exists():
+            folder.rename(old)  # out of the way first: a folder cannot be renamed over another
+        building.rename(folder)
+        shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(building, ignore_errors=True)
+        raise
+
+
+def _differs(stored: dict[str, Any], key: dict[str, Any]) -> str:
+    """What differs between a stored key and `key`, in words ("" when nothing does)."""
+    if stored.get("format") != key["format"]:
+        return f"an older format ({stored.get('format')})"
+    old_files, new_files = stored.get("train") or [], key["train"]
+    if len(old_files) != len(new_files):
+        return f"{len(old_files)} training corpora, not {len(new_files)}"
+    for old, new in zip(old_files, new_files, strict=True):
+        for side in SIDES:
+            if old.get(side) != new[side]:
+                return f"another version of {new[side]['path']} (changed since)"
+    names = sorted(k for k in key if k not in ("format", "train") and stored.get(k) != key[k])
+    if names:
+        return "other settings (" + ", ".join(f"data.{n} {stored.get(n)!r}" for n in names) + ")"
+    return ""
+
+
+def open_prepared(
+    folder: Path, key: dict[str, Any], log: Log
+) -> tuple[PreparedPairs, tuple[Tokenizer, Tokenizer], str] | None:
+    """The prepared corpus in `folder`, memory-mapped, with its tokenizers and their digest,
+    when its key file matches `key` and every array has the size it records; otherwise
+    None, the log saying why (none there: nothing said)."""
+    if not (folder / KEY_FILE).is_file():
+        if folder.exists():
+            log(f"data: {folder} has no key file; preparing the corpus anew")
+        return None
+    try:
+        stored = json.loads((folder / KEY_FILE).read_text(encoding="utf-8"))
+        if not isinstance(stored, dict):
+            raise ValueError
+    except (OSError, ValueError):
+        log(f"data: {folder / KEY_FILE} is unreadable; preparing the corpus anew")
+        return None
+    if why := _differs(stored, key):
+        log(f"data: {folder} was prepared from {why}; preparing the corpus anew")
+        return None
+    try:
+        arrays = _map_arrays(folder, stored)
+        state = torch.load(folder / TOKENIZERS_FILE, weights_only=True)
+        tokenizers = (tokenizer_from_state(state["src"]), tokenizer_from_state(state["tgt"]))
+    except _Damaged as exc:
+        log(f"data: {exc}; preparing the corpus anew")
+        return None
+    except (OSError, RuntimeError, KeyError, TypeError, NmtError) as exc:
+        log(f"data: {folder / TOKENIZERS_FILE} is unreadable ({exc}); preparing the corpus anew")
+        return None
+    pairs = PreparedPairs(*arrays, corpus_sizes=tuple(stored["corpus_sizes"]))
+    return pairs, tokenizers, str(stored.get("tokenizers_sha256"))
+
+
+class _Damaged(Exception):
+    """A prepared array whose size is not the one its key file records."""
+
+
+def _map_arrays(folder: Path, stored: dict[str, Any]) -> list[np.ndarray]:
+    pairs, arrays = sum(stored["corpus_sizes"]), []
+    len_dtype = np.dtype(stored["dtypes"]["lengths"])
+    for side, ids_dtype, tokens in zip(
+        SIDES, stored["dtypes"]["ids"], stored["tokens"], strict=True
+    ):
+        for name, dtype, count in (
+            ("ids", np.dtype(ids_dtype), tokens),
+            ("offsets", np.dtype(np.int64), pairs),
+            ("lengths", len_dtype, pairs),
+        ):
+            path = folder / f"{side}.{name}"
+            size = path.stat().st_size if path.is_file() else -1
+            if size != count * dtype.itemsize:
+                found = "missing" if size < 0 else f"{size} bytes"
+                raise _Damaged(
+                    f"{path} is damaged ({found}, not the {count * dtype.itemsize} its key "
+                    "file records)"
+                )
+            if count == 0:
+                arrays.append(np.zeros(0, dtype=dtype))
+            else:
+                arrays.append(np.memmap(path, dtype=dtype, mode="r", shape=(count,)))
+    return arrays
+
+
+def in_memory(pairs: PreparedPairs) -> PreparedPairs:
+    """`pairs` read whole into memory (the folder may then be removed)."""
+    fields = [np.array(a) for a in (pairs.src_ids, pairs.src_offsets, pairs.src_lengths)]
+    fields += [np.array(a) for a in (pairs.tgt_ids, pairs.tgt_offsets, pairs.tgt_lengths)]
+    return PreparedPairs(*fields, corpus_sizes=pairs.corpus_sizes)

@@ -1,0 +1,111 @@
+"""Word vocabularies counted and corpora encoded by a process per core.
+
+A word vocabulary's counting and encoding are Python, one word at a time, and one core does
+a million pairs in tens of seconds: with a corpus of millions the first start would wait
+minutes. Here chunks of pairs go to worker processes (started with `spawn`, importing only
+this module, numpy and the standard library) and come back, in order, as Counters or as
+compact arrays; at most `IN_FLIGHT` chunks a worker are out at once, so memory stays
+bounded whatever the corpus's size. The results equal the one-process ones: the counts are
+merged in chunk order, so ties keep their order of first occurrence.
+
+Where worker processes cannot start, `ordered_map` says why in one line and the caller
+does the work in its own process.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from itertools import chain
+from typing import Any
+
+import numpy as np
+
+from nmt.data.vocab import SPECIALS, UNK
+
+IN_FLIGHT = 2  # chunks per worker submitted ahead of the one being collected
+Pairs = list[tuple[str, str]]
+
+_ids: dict[str, int] = {}  # a worker's word -> id (`start_encoding`)
+
+
+class _Ids(dict):
+    def __missing__(self, word: str) -> int:
+        return UNK
+
+
+def word_ids(pieces: list[str]) -> dict[str, int]:
+    """Word -> id for `encode`: UNK for a word it does not hold and for a literal special
+    ("<s>" in the text is a word, not a marker)."""
+    ids = _Ids((p, i) for i, p in enumerate(pieces))
+    for special in SPECIALS:
+        ids[special] = UNK
+    return ids
+
+
+def count_chunk(job: tuple[Pairs, int, int]) -> tuple[Counter[str], Counter[str], int, int]:
+    """The word counts of the pairs within the length limits, each side; pairs seen, kept."""
+    pairs, max_src, max_tgt = job
+    counts: tuple[Counter[str], Counter[str]] = (Counter(), Counter())
+    kept = 0
+    for s, t in pairs:
+        src, tgt = s.split(), t.split()
+        if len(src) <= max_src and len(tgt) <= max_tgt:
+            kept += 1
+            counts[0].update(src)
+            counts[1].update(tgt)
+    return counts[0], counts[1], len(pairs), kept
+
+
+def start_encoding(src_pieces: list[str], tgt_pieces: list[str]) -> None:
+    """A worker's initialiser: the two vocabularies it encodes with."""
+    _ids["src"], _ids["tgt"] = word_ids(src_pieces), word_ids(tgt_pieces)  # type: ignore[assignment]
+
+
+def encode_chunk(job: tuple[Pairs, int, int]) -> tuple[list[np.ndarray], int]:
+    """The pairs within the length limits as [source ids, source lengths, target ids,
+    target lengths] (int64), and how many pairs there were."""
+    pairs, max_src, max_tgt = job
+    src_ids, tgt_ids = _ids["src"], _ids["tgt"]
+    src = [list(map(src_ids.__getitem__, s.split())) for s, _ in pairs]  # type: ignore[attr-defined]
+    tgt = [list(map(tgt_ids.__getitem__, t.split())) for _, t in pairs]  # type: ignore[attr-defined]
+    keep = [i for i in range(len(pairs)) if len(src[i]) <= max_src and len(tgt[i]) <= max_tgt]
+    arrays = []
+    for rows in ([src[i] for i in keep], [tgt[i] for i in keep]):
+        lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
+        arrays += [np.fromiter(chain.from_iterable(rows), dtype=np.int64), lengths]
+    return arrays, len(pairs)
+
+
+def ordered_map(
+    fn: Callable[[Any], Any],
+    jobs: Iterable[Any],
+    workers: int,
+    log: Callable[[str], None],
+    initializer: Callable[..., None] | None = None,
+    initargs: tuple = (),
+) -> Iterator[Any] | None:
+    """`fn` of every job, in order, on `workers` processes with at most IN_FLIGHT x workers
+    jobs out at once; None (and one log line) when the processes cannot start."""
+    try:
+        context = multiprocessing.get_context("spawn")
+        pool = ProcessPoolExecutor(workers, context, initializer, initargs)
+        pool.submit(int).result()  # started and answering
+    except (OSError, BrokenProcessPool, RuntimeError) as exc:
+        log(f"data: encoding in this process ({workers} worker processes did not start: {exc})")
+        return None
+    return _results(pool, fn, jobs, workers)
+
+
+def _results(pool: ProcessPoolExecutor, fn: Callable, jobs: Iterable, workers: int) -> Iterator:
+    with pool:
+        pending: deque = deque()
+        for job in jobs:
+            pending.append(pool.submit(fn, job))
+            if len(pending) >= IN_FLIGHT * workers:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()

@@ -1,0 +1,287 @@
+#!/usr/bin/env python
+"""Start-up with real-sized corpora: preparation, later starts, resumes and peak RSS.
+
+For each size, a synthetic corpus is made from the corpora in ../shared/corpora (relative to
+the repository; --corpora DIR): ende-demo and the tokenised Multi30k training pairs, each
+synthetic pair the join of 1-3 random pairs (the same ones on both sides, so the two stay
+aligned) until the source has 20 tokens or more, resampled past 50 tokens a side: ~28 tokens
+a side, vocabularies those of the two corpora. Validation: 500 such pairs. Nothing is copied
+into the repository; corpora and runs go to --work (default: a temporary folder).
+
+For a word vocabulary (50,000 a side) and a joint sentencepiece one (8,000) the script runs
+`nmt train` (a 1 x 64 LSTM, so that the data path dominates) as separate processes and reads
+each one's log as it arrives:
+
+- first: a new run directory, the corpus prepared (and sentencepiece trained);
+- later: a new run in the same directory (--force), the prepared corpus reused;
+- resume: `--resume last.pt` of that run;
+- 2 ranks: torchrun, two Gloo ranks, first and later start (word vocabulary only).
+
+Each row gives the seconds from process start to the first step's log line and the peak RSS
+of the process (of both ranks together for 2 ranks; `resource.getrusage`, recorded by this
+script as the child's wrapper). RSS counts shared pages (torch's libraries, the mapped
+corpus) in every process that maps them, so the ranks' sum counts them twice; the last
+column adds the ranks' proportional set sizes at exit instead, which count them once.
+`import` is the RSS of a process that has only imported
+torch and the trainer: what any start costs before reading data.
+
+    python scripts/bench_corpus.py --sizes 2000,8000           # a rehearsal, a minute
+    python scripts/bench_corpus.py                              # 0.1M, 0.4M, 1.6M, 4.5M pairs
+    python scripts/bench_corpus.py --sizes 100000 --vocab word --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_SIZES = "100000,400000,1600000,4500000"
+FIRST_STEP = "step "  # the trainer's log line after a step: "step N epoch E: loss ..."
+MODEL = "{num_layers: 1, rnn_size: 64, word_vec_size: 64, dropout: 0.0}"
+VOCABS = {
+    "word": "  src_vocab_size: 50000\n  tgt_vocab_size: 50000\n",
+    "spm": "  tokenizer: sentencepiece\n  joint_vocab: true\n"
+    "  src_vocab_size: 8000\n  tgt_vocab_size: 8000\n",
+}
+
+
+def source_pairs(corpora: Path) -> list[tuple[str, str]]:
+    """The pairs synthetic corpora are drawn from."""
+    files = [
+        (corpora / "ende-demo" / "src-train.txt", corpora / "ende-demo" / "targ-train.txt"),
+        (
+            corpora / "multi30k" / "tok" / "train.lc.norm.tok.en",
+            corpora / "multi30k" / "tok" / "train.lc.norm.tok.de",
+        ),
+    ]
+    pairs = []
+    for src, tgt in files:
+        if not (src.is_file() and tgt.is_file()):
+            sys.exit(f"bench_corpus: {src} / {tgt} not found (--corpora DIR)")
+        a = src.read_text(encoding="utf-8").splitlines()
+        b = tgt.read_text(encoding="utf-8").splitlines()
+        pairs += [
+            (s.strip(), t.strip()) for s, t in zip(a, b, strict=True) if s.strip() and t.strip()
+        ]
+    return pairs
+
+
+def write_corpus(pool: list[tuple[str, str]], n: int, stem: Path, seed: int) -> None:
+    """`n` synthetic pairs at stem.src / stem.tgt (kept when already there)."""
+    if stem.with_suffix(".tgt").is_file():
+        return
+    rng = random.Random(seed)
+    with (
+        open(stem.with_suffix(".src.tmp"), "w", encoding="utf-8") as fs,
+        open(stem.with_suffix(".tgt.tmp"), "w", encoding="utf-8") as ft,
+    ):
+        made = 0
+        while made < n:
+            src: list[str] = []
+            tgt: list[str] = []
+            while len(src) < 20:
+                s, t = pool[rng.randrange(len(pool))]
+                src += s.split()
+                tgt += t.split()
+            if len(src) > 50 or len(tgt) > 50:
+                continue
+            fs.write(" ".join(src) + "\n")
+            ft.write(" ".join(tgt) + "\n")
+            made += 1
+    stem.with_suffix(".src.tmp").rename(stem.with_suffix(".src"))
+    stem.with_suffix(".tgt.tmp").rename(stem.with_suffix(".tgt"))
+
+
+def write_config(path: Path, train: Path, valid: Path, vocab: str) -> Path:
+    path.write_text(
+        f"data:\n  train_src: {train}.src\n  train_tgt: {train}.tgt\n"
+        f"  valid_src: {valid}.src\n  valid_tgt: {valid}.tgt\n{VOCABS[vocab]}"
+        f"model: {MODEL}\n"
+        "train: {batch_size: 64, epochs: 1, max_steps: 1, log_every: 1, valid_bleu_sample: 0, "
+        "optimizer: adam, learning_rate: 0.001, device: cpu}\n",
+        encoding="utf-8",
+    )
+    return path
+
+
+def run(args: list[str], rss_file: Path, ranks: int = 1) -> dict:
+    """Run `nmt ARGS` (under torchrun with `ranks` > 1) through this script's wrapper: the
+    seconds to the first step's log line, the summed peak RSS of its processes."""
+    rss_file.unlink(missing_ok=True)
+    wrapper = [str(Path(__file__).resolve()), "--child", str(rss_file), "--"]
+    if ranks > 1:
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+        command += ["--nproc_per_node", str(ranks), *wrapper, *args]
+    else:
+        command = [sys.executable, *wrapper, *args]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    start = time.perf_counter()
+    first = None
+    lines = []
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO
+    ) as proc:
+        for line in proc.stdout:
+            lines.append(line)
+            if first is None and line.startswith(FIRST_STEP):
+                first = time.perf_counter() - start
+    if proc.returncode != 0 or first is None:
+        sys.exit(f"bench_corpus: {' '.join(args)} failed:\n{''.join(lines[-20:])}")
+    rows = [[int(x) for x in line.split()] for line in rss_file.read_text().splitlines()]
+    return {
+        "seconds_to_first_step": round(first, 2),
+        "peak_rss_bytes": sum(row[0] for row in rows),
+        "pss_at_exit_bytes": sum(row[1] for row in rows),
+        "ranks": ranks,
+    }
+
+
+def child(rss_file: str, args: list[str]) -> None:
+    """Run the nmt command line in this process; at exit append its peak RSS to `rss_file`."""
+    import atexit
+
+    def record() -> None:
+        kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+        with open(rss_file, "a", encoding="utf-8") as handle:
+            handle.write(f"{kib * 1024} {pss()}\n")
+
+    atexit.register(record)
+    sys.argv = ["nmt", *args]
+    sys.path.insert(0, str(REPO))
+    from nmt.launch import main
+
+    main()
+
+
+def pss() -> int:
+    """This process's proportional set size now (bytes; 0 where /proc cannot say): pages
+    shared with other processes (a library, a memory-mapped corpus) count as their share,
+    so the ranks' values add up to what they hold together."""
+    try:
+        with open("/proc/self/smaps_rollup", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def import_rss(work: Path) -> int:
+    """Peak RSS of a process that imported torch and the trainer and nothing else."""
+    code = (
+        "import resource, nmt.train.trainer, nmt.cli; "
+        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    return int(out.stdout.strip())
+
+
+def gib(n: int) -> str:
+    return f"{n / 2**30:.2f}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default=DEFAULT_SIZES, help="pairs, comma-separated")
+    parser.add_argument("--vocab", default="word,spm", help="word, spm or both")
+    parser.add_argument("--ranks", type=int, default=2, help="the distributed rows (0: none)")
+    parser.add_argument("--corpora", type=Path, default=REPO.parent / "shared" / "corpora")
+    parser.add_argument("--work", type=Path, help="corpora and runs (default: a temporary folder)")
+    parser.add_argument("--json", type=Path, help="also write the records here")
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",") if s]
+    vocabs = [v for v in args.vocab.split(",") if v]
+    work = args.work or Path(tempfile.mkdtemp(prefix="nmt-bench-corpus-"))
+    work.mkdir(parents=True, exist_ok=True)
+    pool = source_pairs(args.corpora)
+    valid = work / "valid"
+    write_corpus(pool, 500, valid, seed=1)
+    records: list[dict] = []
+    base = {"import_rss_bytes": import_rss(work)}
+    for n in sizes:
+        corpus = work / f"train{n}"
+        write_corpus(pool, n, corpus, seed=n)
+        for vocab in vocabs:
+            cfg = write_config(work / f"{vocab}{n}.yaml", corpus, valid, vocab)
+            out, rss = work / f"run-{vocab}{n}", work / "rss.txt"
+            shutil.rmtree(out, ignore_errors=True)
+            train = ["train", "--config", str(cfg), "--out", str(out), "--no-progress"]
+            phases = {
+                "first": train,
+                "later": [*train, "--force"],
+                "resume": [*train, "--resume", str(out / "last.pt"), "--set", "train.max_steps=2"],
+            }
+            for phase, command in phases.items():
+                record = run(command, rss)
+                records.append({"pairs": n, "vocab": vocab, "phase": phase, **record})
+                print(json.dumps(records[-1]), flush=True)
+            if args.ranks > 1 and vocab == "word":
+                out2 = work / f"run-{vocab}{n}-ranks"
+                shutil.rmtree(out2, ignore_errors=True)
+                train2 = ["train", "--config", str(cfg), "--out", str(out2), "--no-progress"]
+                for phase, command in (("first", train2), ("later", [*train2, "--force"])):
+                    record = run(command, rss, ranks=args.ranks)
+                    records.append({"pairs": n, "vocab": vocab, "phase": phase, **record})
+                    print(json.dumps(records[-1]), flush=True)
+    table(records, base, args.ranks)
+    if args.json:
+        args.json.write_text(json.dumps({**base, "records": records}, indent=1) + "\n")
+    if args.work is None:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def table(records: list[dict], base: dict, ranks: int) -> None:
+    """One row per size: seconds to the first step and peak RSS (GiB) of each start."""
+    print(f"\nimport only: peak RSS {gib(base['import_rss_bytes'])} GiB")
+    head = "| pairs | vocab | first s | later s | resume s | peak RSS GiB (first/later/resume) |"
+    extra = (
+        f" {ranks} ranks first s | {ranks} ranks later s | {ranks} ranks RSS / 1 rank "
+        f"| {ranks} ranks PSS / 1 rank |"
+    )
+    print(head + (extra if ranks > 1 else ""))
+    print("|---" * (6 + 4 * (ranks > 1)) + "|")
+    keys = sorted({(r["pairs"], r["vocab"]) for r in records}, key=lambda k: (k[0], k[1] != "word"))
+    for n, vocab in keys:
+        one = {
+            r["phase"]: r for r in records if (r["pairs"], r["vocab"], r["ranks"]) == (n, vocab, 1)
+        }
+        row = f"| {n} | {vocab} | " + " | ".join(
+            f"{one[p]['seconds_to_first_step']:.1f}" for p in ("first", "later", "resume")
+        )
+        row += " | " + "/".join(gib(one[p]["peak_rss_bytes"]) for p in ("first", "later", "resume"))
+        many = {
+            r["phase"]: r
+            for r in records
+            if (r["pairs"], r["vocab"]) == (n, vocab) and r["ranks"] > 1
+        }
+        if ranks > 1:
+            if many:
+                ratio = many["later"]["peak_rss_bytes"] / one["later"]["peak_rss_bytes"]
+                shared = many["later"]["pss_at_exit_bytes"] / max(
+                    one["later"]["pss_at_exit_bytes"], 1
+                )
+                row += f" | {many['first']['seconds_to_first_step']:.1f}"
+                row += (
+                    f" | {many['later']['seconds_to_first_step']:.1f} | {ratio:.2f} | {shared:.2f}"
+                )
+            else:
+                row += " | - | - | - | -"
+        print(row + " |")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 3 and sys.argv[1] == "--child" and sys.argv[3] == "--":
+        child(sys.argv[2], sys.argv[4:])
+    else:
+        main()

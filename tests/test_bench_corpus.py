@@ -1,0 +1,71 @@
+"""scripts/bench_corpus.py: its corpora, its measured runs and its table (tiny sizes: no
+timing is checked)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+TOY = REPO / "data" / "toy"
+
+
+def bench_module():
+    spec = importlib.util.spec_from_file_location("bench_corpus", REPO / "scripts/bench_corpus.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bench_corpus"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_synthetic_pairs_stay_aligned_and_within_the_lengths(tmp_path):
+    bench = bench_module()
+    pool = [(f"s{i} " * (i % 9 + 1), f"t{i} " * (i % 7 + 1)) for i in range(100)]
+    bench.write_corpus(pool, 300, tmp_path / "c", seed=3)
+    src = (tmp_path / "c.src").read_text(encoding="utf-8").splitlines()
+    tgt = (tmp_path / "c.tgt").read_text(encoding="utf-8").splitlines()
+    assert len(src) == len(tgt) == 300
+    for s, t in zip(src, tgt, strict=True):
+        assert 20 <= len(s.split()) <= 50 and len(t.split()) <= 50
+        # the same pool pairs on both sides: pair i gives s{i} and t{i}
+        assert {w[1:] for w in s.split()} == {w[1:] for w in t.split()}
+
+
+def test_a_measured_run_reports_its_first_step_and_peak_rss(tmp_path):
+    bench = bench_module()
+    pool = list(
+        zip(
+            (TOY / "train.src").read_text(encoding="utf-8").splitlines()[:300],
+            (TOY / "train.tgt").read_text(encoding="utf-8").splitlines()[:300],
+            strict=True,
+        )
+    )
+    bench.write_corpus(pool, 200, tmp_path / "train", seed=1)
+    bench.write_corpus(pool, 20, tmp_path / "valid", seed=2)
+    cfg = bench.write_config(tmp_path / "c.yaml", tmp_path / "train", tmp_path / "valid", "word")
+    args = ["train", "--config", str(cfg), "--out", str(tmp_path / "run"), "--no-progress"]
+    record = bench.run(args, tmp_path / "rss.txt")
+    assert record["ranks"] == 1 and record["seconds_to_first_step"] > 0
+    assert 10**8 < record["peak_rss_bytes"] < 2**33  # torch alone takes ~200 MB
+    assert 0 < record["pss_at_exit_bytes"] <= record["peak_rss_bytes"]
+    assert (tmp_path / "run" / "prepared" / "key.json").is_file()
+
+
+def test_the_table_has_a_row_per_size_and_vocabulary(capsys):
+    bench = bench_module()
+    records = [
+        {"pairs": n, "vocab": v, "phase": p, "ranks": r, "seconds_to_first_step": 1.0,
+         "peak_rss_bytes": 2**30 * r, "pss_at_exit_bytes": 2**29 * (r + 1)}
+        for n in (10, 20)
+        for v in ("word", "spm")
+        for p, r in (("first", 1), ("later", 1), ("resume", 1), ("first", 2), ("later", 2))
+        if r == 1 or v == "word"
+    ]  # fmt: skip
+    bench.table(records, {"import_rss_bytes": 2**28}, 2)
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
+    assert len(rows) == 1 + 4
+    assert rows[1].startswith(
+        "| 10 | word | 1.0 | 1.0 | 1.0 | 1.00/1.00/1.00 | 1.0 | 1.0 | 2.00 | 1.50 |"
+    )
+    assert rows[2].endswith("| - | - | - | - |")
