@@ -19,7 +19,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from nmt import policies
+from nmt import kernels, policies
 from nmt.checkpoint import load_checkpoint, save_checkpoint
 from nmt.cli import app
 from nmt.config import ModelConfig, TrainConfig, load_config
@@ -181,6 +181,7 @@ def fake_cuda(monkeypatch):
         return fake
 
     yield make
+    kernels.forget_choices()  # the kernels chosen while CUDA was faked
     _restore_precisions(saved)
 
 

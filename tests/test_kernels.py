@@ -265,12 +265,12 @@ def test_without_the_cuda_kernels_the_reference_serves_with_one_line(monkeypatch
     cell on CUDA, and says so in one line."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch._C, "_dispatch_has_kernel_for_dispatch_key", lambda op, key: False)
-    cuda_cells.has_cuda_kernels.cache_clear()
+    cuda_cells._cuda_kernels_present.cache_clear()
     try:
         assert kernels.LSTM_CELL.implementation("cuda", torch.float32).name == "reference"
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "no CUDA kernel for _thnn_fused_lstm_cell" in err[0]
     finally:
-        cuda_cells.has_cuda_kernels.cache_clear()
+        cuda_cells._cuda_kernels_present.cache_clear()
     monkeypatch.undo()
     assert kernels.LSTM_CELL.implementation("cuda", torch.float32).name == "cuda_fused"

@@ -63,13 +63,16 @@ def on_cuda(device: str, dtype: torch.dtype) -> bool:
     return device == "cuda" and dtype in FLOATS
 
 
-@functools.cache
 def has_cuda_kernels(*names: str) -> bool:
     """Whether this torch has CUDA kernels for the aten ops `names`; where it has not, the
     reference cell serves, and one line on stderr says so (once). A torch without CUDA runs
-    nothing there: its stand-ins (the planner's probe, meta) choose as a CUDA build would."""
-    if not torch.cuda.is_available():
-        return True
+    nothing there: its stand-ins (the planner's probe, meta) choose as a CUDA build would.
+    Only the kernels' presence is cached: whether CUDA is there is asked at each choice."""
+    return not torch.cuda.is_available() or _cuda_kernels_present(names)
+
+
+@functools.cache
+def _cuda_kernels_present(names: tuple[str, ...]) -> bool:
     missing = [
         n for n in names if not torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{n}", "CUDA")
     ]

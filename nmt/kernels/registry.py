@@ -128,6 +128,13 @@ def _runs_on(impl: Implementation, device_type: str) -> bool:
 REGISTRY: dict[str, KernelOp] = {}
 
 
+def forget_choices() -> None:
+    """Drop every op's cached choice: what serves a device was decided for a CUDA that a test
+    faked (on a real machine whether CUDA is there never changes, so nothing else calls it)."""
+    for op in REGISTRY.values():
+        op._chosen.clear()
+
+
 @contextmanager
 def standing_in_for(device: torch.device | str) -> Iterator[None]:
     """Inside, CPU and meta tensors choose the implementations `device` would run (meta:
