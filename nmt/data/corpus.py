@@ -39,7 +39,13 @@ from nmt.data.tokenizers import (
     WordTokenizer,
     cached_sentencepiece,
 )
-from nmt.data.word_workers import count_chunk, encode_chunk, ordered_map, start_encoding
+from nmt.data.word_workers import (
+    count_chunk,
+    encode_chunk,
+    end_encoding,
+    ordered_map,
+    start_encoding,
+)
 from nmt.errors import NmtError
 from nmt.threads import allowed_cores
 
@@ -233,9 +239,18 @@ def _word_map(cfg: DataConfig, fn: Callable, jobs: Iterator, log: Log, **init: A
         results = ordered_map(fn, jobs, workers, log, initializer, initargs)
         if results is not None:
             return results
-    if init:
-        start_encoding(init["src"], init["tgt"])
-    return map(fn, jobs)
+    if not init:
+        return map(fn, jobs)
+    start_encoding(init["src"], init["tgt"])
+    return _then_end_encoding(map(fn, jobs))
+
+
+def _then_end_encoding(results: Iterator) -> Iterator:
+    """`results`, then the vocabularies set for encoding here dropped."""
+    try:
+        yield from results
+    finally:
+        end_encoding()
 
 
 def encoded_chunks(
