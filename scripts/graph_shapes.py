@@ -24,7 +24,8 @@ sys.path.insert(0, str(REPO))
 
 from nmt import granularities  # noqa: E402
 from nmt.config import load_config  # noqa: E402
-from nmt.data.batching import Batch, make_batches  # noqa: E402
+from nmt.data.batch_index import BatchRule, EpochBatches  # noqa: E402
+from nmt.data.batching import Batch  # noqa: E402
 from nmt.data.corpus import load_corpus  # noqa: E402
 from nmt.train.step import graph_shaped  # noqa: E402
 
@@ -48,7 +49,7 @@ def main() -> int:
     args = ap.parse_args()
     cfg = load_config(args.config, args.set)
     corpus = load_corpus(cfg.data, None, log=lambda _: None)
-    batches = make_batches(corpus.train, cfg.train.batch_size)
+    batches = list(EpochBatches(corpus.train, BatchRule(cfg.train.batch_size)))
     limit = cfg.data.max_tgt_len + 1
     fused = granularities.get(cfg.model.granularity).fused_output_layer
     print(
