@@ -81,8 +81,7 @@ def search_buffers(search: Search) -> list[torch.Tensor]:
         _never(search.scores.device, True),
         _never(search.scores.device, False),
     ]
-    models = getattr(search.model, "models", [search.model])
-    weights = [t for m in models for t in (*m.parameters(), *m.buffers())]
+    weights = [*search.model.parameters(), *search.model.buffers()]  # an ensemble's members'
     return [t for t in own + weights if t is not None]
 
 
