@@ -25,6 +25,10 @@ once, when built, through `nmt.kernels.LOGITS_BLOCKS` (`block_rows` on a float32
 granularity's generator, one position's rows at a time, gained nothing in a step from blocks
 (its product 1.15x faster, the step 1.00x: the blocks' ops cost as much) and keeps one
 product.
+
+In a mixed precision the clones' output layer keeps its weight the float32 master
+(`master_linear_into`, `master_linear_backward`, below): each product casts a block of
+`MASTER_BLOCK_ROWS` of its rows, so no compute copy of V x H, nor of its gradient, is held.
 """
 
 from __future__ import annotations
