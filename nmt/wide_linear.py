@@ -25,6 +25,10 @@ once, when built, through `nmt.kernels.LOGITS_BLOCKS` (`block_rows` on a float32
 granularity's generator, one position's rows at a time, gained nothing in a step from blocks
 (its product 1.15x faster, the step 1.00x: the blocks' ops cost as much) and keeps one
 product.
+
+In a mixed precision the clones' output layer keeps its weight the float32 master
+(`master_linear_into`, `master_linear_backward`, below): each product casts a block of
+`MASTER_BLOCK_ROWS` of its rows, so no compute copy of V x H, nor of its gradient, is held.
 """
 
 from __future__ import annotations
@@ -88,3 +92,58 @@ def linear_into(out: Tensor, x: Tensor, weight: Tensor, bias: Tensor, block: int
         rows = slice(start, start + block)
         torch.addmm(bias[rows], x, weight[rows].t(), out=out[:, rows])
     return out
+
+
+# A mixed precision's output layer keeps its weight the float32 master (`nmt.engine.weights`):
+# a compute copy of V x H and its gradient beside the masters would cost more than the
+# clones' halved buffers save at a 50k vocabulary. Its products cast this many of the
+# weight's rows at a time into one block of the compute dtype (2,048 x 600 in bfloat16:
+# 2.3 MiB, which the block's weight gradient reuses).
+MASTER_BLOCK_ROWS = 2048
+
+
+def master_linear_into(
+    out: Tensor, x: Tensor, weight: Tensor, bias: Tensor, rows: Tensor
+) -> Tensor:
+    """out (N x V) = x (N x H) @ weight (V x H, float32)^T + bias in x's dtype: each block of
+    the weight's rows cast into `rows` (a scratch buffer of x's dtype), its product writing
+    its columns of `out` - each logit the same dot product as one product's."""
+    for start in range(0, weight.shape[0], MASTER_BLOCK_ROWS):
+        block = slice(start, start + MASTER_BLOCK_ROWS)
+        cast = resized_to(rows, weight[block].shape).copy_(weight[block])
+        torch.addmm(bias[block], x, cast.t(), out=out[:, block])
+    return out
+
+
+def master_linear_backward(
+    grad_x: Tensor,
+    g: Tensor,
+    x: Tensor,
+    weight: Tensor,
+    scratch: tuple[Tensor, Tensor, Tensor],
+    accumulate: bool,
+) -> None:
+    """The backward of `master_linear_into` (without the bias): d x = g @ weight into
+    `grad_x` (added to it when `accumulate`), d weight = g^T @ x added into the float32
+    `weight.grad`, one cast block of the weight's rows at a time. scratch: (rows: the cast
+    block, then that block's weight gradient in x's dtype before it is added to the
+    master's; part: a block's share of d x; total: d x summed in float32 over the blocks,
+    so that it rounds to x's dtype once, as one product's does)."""
+    rows, part, total = scratch
+    total = resized_to(total, grad_x.shape).zero_()
+    for start in range(0, weight.shape[0], MASTER_BLOCK_ROWS):
+        block = slice(start, start + MASTER_BLOCK_ROWS)
+        cast = resized_to(rows, weight[block].shape).copy_(weight[block])
+        total.add_(torch.mm(g[:, block], cast, out=resized_to(part, grad_x.shape)))
+        weight.grad[block].add_(torch.mm(g[:, block].t(), x, out=cast))
+    if accumulate:
+        grad_x.add_(total)
+    else:
+        grad_x.copy_(total)
+
+
+def resized_to(buf: Tensor, shape: tuple[int, ...] | torch.Size) -> Tensor:
+    """A persistent scratch buffer given this shape; its storage only ever grows."""
+    if buf.shape != shape:
+        buf.resize_(shape)
+    return buf

@@ -24,6 +24,7 @@ from nmt.memreport.measure import (
     CATEGORIES,
     Setting,
     StorageTracker,
+    autocast_model,
     measure,
     optimizer_bytes,
     report_policies,
@@ -31,6 +32,7 @@ from nmt.memreport.measure import (
 from nmt.memreport.report import (
     build_report,
     choose_device,
+    clone_buffer_bytes,
     detail_rows,
     extra_flop_fraction,
     to_json,
@@ -110,6 +112,43 @@ def test_the_compute_copy_is_counted_once(tiny_config: Path, tiny: Setting, poli
     assert low.parts["weights"] > 0
     # the same temporaries, in bfloat16 or in the float32 the loss keeps
     assert low.parts["transient"] <= full.parts["transient"]
+
+
+@pytest.mark.parametrize("tie", ["none", "decoder"])
+def test_autocast_casts_no_embedding_table(tiny_config: Path, tie: str) -> None:
+    """torch.autocast lowers products, not lookups: an embedding reads its float32 table
+    (checked here on the CPU), so the autograd rows count a cast - and its gradient - only
+    of the weights a product reads, a table tied to the output layer among them."""
+    table = torch.randn(10, 4, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        rows = torch.nn.functional.embedding(torch.tensor([1, 2]), table)
+    assert rows.dtype == torch.float32
+    overrides = ["train.precision=bfloat16", f"model.tie_embeddings={tie}"]
+    if tie != "none":  # a tied table is V x H as the output layer's weight
+        overrides += ["model.word_vec_size=16", "model.rnn_size=16"]
+    setting = Setting.from_config(load_config(tiny_config, overrides, require_data=False))
+    model = setting.build_model("meta")
+    compute, casts = autocast_model(setting, model)
+    tables = {id(model.src_embedding.weight), id(model.tgt_embedding.weight)}
+    tables.discard(id(model.generator.weight))
+    cast = sum(p.numel() for p in model.parameters() if id(p) not in tables)
+    assert casts == 2 * cast * compute.generator.weight.element_size()
+    assert len(tables) == (1 if tie == "decoder" else 2)
+
+
+def test_bfloat16_never_costs_memory_at_the_seed_config() -> None:
+    """At configs/seed-4x600.yaml (a 50k vocabulary) bfloat16's accounted peak is at most
+    float32's for every row, and its clones' buffers at most 0.52x float32's: neither the
+    output layer's weight nor its gradient is copied whole into bfloat16, and autocast's
+    casts are counted only for the weights a product reads."""
+    cfg = load_config(REPO / "configs" / "seed-4x600.yaml", require_data=False)
+    full = Setting.from_config(cfg)
+    low = full.replace(precision="bfloat16")
+    for policy in report_policies():
+        f, b = measure(full, policy), measure(low, policy)
+        assert b.peak_bytes <= f.peak_bytes, (policy, b.peak_bytes, f.peak_bytes)
+        if policy not in AUTOGRAD_ROWS:
+            assert clone_buffer_bytes(b) <= 0.52 * clone_buffer_bytes(f), policy
 
 
 def test_parts_add_up_and_optimizer_state_is_counted(tiny: Setting) -> None:

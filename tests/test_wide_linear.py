@@ -89,3 +89,34 @@ def test_a_fused_training_step_in_blocks_is_the_one_products() -> None:
     for name, grad in grads.items():
         err = (blocked_grads[name] - grad).abs().max() / grad.abs().max()
         assert err < 1e-5, name
+
+
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_the_master_weights_products_are_one_products_of_its_cast(accumulate: bool) -> None:
+    """A mixed precision's output layer keeps its float32 weight and casts blocks of its rows
+    (the last one short): the logits are one bfloat16 product's of the cast weight to a unit
+    in bfloat16's last place, d x too (summed in float32 over the blocks, rounded once), and
+    d W - each block's product rounded to bfloat16 once - is added into the float32
+    gradient; no scratch buffer holds more than a block of the weight."""
+    torch.manual_seed(0)
+    V, H, R, bf16 = wide_linear.MASTER_BLOCK_ROWS * 2 + 300, 48, 5, torch.bfloat16
+    weight = torch.randn(V, H)
+    weight.grad = torch.randn(V, H)
+    before = weight.grad.clone()
+    bias = torch.randn(V, dtype=bf16)
+    x, g = torch.randn(R, H, dtype=bf16), torch.randn(R, V, dtype=bf16)
+    rows = torch.empty(0, dtype=bf16)
+    out = torch.full((R, V), float("nan"), dtype=bf16)
+    assert wide_linear.master_linear_into(out, x, weight, bias, rows) is out
+    cast = weight.to(bf16)
+    assert torch.allclose(out.float(), torch.addmm(bias, x, cast.t()).float(), rtol=2**-7)
+    grad_x = torch.randn(R, H, dtype=bf16)
+    start = grad_x.clone()
+    scratch = (rows, torch.empty(0, dtype=bf16), torch.empty(0))
+    wide_linear.master_linear_backward(grad_x, g, x, weight, scratch, accumulate)
+    expected = (g.float() @ cast.float()) + (start.float() if accumulate else 0)
+    assert torch.allclose(grad_x.float(), expected, rtol=2**-7, atol=2**-7 * expected.abs().max())
+    added = weight.grad - before
+    exact = g.float().t() @ x.float()
+    assert torch.allclose(added, exact, rtol=2**-7, atol=2**-7 * exact.abs().max())
+    assert max(t.numel() for t in scratch) <= wide_linear.MASTER_BLOCK_ROWS * H

@@ -19,11 +19,17 @@ from torch.nn import Parameter
 
 from nmt import precisions
 from nmt.data.vocab import PAD
-from nmt.kernels import LOGITS_BLOCKS, add_row_sums, linear_into
+from nmt.kernels import (
+    LOGITS_BLOCKS,
+    add_row_sums,
+    linear_into,
+    master_linear_backward,
+    master_linear_into,
+)
 from nmt.loss import smoothing_value
 from nmt.model import Seq2SeqAttn
 from nmt.nodes.fused import _Fused
-from nmt.nodes.modules import Linear
+from nmt.nodes.modules import Linear, MasterLinear
 from nmt.nodes.node import Node, add_at, resized
 
 _OUT = {"output": "output"}
@@ -99,6 +105,10 @@ class OutputLoss(_Fused):
         "rows_grad": "rows_grad",
         "flat_target": "flat_target",
         "softmax_float": "softmax_float",  # a low precision's float32 log-softmax and gradient
+        # a low precision's products with the float32 master weight (`MasterLinear`'s)
+        "weight_rows": "weight_rows",
+        "grad_input_part": "grad_input_part",
+        "grad_input_sum": "grad_input_sum",
     }
 
     def __init__(
@@ -123,6 +133,9 @@ class OutputLoss(_Fused):
         self.flat_target = torch.empty(0, device=device, dtype=torch.long)
         self.low_precision = precisions.is_low(dtype)
         self.softmax_float = torch.empty(0, device=device, dtype=torch.float32)
+        # a mixed precision keeps the weight the float32 master (`nmt.engine.weights`)
+        self.master_weight = self.weight.dtype != dtype
+        self.grad_input_sum = torch.empty(0, device=device, dtype=self.weight.dtype)
         if self.low_precision:  # q at the target in the gradient's float32: 0.9 is 0.898 in bf16
             self.minus_target_q = torch.empty(0, device=device, dtype=torch.float32)
 
@@ -142,7 +155,10 @@ class OutputLoss(_Fused):
         tokens, else 0."""
         w, b = self.weight, self.bias
         R, V = out.shape[0], w.shape[0]
-        logits = linear_into(self._rows("output", (R, V)), out, w, b, self.block)
+        if self.master_weight:
+            logits = master_linear_into(self._rows("output", (R, V)), out, w, b, self.weight_rows)
+        else:
+            logits = linear_into(self._rows("output", (R, V)), out, w, b, self.block)
         if self.low_precision:  # float32 from the logits to the gradient (class docstring)
             # lifted into the float32 buffer, then normalised there in place: no temporary
             logp = self._rows("softmax_float", (R, V)).copy_(logits)
@@ -161,11 +177,19 @@ class OutputLoss(_Fused):
         grad.mul_(weight)
         if self.low_precision:
             grad = logits.copy_(grad)  # back to the compute dtype for the products
-        if accumulate:
+        if self.master_weight:
+            scratch = (
+                self.weight_rows,
+                self.grad_input_part,
+                self.grad_input_sum,
+            )
+            master_linear_backward(grad_out, grad, out, w, scratch, accumulate)
+        elif accumulate:
             grad_out.addmm_(grad, w)
+            w.grad.addmm_(grad.t(), out)
         else:
             torch.mm(grad, w, out=grad_out)
-        w.grad.addmm_(grad.t(), out)
+            w.grad.addmm_(grad.t(), out)
         add_row_sums(b.grad, grad, self._constant("ones", (R,), 1.0))
 
     def step_positions(
@@ -213,7 +237,9 @@ class Generator:
         if self.skips_pad_rows:
             self.fused = OutputLoss("generator", lin, device, dtype, label_smoothing)
             return
-        self.linear = Linear("generator", lin.weight, lin.bias, device, dtype)
+        # a mixed precision keeps the weight the float32 master (`nmt.engine.weights`)
+        kind = Linear if lin.weight.dtype == dtype else MasterLinear
+        self.linear = kind("generator", lin.weight, lin.bias, device, dtype)
         self.criterion = LogSoftMaxNLL("criterion", device, dtype, label_smoothing)
 
     def step(

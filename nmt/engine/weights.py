@@ -18,7 +18,11 @@ from torch import Tensor
 
 from nmt.model import Seq2SeqAttn
 
-SHARED = ("src_embedding", "tgt_embedding")  # modules whose weights the compute copy shares
+# modules whose weights the compute copy shares with the masters: the embeddings (a lookup
+# reads a few rows) and the output layer (its products cast blocks of its rows,
+# `nmt.wide_linear.MASTER_BLOCK_ROWS`: a compute copy of V x H and its gradient would cost
+# more memory than the clones' halved buffers save)
+SHARED = ("src_embedding", "tgt_embedding", "generator")
 
 
 class ComputeWeights:
@@ -31,8 +35,7 @@ class ComputeWeights:
             self.model = model
             return
         self.model = copy.deepcopy(model).to(dtype)
-        # the embeddings stay the masters: a lookup reads a few rows, and a compute copy of
-        # the matrices (and of their gradients) would cost more memory than it saves work
+        # the SHARED weights stay the masters; the output layer's bias is copied (V values)
         for name in SHARED:
             getattr(self.model, name).weight = getattr(model, name).weight
         shared = {f"{name}.weight" for name in SHARED}
@@ -43,8 +46,6 @@ class ComputeWeights:
             p.requires_grad_(False)
             p.grad = torch.zeros_like(p)
         self._grads = [p.grad for p in self._compute]
-        # every name, a tied weight's included: the output layer's compute copy is its own
-        # matrix, its gradient added into the embedding it is tied to (`model.tie_embeddings`)
         masters = dict(model.named_parameters(remove_duplicate=False))
         self._masters = [masters[n] for n in self._names]
 

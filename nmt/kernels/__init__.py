@@ -45,7 +45,7 @@ from nmt.kernels.registry import (
     standing_in_for,
     using,
 )
-from nmt.wide_linear import linear_into
+from nmt.wide_linear import linear_into, master_linear_backward, master_linear_into
 
 IMPLEMENTATION_FILES = (cpu_blocks, cpu_forms, cuda_cells, onednn_gates)
 
@@ -70,6 +70,8 @@ __all__ = [
     "forced",
     "keep_mask_",
     "linear_into",
+    "master_linear_backward",
+    "master_linear_into",
     "row_dots",
     "stand_in",
     "standing_in_for",

@@ -360,14 +360,20 @@ def autocast_model(setting: Setting, model: Seq2SeqAttn) -> tuple[Seq2SeqAttn, i
     """What the autograd executor's step computes with: `model` itself, or in a mixed
     precision its copy in the compute dtype - what `torch.autocast` makes of every product,
     which cannot run on meta: its float32 promotions of some elementwise results are not
-    modelled - with gradients; and the bytes of that copy and its gradients (autocast's
-    cached weight casts and their gradients)."""
+    modelled - with gradients; and the bytes of the weights autocast casts and their
+    gradients (its cached weight casts). The embedding tables are not among them: an
+    embedding is no product autocast lowers, so the lookup reads the float32 master and its
+    gradient goes there straight; a table tied to the output layer is cast for that product."""
     if not setting.spec.dtypes.mixed:
         return model, 0
     compute = copy.deepcopy(model).to(setting.spec.dtypes.compute)
     for p in compute.parameters():
         p.grad = torch.zeros_like(p)
-    return compute, 2 * sum(p.untyped_storage().nbytes() for p in compute.parameters())
+    # a table tied to the output layer's weight (`model.tie_embeddings`) is that product's
+    tables = {id(compute.src_embedding.weight), id(compute.tgt_embedding.weight)}
+    tables.discard(id(compute.generator.weight))
+    cast = [p for p in compute.parameters() if id(p) not in tables]
+    return compute, 2 * sum(p.untyped_storage().nbytes() for p in cast)
 
 
 def measure_autograd(setting: Setting, row: str, opt_bytes: int) -> PolicyMemory:

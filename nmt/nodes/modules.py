@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 from torch.nn import Module, Parameter
 
-from nmt.kernels import keep_mask_, row_dots
+from nmt.kernels import keep_mask_, master_linear_backward, master_linear_into, row_dots
 from nmt.nodes.node import Node, resized
 
 _sigmoid_backward = torch.ops.aten.sigmoid_backward.grad_input
@@ -72,6 +72,44 @@ class Linear(Node):
         w.grad.addmm_(g.t(), x)
         if self.bias is not None:
             self.bias.grad.add_(g.sum(0))
+        return gi
+
+
+class MasterLinear(Linear):
+    """A Linear whose weight is the float32 master while the graph computes in a lower
+    precision (a mixed precision's output layer, `nmt.engine.weights`): each product casts
+    a block of the weight's rows at a time (`nmt.wide_linear.MASTER_BLOCK_ROWS`), and the
+    weight's gradient is added into the master's in float32, a block at a time."""
+
+    ROLES = {
+        **_OUT_GI,
+        "weight_rows": "weight_rows",
+        "grad_input_part": "grad_input_part",
+        "grad_input_sum": "grad_input_sum",
+    }
+    FWD_SCRATCH_ROLES = ("weight_rows",)
+    BWD_SCRATCH_ROLES = ("weight_rows", "grad_input_part", "grad_input_sum")
+
+    def __init__(
+        self,
+        name: str,
+        weight: Parameter,
+        bias: Parameter,
+        device: torch.device,
+        dtype: torch.dtype,
+    ):
+        super().__init__(name, weight, bias, device, dtype)
+        self.grad_input_sum = torch.empty(0, device=device, dtype=weight.dtype)
+
+    def forward(self, x: Tensor) -> Tensor:
+        out = resized(self.output, (x.shape[0], self.weight.shape[0]))
+        return master_linear_into(out, x, self.weight, self.bias, self.weight_rows)
+
+    def backward(self, x: Tensor, g: Tensor) -> Tensor:
+        gi = resized(self.grad_input, (g.shape[0], self.weight.shape[1]))
+        scratch = (self.weight_rows, self.grad_input_part, self.grad_input_sum)
+        master_linear_backward(gi, g, x, self.weight, scratch, accumulate=False)
+        self.bias.grad.add_(g.sum(0))
         return gi
 
 
