@@ -13,7 +13,6 @@ import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +43,7 @@ from nmt.data.word_workers import (
     encode_chunk,
     end_encoding,
     ordered_map,
+    packed_within,
     start_encoding,
 )
 from nmt.errors import NmtError
@@ -280,12 +280,7 @@ def _encode_here(
     pairs, max_src, max_tgt = job
     src = tokenizers[0].encode_batch([s for s, _ in pairs])
     tgt = tokenizers[1].encode_batch([t for _, t in pairs])
-    keep = [i for i in range(len(pairs)) if len(src[i]) <= max_src and len(tgt[i]) <= max_tgt]
-    arrays = []
-    for rows in ([src[i] for i in keep], [tgt[i] for i in keep]):
-        lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
-        arrays += [np.fromiter(chain.from_iterable(rows), dtype=np.int64), lengths]
-    return arrays, len(pairs)
+    return packed_within(src, tgt, max_src, max_tgt), len(pairs)
 
 
 def _filtered(

@@ -78,12 +78,20 @@ def encode_chunk(job: tuple[Pairs, int, int]) -> tuple[list[np.ndarray], int]:
     src_ids, tgt_ids = _ids["src"], _ids["tgt"]
     src = [list(map(src_ids.__getitem__, s.split())) for s, _ in pairs]  # type: ignore[attr-defined]
     tgt = [list(map(tgt_ids.__getitem__, t.split())) for _, t in pairs]  # type: ignore[attr-defined]
-    keep = [i for i in range(len(pairs)) if len(src[i]) <= max_src and len(tgt[i]) <= max_tgt]
+    return packed_within(src, tgt, max_src, max_tgt), len(pairs)
+
+
+def packed_within(
+    src: list[list[int]], tgt: list[list[int]], max_src: int, max_tgt: int
+) -> list[np.ndarray]:
+    """The encoded pairs within the length limits as [source ids, source lengths, target
+    ids, target lengths] (int64): what every encoder of a chunk hands the prepared corpus."""
+    keep = [i for i in range(len(src)) if len(src[i]) <= max_src and len(tgt[i]) <= max_tgt]
     arrays = []
     for rows in ([src[i] for i in keep], [tgt[i] for i in keep]):
         lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
         arrays += [np.fromiter(chain.from_iterable(rows), dtype=np.int64), lengths]
-    return arrays, len(pairs)
+    return arrays
 
 
 def ordered_map(
