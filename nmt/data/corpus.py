@@ -41,7 +41,6 @@ from nmt.data.tokenizers import (
 from nmt.data.word_workers import (
     count_chunk,
     encode_chunk,
-    end_encoding,
     ordered_map,
     packed_within,
     start_encoding,
@@ -137,7 +136,8 @@ def build_tokenizers(
         for src_path, tgt_path in files:
             seen = kept = 0
             jobs = _jobs(cfg, src_path, tgt_path, log)
-            for src_counts, tgt_counts, n, k in _word_map(cfg, count_chunk, jobs, log):
+            counted = _word_map(cfg, count_chunk, jobs, log) or map(count_chunk, jobs)
+            for src_counts, tgt_counts, n, k in counted:
                 counts[0].update(src_counts)  # in chunk order: first occurrences keep theirs
                 counts[1].update(tgt_counts)
                 seen, kept = seen + n, kept + k
@@ -230,27 +230,16 @@ def word_workers(cfg: DataConfig) -> int:
     return allowed_cores() if size > PARALLEL_BYTES else 1
 
 
-def _word_map(cfg: DataConfig, fn: Callable, jobs: Iterator, log: Log, **init: Any) -> Iterator:
-    """`fn` of every job in order: on worker processes where they pay, else here."""
-    workers = word_workers(cfg)
-    if workers > 1:
-        initializer = start_encoding if init else None
-        initargs = (init["src"], init["tgt"]) if init else ()
-        results = ordered_map(fn, jobs, workers, log, initializer, initargs)
-        if results is not None:
-            return results
-    if not init:
-        return map(fn, jobs)
-    start_encoding(init["src"], init["tgt"])
-    return _then_end_encoding(map(fn, jobs))
-
-
-def _then_end_encoding(results: Iterator) -> Iterator:
-    """`results`, then the vocabularies set for encoding here dropped."""
-    try:
-        yield from results
-    finally:
-        end_encoding()
+def _word_map(
+    cfg: DataConfig, fn: Callable, jobs: Iterator, log: Log, **init: Any
+) -> Iterator | None:
+    """`fn` of every job in order on worker processes where they pay (`init`: the
+    vocabularies each worker encodes with); None where they do not, or cannot start."""
+    if (workers := word_workers(cfg)) <= 1:
+        return None
+    initializer = start_encoding if init else None
+    initargs = (init["src"], init["tgt"]) if init else ()
+    return ordered_map(fn, jobs, workers, log, initializer, initargs)
 
 
 def encoded_chunks(
@@ -262,9 +251,10 @@ def encoded_chunks(
     a process per core (`nmt.data.word_workers`), sentencepiece on its own threads."""
     src_tok, tgt_tok = tokenizers
     jobs = _jobs(cfg, src_path, tgt_path, log)
+    results = None
     if isinstance(src_tok, WordTokenizer) and isinstance(tgt_tok, WordTokenizer):
         results = _word_map(cfg, encode_chunk, jobs, log, src=src_tok.pieces, tgt=tgt_tok.pieces)
-    else:
+    if results is None:  # here, with the tokenizers' own look-ups
         results = (_encode_here(job, tokenizers) for job in jobs)
     seen = kept = 0
     for arrays, n in results:
@@ -310,7 +300,8 @@ def reused_training(
     if run_dir is None:
         return None
     folder = Path(run_dir) / FOLDER
-    if (found := open_prepared(folder, corpus_key(cfg), log)) is None:
+    found = open_prepared(folder, corpus_key(cfg), log, load_tokenizers=tokenizers is None)
+    if found is None:
         return None
     pairs, cached, digest = found
     if tokenizers is not None and tokenizers_digest(*tokenizers) != digest:
@@ -320,7 +311,9 @@ def reused_training(
         )
         return None
     log(f"data: the prepared corpus {folder} ({len(pairs)} pairs) is reused")
-    return pairs, tokenizers or cached
+    tokenizers = tokenizers or cached
+    assert tokenizers is not None  # loaded where none were given
+    return pairs, tokenizers
 
 
 def prepare_training(
@@ -334,7 +327,7 @@ def prepare_training(
     try:
         corpora = (encoded_chunks(cfg, s, t, tokenizers, log) for s, t in training_files(cfg))
         write_prepared(target, key, tokenizers, corpora, max(cfg.max_src_len, cfg.max_tgt_len))
-        found = open_prepared(target, key, log)
+        found = open_prepared(target, key, log, load_tokenizers=False)
         if found is None:
             raise NmtError(f"{target}: the prepared corpus just written cannot be read back")
         pairs = found[0] if folder is not None else in_memory(found[0])

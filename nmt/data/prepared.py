@@ -245,11 +245,12 @@ def _differs(stored: dict[str, Any], key: dict[str, Any]) -> str:
 
 
 def open_prepared(
-    folder: Path, key: dict[str, Any], log: Log
-) -> tuple[PreparedPairs, tuple[Tokenizer, Tokenizer], str] | None:
-    """The prepared corpus in `folder`, memory-mapped, with its tokenizers and their digest,
-    when its key file matches `key` and every array has the size it records; otherwise
-    None, the log saying why (none there: nothing said)."""
+    folder: Path, key: dict[str, Any], log: Log, *, load_tokenizers: bool = True
+) -> tuple[PreparedPairs, tuple[Tokenizer, Tokenizer] | None, str] | None:
+    """The prepared corpus in `folder`, memory-mapped, with its tokenizers (None unless
+    `load_tokenizers`: a caller that holds them need not build them again, a vocabulary's
+    worth of memory) and their digest, when its key file matches `key` and every array has
+    the size it records; otherwise None, the log saying why (none there: nothing said)."""
     if not (folder / KEY_FILE).is_file():
         if folder.exists():
             log(f"data: {folder} has no key file; preparing the corpus anew")
@@ -266,8 +267,10 @@ def open_prepared(
         return None
     try:
         arrays = _map_arrays(folder, stored)
-        state = torch.load(folder / TOKENIZERS_FILE, weights_only=True)
-        tokenizers = (tokenizer_from_state(state["src"]), tokenizer_from_state(state["tgt"]))
+        tokenizers = None
+        if load_tokenizers:
+            state = torch.load(folder / TOKENIZERS_FILE, weights_only=True)
+            tokenizers = (tokenizer_from_state(state["src"]), tokenizer_from_state(state["tgt"]))
     except _Damaged as exc:
         log(f"data: {exc}; preparing the corpus anew")
         return None

@@ -137,7 +137,7 @@ class EpochCuts:
         try:
             limit = max(self.cfg.max_src_len, self.cfg.max_tgt_len)
             write_prepared(folder, key, self.tokenizers, [self._chunks(seen)], limit)
-            found = open_prepared(folder, key, lambda _: None)
+            found = open_prepared(folder, key, lambda _: None, load_tokenizers=False)
             if found is None:
                 raise RuntimeError(f"{folder}: the cut just written cannot be read back")
             result.update(pairs=found[0], seen=seen[0])

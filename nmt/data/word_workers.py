@@ -65,12 +65,6 @@ def start_encoding(src_pieces: list[str], tgt_pieces: list[str]) -> None:
     _ids["src"], _ids["tgt"] = word_ids(src_pieces), word_ids(tgt_pieces)  # type: ignore[assignment]
 
 
-def end_encoding() -> None:
-    """Drop the vocabularies `start_encoding` set: in this process (a corpus encoded without
-    workers) they would otherwise stay for the whole run."""
-    _ids.clear()
-
-
 def encode_chunk(job: tuple[Pairs, int, int]) -> tuple[list[np.ndarray], int]:
     """The pairs within the length limits as [source ids, source lengths, target ids,
     target lengths] (int64), and how many pairs there were."""
