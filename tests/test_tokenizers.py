@@ -235,3 +235,27 @@ def test_bad_tokenizer_state_is_a_user_error():
         )
     with pytest.raises(NmtError, match="must start with"):
         tokenizer_from_state({"kind": "word", "pieces": ["a", "b"]})
+
+
+def test_training_from_a_file_learns_the_iterators_model_byte_for_byte():
+    """The trainer reads the lines from a temporary file (less memory than its iterator);
+    the model is the iterator's, byte for byte: the file's name is cut from its record of
+    its input, so two trainings of the same lines give the same bytes."""
+    import io
+
+    import sentencepiece as spm
+
+    from nmt.data.spm_training import train_proto, without_input_files
+    from nmt.data.tokenizers import _train_options
+
+    lines = toy_lines("train.src", 800) + ["  spaces  at  ends  ", "tab\there", "ä ß é"]
+    options = _train_options(200, False, "bpe", threads=1)
+    from_iterator = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(lines), model_writer=from_iterator, **options
+    )
+    proto = train_proto(lines, options)
+    assert proto == from_iterator.getvalue()
+    assert b"lines.txt" not in proto
+    assert without_input_files(from_iterator.getvalue()) == from_iterator.getvalue()
+    assert len(SentencePieceTokenizer(proto)) == 200

@@ -9,7 +9,6 @@ loads with `torch.load(..., weights_only=True)`.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import re
 from abc import ABC, abstractmethod
@@ -23,6 +22,7 @@ import sentencepiece as spm
 import torch
 
 from nmt.atomic import write_bytes
+from nmt.data.spm_training import train_proto
 from nmt.data.vocab import BOS, EOS, PAD, SPECIALS, UNK
 from nmt.data.word_workers import word_ids
 from nmt.errors import NmtError
@@ -194,11 +194,11 @@ class SentencePieceTokenizer(Tokenizer):
         if not lines:
             raise TrainingFailed("cannot train a sentencepiece model on no text")
         try:
-            proto = _train_proto(lines, _train_options(vocab_size, True, model_type))
+            proto = train_proto(lines, _train_options(vocab_size, True, model_type))
         except RuntimeError as exc:
             if "Vocabulary size too high" not in str(exc):
                 raise TrainingFailed(_training_failure(str(exc), vocab_size)) from None
-            proto = _train_proto(lines, _train_options(vocab_size, False, model_type))
+            proto = train_proto(lines, _train_options(vocab_size, False, model_type))
             tok = cls(proto)
             log(
                 f"sentencepiece: vocabulary size {vocab_size} is too large for this text; "
@@ -269,12 +269,6 @@ def _training_failure(message: str, vocab_size: int) -> str:
             "the text's characters and the special pieces need: raise it"
         )
     return f"sentencepiece training failed: {message.splitlines()[0]}"
-
-
-def _train_proto(lines: list[str], options: dict[str, Any]) -> bytes:
-    out = io.BytesIO()
-    spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_writer=out, **options)
-    return out.getvalue()
 
 
 def tokenizer_from_state(d: dict[str, Any]) -> Tokenizer:
