@@ -21,10 +21,29 @@ def _bleu_metric() -> BLEU:
     return BLEU(force=True)
 
 
+def _forget_tokenised_lines(metric: BLEU) -> None:
+    """Empties sacrebleu's class-wide caches of tokenised lines (2**16 lines each, keyed by the
+    tokenizer object too): every validation's hypotheses are new lines and every metric a new
+    tokenizer, so a training run's validations would otherwise fill them, epoch by epoch."""
+    tokenizer = metric.tokenizer
+    for tok in (tokenizer, getattr(tokenizer, "_post_tokenizer", None)):
+        clear = getattr(type(tok).__call__, "cache_clear", None)
+        if clear is not None:
+            clear()
+
+
+def _corpus_bleu(hyps: list[str], refs: list[str]) -> tuple[BLEUScore, str]:
+    _check_pairs(hyps, refs)
+    metric = _bleu_metric()
+    try:
+        return metric.corpus_score(hyps, [refs]), str(metric.get_signature())
+    finally:
+        _forget_tokenised_lines(metric)
+
+
 def bleu(hyps: list[str], refs: list[str]) -> BLEUScore:
     """Corpus BLEU with sacrebleu's defaults (13a, mixed case, one reference)."""
-    _check_pairs(hyps, refs)
-    return _bleu_metric().corpus_score(hyps, [refs])
+    return _corpus_bleu(hyps, refs)[0]
 
 
 def chrf(hyps: list[str], refs: list[str]) -> CHRFScore:
@@ -35,9 +54,8 @@ def chrf(hyps: list[str], refs: list[str]) -> CHRFScore:
 
 def bleu_line(hyps: list[str], refs: list[str]) -> str:
     """sacrebleu's BLEU line followed by its signature."""
-    _check_pairs(hyps, refs)
-    metric = _bleu_metric()
-    return f"{metric.corpus_score(hyps, [refs])} {metric.get_signature()}"
+    score, signature = _corpus_bleu(hyps, refs)
+    return f"{score} {signature}"
 
 
 def chrf_line(hyps: list[str], refs: list[str]) -> str:
