@@ -17,6 +17,9 @@ each one's log as it arrives:
 - resume: `--resume last.pt` of that run;
 - 2 ranks: torchrun, two Gloo ranks, first and later start (word vocabulary only).
 
+`prepared MiB` is the size of the prepared corpus on disk: what a whole epoch maps (shared
+page cache, counted in RSS once touched; a start touches only its first batches).
+
 Each row gives the seconds from process start to the first step's log line and the peak RSS
 of the process (of both ranks together for 2 ranks; `resource.getrusage`, recorded by this
 script as the child's wrapper). RSS counts shared pages (torch's libraries, the mapped
@@ -187,6 +190,11 @@ def import_rss(work: Path) -> int:
     return int(out.stdout.strip())
 
 
+def folder_bytes(folder: Path) -> int:
+    """Bytes of the files in `folder`: the prepared corpus a whole epoch maps."""
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+
+
 def gib(n: int) -> str:
     return f"{n / 2**30:.2f}"
 
@@ -224,6 +232,7 @@ def main() -> None:
             }
             for phase, command in phases.items():
                 record = run(command, rss)
+                record["prepared_bytes"] = folder_bytes(out / "prepared")
                 records.append({"pairs": n, "vocab": vocab, "phase": phase, **record})
                 print(json.dumps(records[-1]), flush=True)
             if args.ranks > 1 and vocab == "word":
@@ -244,19 +253,22 @@ def main() -> None:
 def table(records: list[dict], base: dict, ranks: int) -> None:
     """One row per size: seconds to the first step and peak RSS (GiB) of each start."""
     print(f"\nimport only: peak RSS {gib(base['import_rss_bytes'])} GiB")
-    head = "| pairs | vocab | first s | later s | resume s | peak RSS GiB (first/later/resume) |"
+    head = (
+        "| pairs | vocab | prepared MiB | first s | later s | resume s "
+        "| peak RSS GiB (first/later/resume) |"
+    )
     extra = (
         f" {ranks} ranks first s | {ranks} ranks later s | {ranks} ranks RSS / 1 rank "
         f"| {ranks} ranks PSS / 1 rank |"
     )
     print(head + (extra if ranks > 1 else ""))
-    print("|---" * (6 + 4 * (ranks > 1)) + "|")
+    print("|---" * (7 + 4 * (ranks > 1)) + "|")
     keys = sorted({(r["pairs"], r["vocab"]) for r in records}, key=lambda k: (k[0], k[1] != "word"))
     for n, vocab in keys:
         one = {
             r["phase"]: r for r in records if (r["pairs"], r["vocab"], r["ranks"]) == (n, vocab, 1)
         }
-        row = f"| {n} | {vocab} | " + " | ".join(
+        row = f"| {n} | {vocab} | {one['first']['prepared_bytes'] / 2**20:.0f} | " + " | ".join(
             f"{one[p]['seconds_to_first_step']:.1f}" for p in ("first", "later", "resume")
         )
         row += " | " + "/".join(gib(one[p]["peak_rss_bytes"]) for p in ("first", "later", "resume"))
