@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from nmt.data.batching import Batch, leading_pad_rows
-from nmt.data.prepared import PreparedPairs
+from nmt.data.prepared import PreparedPairs, length_order, order_dtype
 from nmt.data.vocab import BOS, EOS, PAD
 
 
@@ -75,11 +75,13 @@ class BatchRule:
     def order(self, pairs: PreparedPairs, epoch: int) -> np.ndarray:
         """The pairs in the order the batches take them, grouped by source length."""
         chosen = self.selection(pairs, epoch)
+        if chosen is None and not self.within_length:
+            return pairs.sorted_by_length()
         src, tgt = pairs.src_lengths, pairs.tgt_lengths
         if chosen is not None:
             src, tgt = src[chosen], tgt[chosen]
         if not self.within_length:
-            order = np.lexsort((tgt, src))
+            order = length_order(src, tgt)
         else:
             gen = np.random.Generator(np.random.PCG64([self.seed, epoch]))
             order = np.lexsort((gen.permutation(len(src)), src))
@@ -118,7 +120,7 @@ class EpochBatches(Sequence[Batch]):
     def __init__(self, pairs: PreparedPairs, rule: BatchRule, epoch: int = 1):
         self.pairs = pairs
         order = rule.order(pairs, epoch)
-        self.order = order.astype(np.int32) if len(order) < 2**31 else order
+        self.order = order.astype(order_dtype(len(order)), copy=False)  # a mapped order stays so
         self.bounds = rule.bounds(pairs.src_lengths[order], pairs.tgt_lengths[order])
         targets = pairs.tgt_lengths[order].astype(np.int64) + 1
         self.tokens = np.add.reduceat(targets, self.bounds[:-1]) if len(order) else targets

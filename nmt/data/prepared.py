@@ -3,7 +3,9 @@
 The first `nmt train` on a corpus reads it in blocks, encodes it and writes, per side, the
 token ids of every kept pair back to back in the narrowest unsigned integer type the
 vocabulary allows (`<side>.ids`), each pair's length (`<side>.lengths`) and where its ids
-start (`<side>.offsets`, int64), with the two tokenizers (`tokenizers.pt`) and a key file
+start (`<side>.offsets`, int64), the pairs in seq2seq-attn's batch order (`length_order`: by
+source length, then target length, so that no start sorts them and the ranks share it), with
+the two tokenizers (`tokenizers.pt`) and a key file
 (`key.json`). Every later start, resume and torchrun rank maps the arrays (`numpy.memmap`):
 nothing is read or decoded again, the operating system's page cache is shared by the ranks,
 and no Python object exists per pair.
@@ -47,6 +49,7 @@ Log = Callable[[str], None]
 FORMAT = 1
 FOLDER = "prepared"
 KEY_FILE = "key.json"
+ORDER_FILE = "length_order"  # the pairs sorted by lengths, for the batches
 TOKENIZERS_FILE = "tokenizers.pt"
 SAMPLE_BLOCKS, SAMPLE_BYTES = 16, 1 << 16
 SIDES = ("src", "tgt")
@@ -104,7 +107,9 @@ def length_dtype(max_len: int) -> np.dtype:
 class PreparedPairs:
     """Encoded training pairs as arrays: pair i's source ids are
     `src_ids[src_offsets[i] : src_offsets[i] + src_lengths[i]]` (no BOS/EOS), and so for the
-    target; `corpus_sizes`: how many of the pairs, in order, each training corpus gave."""
+    target; `corpus_sizes`: how many of the pairs, in order, each training corpus gave;
+    `length_order`: the pairs sorted by source length, then target length (stable), where the
+    preparation stored it (None: sorted when asked, `sorted_by_length`)."""
 
     src_ids: np.ndarray
     src_offsets: np.ndarray
@@ -113,6 +118,15 @@ class PreparedPairs:
     tgt_offsets: np.ndarray
     tgt_lengths: np.ndarray
     corpus_sizes: tuple[int, ...]
+    length_order: np.ndarray | None = None
+
+    def sorted_by_length(self) -> np.ndarray:
+        """Pair indices by source length, then target length, ties in corpus order: the
+        stored order (memory-mapped, so torchrun ranks share its pages and a start sorts
+        nothing) or a sort of the lengths."""
+        if self.length_order is not None:
+            return self.length_order
+        return length_order(self.src_lengths, self.tgt_lengths)
 
     @classmethod
     def from_examples(cls, examples: list[Example], vocab_size: int = 2**32) -> PreparedPairs:
@@ -144,6 +158,15 @@ class PreparedPairs:
     def examples(self) -> list[Example]:
         """Every pair as Python lists: for small corpora and tests only."""
         return [self.example(i) for i in range(len(self))]
+
+
+def order_dtype(pairs: int) -> np.dtype:
+    return np.dtype(np.int32 if pairs < 2**31 else np.int64)
+
+
+def length_order(src_lengths: np.ndarray, tgt_lengths: np.ndarray) -> np.ndarray:
+    """seq2seq-attn's batch order: by source length, then target length, stable."""
+    return np.lexsort((tgt_lengths, src_lengths)).astype(order_dtype(len(src_lengths)))
 
 
 class _SideWriter:
@@ -204,6 +227,12 @@ def write_prepared(
             sizes.append(pairs)
         for writer in writers:
             writer.close()
+        lengths = [
+            np.fromfile(building / f"{side}.lengths", dtype=w.len_dtype)
+            for side, w in zip(SIDES, writers, strict=True)
+        ]
+        length_order(*lengths).tofile(building / ORDER_FILE)
+        del lengths
         state = {"src": src_tok.state_dict(), "tgt": tgt_tok.state_dict()}
         torch.save(state, building / TOKENIZERS_FILE)
         record = {
@@ -214,6 +243,7 @@ def write_prepared(
             "dtypes": {
                 "ids": [w.ids_dtype.str for w in writers],
                 "lengths": writers[0].len_dtype.str,
+                "length_order": order_dtype(sum(sizes)).str,
             },
         }
         write_bytes(building / KEY_FILE, (json.dumps(record, indent=1) + "\n").encode())
@@ -277,7 +307,8 @@ def open_prepared(
     except (OSError, RuntimeError, KeyError, TypeError, NmtError) as exc:
         log(f"data: {folder / TOKENIZERS_FILE} is unreadable ({exc}); preparing the corpus anew")
         return None
-    pairs = PreparedPairs(*arrays, corpus_sizes=tuple(stored["corpus_sizes"]))
+    order = arrays.pop() if len(arrays) > 6 else None
+    pairs = PreparedPairs(*arrays, corpus_sizes=tuple(stored["corpus_sizes"]), length_order=order)
     return pairs, tokenizers, str(stored.get("tokenizers_sha256"))
 
 
@@ -286,33 +317,35 @@ class _Damaged(Exception):
 
 
 def _map_arrays(folder: Path, stored: dict[str, Any]) -> list[np.ndarray]:
-    pairs, arrays = sum(stored["corpus_sizes"]), []
+    """The six arrays of the pairs, then the length order where the key file records one."""
+    pairs, files = sum(stored["corpus_sizes"]), []
     len_dtype = np.dtype(stored["dtypes"]["lengths"])
     for side, ids_dtype, tokens in zip(
         SIDES, stored["dtypes"]["ids"], stored["tokens"], strict=True
     ):
-        for name, dtype, count in (
-            ("ids", np.dtype(ids_dtype), tokens),
-            ("offsets", np.dtype(np.int64), pairs),
-            ("lengths", len_dtype, pairs),
-        ):
-            path = folder / f"{side}.{name}"
-            size = path.stat().st_size if path.is_file() else -1
-            if size != count * dtype.itemsize:
-                found = "missing" if size < 0 else f"{size} bytes"
-                raise _Damaged(
-                    f"{path} is damaged ({found}, not the {count * dtype.itemsize} its key "
-                    "file records)"
-                )
-            if count == 0:
-                arrays.append(np.zeros(0, dtype=dtype))
-            else:
-                arrays.append(np.memmap(path, dtype=dtype, mode="r", shape=(count,)))
-    return arrays
+        files.append((f"{side}.ids", np.dtype(ids_dtype), tokens))
+        files.append((f"{side}.offsets", np.dtype(np.int64), pairs))
+        files.append((f"{side}.lengths", len_dtype, pairs))
+    if "length_order" in stored["dtypes"]:
+        files.append((ORDER_FILE, np.dtype(stored["dtypes"]["length_order"]), pairs))
+    return [_map_array(folder / name, dtype, count) for name, dtype, count in files]
+
+
+def _map_array(path: Path, dtype: np.dtype, count: int) -> np.ndarray:
+    size = path.stat().st_size if path.is_file() else -1
+    if size != count * dtype.itemsize:
+        found = "missing" if size < 0 else f"{size} bytes"
+        raise _Damaged(
+            f"{path} is damaged ({found}, not the {count * dtype.itemsize} its key file records)"
+        )
+    if count == 0:
+        return np.zeros(0, dtype=dtype)
+    return np.memmap(path, dtype=dtype, mode="r", shape=(count,))
 
 
 def in_memory(pairs: PreparedPairs) -> PreparedPairs:
     """`pairs` read whole into memory (the folder may then be removed)."""
     fields = [np.array(a) for a in (pairs.src_ids, pairs.src_offsets, pairs.src_lengths)]
     fields += [np.array(a) for a in (pairs.tgt_ids, pairs.tgt_offsets, pairs.tgt_lengths)]
-    return PreparedPairs(*fields, corpus_sizes=pairs.corpus_sizes)
+    order = None if pairs.length_order is None else np.array(pairs.length_order)
+    return PreparedPairs(*fields, corpus_sizes=pairs.corpus_sizes, length_order=order)
