@@ -583,13 +583,43 @@ def test_word_corpora_on_worker_processes_equal_one_process(tmp_path, monkeypatc
     assert len(here.train) < 20_000  # the length limit dropped some
 
 
+def test_sentencepiece_corpora_on_worker_processes_equal_one_process(tmp_path, monkeypatch):
+    """A large subword corpus is encoded by a process per core, each with the model's proto
+    and one thread: the same arrays as sentencepiece's threads in this process."""
+    monkeypatch.setattr(reading, "CHUNK_PAIRS", 500)
+    cfg = DataConfig(
+        train_src=str(TOY / "train.src"),
+        train_tgt=str(TOY / "train.tgt"),
+        valid_src=str(TOY / "valid.src"),
+        valid_tgt=str(TOY / "valid.tgt"),
+        tokenizer="sentencepiece",
+        src_vocab_size=120,
+        tgt_vocab_size=120,
+        max_src_len=12,
+    )
+    here = load_corpus(cfg, tmp_path / "here", log=lambda _: None)
+    monkeypatch.setattr(corpus_module, "PARALLEL_BYTES", 0)
+    monkeypatch.setattr(corpus_module, "allowed_cores", lambda: 2)
+
+    def not_here(*args):
+        raise AssertionError("encoded in this process")
+
+    monkeypatch.setattr(corpus_module, "_encode_here", not_here)
+    logs: list[str] = []
+    there = load_corpus(cfg, tmp_path / "there", log=logs.append)
+    assert not any("did not start" in m for m in logs)
+    for name in ("src_ids", "src_lengths", "tgt_ids", "tgt_lengths", "length_order"):
+        assert np.array_equal(getattr(there.train, name), getattr(here.train, name)), name
+    assert 0 < len(here.train) < 20_000  # the length limit dropped some
+
+
 def test_worker_processes_that_cannot_start_fall_back_with_one_line(tmp_path, monkeypatch):
-    from nmt.data import word_workers
+    from nmt.data import encoding_workers
 
     def refused(*args, **kwargs):
         raise OSError("no processes here")
 
-    monkeypatch.setattr(word_workers, "ProcessPoolExecutor", refused)
+    monkeypatch.setattr(encoding_workers, "ProcessPoolExecutor", refused)
     monkeypatch.setattr(corpus_module, "PARALLEL_BYTES", 0)
     monkeypatch.setattr(corpus_module, "allowed_cores", lambda: 2)
     src = write(tmp_path / "c.src", "a b\nb c\n")

@@ -20,6 +20,13 @@ import numpy as np
 
 from nmt.config import DataConfig, shown_path, training_corpora
 from nmt.data.batching import Example
+from nmt.data.encoding_workers import (
+    count_chunk,
+    encode_chunk,
+    ordered_map,
+    packed_within,
+    start_encoding,
+)
 from nmt.data.prepared import (
     FOLDER,
     FORMAT,
@@ -38,18 +45,11 @@ from nmt.data.tokenizers import (
     WordTokenizer,
     cached_sentencepiece,
 )
-from nmt.data.word_workers import (
-    count_chunk,
-    encode_chunk,
-    ordered_map,
-    packed_within,
-    start_encoding,
-)
 from nmt.errors import NmtError
 from nmt.threads import allowed_cores
 
 Log = Callable[[str], None]
-PARALLEL_BYTES = 64 << 20  # training files larger than this: a process per core for words
+PARALLEL_BYTES = 64 << 20  # training files larger than this: a process per core encodes
 SAMPLE_SEED = 20_160_601  # the sentencepiece sample depends on the text only, never on train.seed
 
 
@@ -136,7 +136,7 @@ def build_tokenizers(
         for src_path, tgt_path in files:
             seen = kept = 0
             jobs = _jobs(cfg, src_path, tgt_path, log)
-            counted = _word_map(cfg, count_chunk, jobs, log) or map(count_chunk, jobs)
+            counted = _worker_map(cfg, count_chunk, jobs, log) or map(count_chunk, jobs)
             for src_counts, tgt_counts, n, k in counted:
                 counts[0].update(src_counts)  # in chunk order: first occurrences keep theirs
                 counts[1].update(tgt_counts)
@@ -222,20 +222,20 @@ def _jobs(cfg: DataConfig, src_path: str, tgt_path: str, log: Log) -> Iterator[t
     )
 
 
-def word_workers(cfg: DataConfig) -> int:
-    """The processes that count and encode a word corpus: one per allowed core when the
-    training files hold more than `PARALLEL_BYTES` (below, starting them costs more than
-    they save), else 1 (this process)."""
+def encoding_workers(cfg: DataConfig) -> int:
+    """The processes that count and encode a corpus: one per allowed core when the training
+    files hold more than `PARALLEL_BYTES` (below, starting them costs more than they save),
+    else 1 (this process)."""
     size = sum(Path(f).stat().st_size for pair in training_files(cfg) for f in pair)
     return allowed_cores() if size > PARALLEL_BYTES else 1
 
 
-def _word_map(
+def _worker_map(
     cfg: DataConfig, fn: Callable, jobs: Iterator, log: Log, **init: Any
 ) -> Iterator | None:
     """`fn` of every job in order on worker processes where they pay (`init`: the
     vocabularies each worker encodes with); None where they do not, or cannot start."""
-    if (workers := word_workers(cfg)) <= 1:
+    if (workers := encoding_workers(cfg)) <= 1:
         return None
     initializer = start_encoding if init else None
     initargs = (init["src"], init["tgt"]) if init else ()
@@ -247,13 +247,14 @@ def encoded_chunks(
 ) -> Iterator[list[np.ndarray]]:
     """The pairs of one training corpus, encoded and length-filtered, a chunk at a time, as
     [source ids, source lengths, target ids, target lengths]; the log says how many were
-    too long, and a corpus with none short enough is refused. Word vocabularies encode on
-    a process per core (`nmt.data.word_workers`), sentencepiece on its own threads."""
-    src_tok, tgt_tok = tokenizers
+    too long, and a corpus with none short enough is refused. A large corpus encodes on a
+    process per core (`nmt.data.encoding_workers`), a small one here (sentencepiece on its
+    own threads)."""
     jobs = _jobs(cfg, src_path, tgt_path, log)
+    src, tgt = (_worker_vocabulary(tok) for tok in tokenizers)
     results = None
-    if isinstance(src_tok, WordTokenizer) and isinstance(tgt_tok, WordTokenizer):
-        results = _word_map(cfg, encode_chunk, jobs, log, src=src_tok.pieces, tgt=tgt_tok.pieces)
+    if src is not None and tgt is not None:
+        results = _worker_map(cfg, encode_chunk, jobs, log, src=src, tgt=tgt)
     if results is None:  # here, with the tokenizers' own look-ups
         results = (_encode_here(job, tokenizers) for job in jobs)
     seen = kept = 0
@@ -261,6 +262,16 @@ def encoded_chunks(
         seen, kept = seen + n, kept + len(arrays[1])
         yield arrays
     _filtered(cfg, seen, kept, src_path, tgt_path, "training", log)
+
+
+def _worker_vocabulary(tok: Tokenizer) -> list[str] | bytes | None:
+    """What a worker process encodes with (`start_encoding`): a word list, a sentencepiece
+    model's proto; None for a tokenizer that only encodes here."""
+    if isinstance(tok, WordTokenizer):
+        return tok.pieces
+    if isinstance(tok, SentencePieceTokenizer):
+        return tok.proto
+    return None
 
 
 def _encode_here(

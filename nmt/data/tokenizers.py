@@ -22,9 +22,9 @@ import sentencepiece as spm
 import torch
 
 from nmt.atomic import write_bytes
+from nmt.data.encoding_workers import word_ids
 from nmt.data.spm_training import train_proto
 from nmt.data.vocab import BOS, EOS, PAD, SPECIALS, UNK
-from nmt.data.word_workers import word_ids
 from nmt.errors import NmtError
 from nmt.threads import allowed_cores
 

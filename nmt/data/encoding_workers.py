@@ -2,9 +2,11 @@
 
 A word vocabulary's counting and encoding are Python, one word at a time, and one core does
 a million pairs in tens of seconds: with a corpus of millions the first start would wait
-minutes. Here chunks of pairs go to worker processes (started with `spawn`, importing only
-this module, numpy and the standard library) and come back, in order, as Counters or as
-compact arrays; at most `IN_FLIGHT` chunks a worker are out at once, so memory stays
+minutes. Sentencepiece encodes on its own threads, but the reading of the chunks, its
+Python lists of ids and their packing into arrays hold one core while they wait. Here chunks
+of pairs go to worker processes (started with `spawn`, importing only this module, numpy,
+the standard library and, for subwords, sentencepiece) and come back, in order, as Counters
+or as compact arrays; at most `IN_FLIGHT` chunks a worker are out at once, so memory stays
 bounded whatever the corpus's size. The results equal the one-process ones: the counts are
 merged in chunk order, so ties keep their order of first occurrence.
 
@@ -29,7 +31,7 @@ from nmt.data.vocab import SPECIALS, UNK
 IN_FLIGHT = 2  # chunks per worker submitted ahead of the one being collected
 Pairs = list[tuple[str, str]]
 
-_ids: dict[str, int] = {}  # a worker's word -> id (`start_encoding`)
+_encoders: dict[str, Callable[[list[str]], list[list[int]]]] = {}  # a worker's, per side
 
 
 class _Ids(dict):
@@ -60,18 +62,30 @@ def count_chunk(job: tuple[Pairs, int, int]) -> tuple[Counter[str], Counter[str]
     return counts[0], counts[1], len(pairs), kept
 
 
-def start_encoding(src_pieces: list[str], tgt_pieces: list[str]) -> None:
-    """A worker's initialiser: the two vocabularies it encodes with."""
-    _ids["src"], _ids["tgt"] = word_ids(src_pieces), word_ids(tgt_pieces)  # type: ignore[assignment]
+def start_encoding(src: list[str] | bytes, tgt: list[str] | bytes) -> None:
+    """A worker's initialiser: each side's vocabulary (a word list) or sentencepiece model
+    (its serialised proto), which it encodes with."""
+    for side, vocabulary in (("src", src), ("tgt", tgt)):
+        _encoders[side] = _encoder(vocabulary)
+
+
+def _encoder(vocabulary: list[str] | bytes) -> Callable[[list[str]], list[list[int]]]:
+    if isinstance(vocabulary, bytes):
+        import sentencepiece
+
+        sp = sentencepiece.SentencePieceProcessor()
+        sp.LoadFromSerializedProto(vocabulary)
+        return lambda lines: sp.encode(lines, num_threads=1)  # a process per core already
+    ids = word_ids(vocabulary)
+    return lambda lines: [list(map(ids.__getitem__, line.split())) for line in lines]
 
 
 def encode_chunk(job: tuple[Pairs, int, int]) -> tuple[list[np.ndarray], int]:
     """The pairs within the length limits as [source ids, source lengths, target ids,
     target lengths] (int64), and how many pairs there were."""
     pairs, max_src, max_tgt = job
-    src_ids, tgt_ids = _ids["src"], _ids["tgt"]
-    src = [list(map(src_ids.__getitem__, s.split())) for s, _ in pairs]  # type: ignore[attr-defined]
-    tgt = [list(map(tgt_ids.__getitem__, t.split())) for _, t in pairs]  # type: ignore[attr-defined]
+    src = _encoders["src"]([s for s, _ in pairs])
+    tgt = _encoders["tgt"]([t for _, t in pairs])
     return packed_within(src, tgt, max_src, max_tgt), len(pairs)
 
 
