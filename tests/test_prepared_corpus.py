@@ -18,7 +18,7 @@ from nmt.data import reading
 from nmt.data.batch_index import BatchRule, EpochBatches, TrainingBatches
 from nmt.data.batching import make_batches
 from nmt.data.corpus import load_corpus
-from nmt.data.prepared import PreparedPairs, id_dtype
+from nmt.data.prepared import PreparedPairs, id_dtype, tokenizers_digest
 from nmt.data.reading import parallel_chunks, read_parallel
 from nmt.data.tokenizers import WordTokenizer
 from nmt.errors import NmtError
@@ -34,6 +34,17 @@ def write(path: Path, text: str | bytes) -> Path:
 def word_data(src: Path, tgt: Path, **keys) -> DataConfig:
     return DataConfig(
         train_src=str(src), train_tgt=str(tgt), valid_src=str(src), valid_tgt=str(tgt), **keys
+    )
+
+
+def toy_data(**keys) -> DataConfig:
+    """The toy corpus's data section with `keys`."""
+    return DataConfig(
+        train_src=str(TOY / "train.src"),
+        train_tgt=str(TOY / "train.tgt"),
+        valid_src=str(TOY / "valid.src"),
+        valid_tgt=str(TOY / "valid.tgt"),
+        **keys,
     )
 
 
@@ -448,11 +459,7 @@ def test_reservoir_keeps_all_lines_in_order_or_a_fixed_uniform_sample():
 
 
 def test_sentencepiece_trains_on_a_sample_of_data_spm_sample_lines(tmp_path):
-    cfg = DataConfig(
-        train_src=str(TOY / "train.src"),
-        train_tgt=str(TOY / "train.tgt"),
-        valid_src=str(TOY / "valid.src"),
-        valid_tgt=str(TOY / "valid.tgt"),
+    cfg = toy_data(
         tokenizer="sentencepiece",
         src_vocab_size=100,
         tgt_vocab_size=100,
@@ -557,46 +564,25 @@ def test_valid_sample_is_a_fixed_subset():
     assert valid_subset(examples, 500, 1) == examples
 
 
-def test_word_corpora_on_worker_processes_equal_one_process(tmp_path, monkeypatch):
-    """A process per core counts and encodes a large word corpus: the same vocabularies
-    (ties in first-occurrence order) and the same arrays as one process."""
+@pytest.mark.parametrize(
+    "keys",
+    [
+        {"src_vocab_size": 60, "tgt_vocab_size": 70, "max_src_len": 9},
+        {
+            "tokenizer": "sentencepiece",
+            "src_vocab_size": 120,
+            "tgt_vocab_size": 120,
+            "max_src_len": 12,
+        },
+    ],
+    ids=["words", "sentencepiece"],
+)
+def test_corpora_on_worker_processes_equal_one_process(tmp_path, monkeypatch, keys):
+    """A process per core counts (words) and encodes a large corpus (words; subwords with
+    the model's proto and one thread each): the same vocabularies (ties in first-occurrence
+    order) and the same arrays as this process alone."""
     monkeypatch.setattr(reading, "CHUNK_PAIRS", 500)
-    cfg = DataConfig(
-        train_src=str(TOY / "train.src"),
-        train_tgt=str(TOY / "train.tgt"),
-        valid_src=str(TOY / "valid.src"),
-        valid_tgt=str(TOY / "valid.tgt"),
-        src_vocab_size=60,
-        tgt_vocab_size=70,
-        max_src_len=9,
-    )
-    here = load_corpus(cfg, tmp_path / "here", log=lambda _: None)
-    monkeypatch.setattr(corpus_module, "PARALLEL_BYTES", 0)
-    monkeypatch.setattr(corpus_module, "allowed_cores", lambda: 2)
-    logs: list[str] = []
-    there = load_corpus(cfg, tmp_path / "there", log=logs.append)
-    assert not any("did not start" in m for m in logs)
-    assert there.src_tokenizer.pieces == here.src_tokenizer.pieces
-    assert there.tgt_tokenizer.pieces == here.tgt_tokenizer.pieces
-    for name in ("src_ids", "src_lengths", "tgt_ids", "tgt_offsets"):
-        assert np.array_equal(getattr(there.train, name), getattr(here.train, name)), name
-    assert len(here.train) < 20_000  # the length limit dropped some
-
-
-def test_sentencepiece_corpora_on_worker_processes_equal_one_process(tmp_path, monkeypatch):
-    """A large subword corpus is encoded by a process per core, each with the model's proto
-    and one thread: the same arrays as sentencepiece's threads in this process."""
-    monkeypatch.setattr(reading, "CHUNK_PAIRS", 500)
-    cfg = DataConfig(
-        train_src=str(TOY / "train.src"),
-        train_tgt=str(TOY / "train.tgt"),
-        valid_src=str(TOY / "valid.src"),
-        valid_tgt=str(TOY / "valid.tgt"),
-        tokenizer="sentencepiece",
-        src_vocab_size=120,
-        tgt_vocab_size=120,
-        max_src_len=12,
-    )
+    cfg = toy_data(**keys)
     here = load_corpus(cfg, tmp_path / "here", log=lambda _: None)
     monkeypatch.setattr(corpus_module, "PARALLEL_BYTES", 0)
     monkeypatch.setattr(corpus_module, "allowed_cores", lambda: 2)
@@ -608,7 +594,10 @@ def test_sentencepiece_corpora_on_worker_processes_equal_one_process(tmp_path, m
     logs: list[str] = []
     there = load_corpus(cfg, tmp_path / "there", log=logs.append)
     assert not any("did not start" in m for m in logs)
-    for name in ("src_ids", "src_lengths", "tgt_ids", "tgt_lengths", "length_order"):
+    assert tokenizers_digest(there.src_tokenizer, there.tgt_tokenizer) == tokenizers_digest(
+        here.src_tokenizer, here.tgt_tokenizer
+    )
+    for name in ("src_ids", "src_lengths", "tgt_ids", "tgt_offsets", "length_order"):
         assert np.array_equal(getattr(there.train, name), getattr(here.train, name)), name
     assert 0 < len(here.train) < 20_000  # the length limit dropped some
 
