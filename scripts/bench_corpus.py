@@ -22,12 +22,11 @@ page cache, counted in RSS once touched; a start touches only its first batches)
 
 Each row gives the seconds from process start to the first step's log line and the peak RSS
 of the process (of both ranks together for 2 ranks; `resource.getrusage`, recorded by this
-script as the child's wrapper); `worker peak` is the peak RSS of the largest process it
-started and waited for (a first start's encoding workers, each on top of the main process).
-RSS counts shared pages (torch's libraries, the mapped corpus) in every process that maps
-them, so the ranks' sum counts them twice; the last column adds the ranks' proportional set
-sizes at exit instead, which count them once. `import` is the RSS of a process that has only
-imported torch and the trainer: what any start costs before reading data.
+script as the child's wrapper). RSS counts shared pages (torch's libraries, the mapped
+corpus) in every process that maps them, so the ranks' sum counts them twice; the last
+column adds the ranks' proportional set sizes at exit instead, which count them once.
+`import` is the RSS of a process that has only imported
+torch and the trainer: what any start costs before reading data.
 
     python scripts/bench_corpus.py --sizes 2000,8000           # a rehearsal, a minute
     python scripts/bench_corpus.py                              # 0.1M, 0.4M, 1.6M, 4.5M pairs
@@ -146,7 +145,6 @@ def run(args: list[str], rss_file: Path, ranks: int = 1) -> dict:
         "seconds_to_first_step": round(first, 2),
         "peak_rss_bytes": sum(row[0] for row in rows),
         "pss_at_exit_bytes": sum(row[1] for row in rows),
-        "worker_peak_rss_bytes": max(row[2] for row in rows),
         "ranks": ranks,
     }
 
@@ -157,9 +155,8 @@ def child(rss_file: str, args: list[str]) -> None:
 
     def record() -> None:
         kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
-        workers = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # the largest one
         with open(rss_file, "a", encoding="utf-8") as handle:
-            handle.write(f"{kib * 1024} {pss()} {workers * 1024}\n")
+            handle.write(f"{kib * 1024} {pss()}\n")
 
     atexit.register(record)
     sys.argv = ["nmt", *args]
@@ -258,14 +255,14 @@ def table(records: list[dict], base: dict, ranks: int) -> None:
     print(f"\nimport only: peak RSS {gib(base['import_rss_bytes'])} GiB")
     head = (
         "| pairs | vocab | prepared MiB | first s | later s | resume s "
-        "| peak RSS GiB (first/later/resume) | worker peak GiB (first) |"
+        "| peak RSS GiB (first/later/resume) |"
     )
     extra = (
         f" {ranks} ranks first s | {ranks} ranks later s | {ranks} ranks RSS / 1 rank "
         f"| {ranks} ranks PSS / 1 rank |"
     )
     print(head + (extra if ranks > 1 else ""))
-    print("|---" * (8 + 4 * (ranks > 1)) + "|")
+    print("|---" * (7 + 4 * (ranks > 1)) + "|")
     keys = sorted({(r["pairs"], r["vocab"]) for r in records}, key=lambda k: (k[0], k[1] != "word"))
     for n, vocab in keys:
         one = {
@@ -275,7 +272,6 @@ def table(records: list[dict], base: dict, ranks: int) -> None:
             f"{one[p]['seconds_to_first_step']:.1f}" for p in ("first", "later", "resume")
         )
         row += " | " + "/".join(gib(one[p]["peak_rss_bytes"]) for p in ("first", "later", "resume"))
-        row += f" | {gib(one['first'].get('worker_peak_rss_bytes', 0))}"
         many = {
             r["phase"]: r
             for r in records

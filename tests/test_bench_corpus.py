@@ -49,7 +49,6 @@ def test_a_measured_run_reports_its_first_step_and_peak_rss(tmp_path):
     assert record["ranks"] == 1 and record["seconds_to_first_step"] > 0
     assert 10**8 < record["peak_rss_bytes"] < 2**33  # torch alone takes ~200 MB
     assert 0 < record["pss_at_exit_bytes"] <= record["peak_rss_bytes"]
-    assert record["worker_peak_rss_bytes"] >= 0  # a small corpus starts no workers
     assert (tmp_path / "run" / "prepared" / "key.json").is_file()
     assert 0 < bench.folder_bytes(tmp_path / "run" / "prepared") < 2**20  # 200 short pairs
 
@@ -59,7 +58,7 @@ def test_the_table_has_a_row_per_size_and_vocabulary(capsys):
     records = [
         {"pairs": n, "vocab": v, "phase": p, "ranks": r, "seconds_to_first_step": 1.0,
          "peak_rss_bytes": 2**30 * r, "pss_at_exit_bytes": 2**29 * (r + 1),
-         "prepared_bytes": 3 * 2**20, "worker_peak_rss_bytes": 2**29}
+         "prepared_bytes": 3 * 2**20}
         for n in (10, 20)
         for v in ("word", "spm")
         for p, r in (("first", 1), ("later", 1), ("resume", 1), ("first", 2), ("later", 2))
@@ -69,6 +68,6 @@ def test_the_table_has_a_row_per_size_and_vocabulary(capsys):
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
     assert len(rows) == 1 + 4
     assert rows[1].startswith(
-        "| 10 | word | 3 | 1.0 | 1.0 | 1.0 | 1.00/1.00/1.00 | 0.50 | 1.0 | 1.0 | 2.00 | 1.50 |"
+        "| 10 | word | 3 | 1.0 | 1.0 | 1.0 | 1.00/1.00/1.00 | 1.0 | 1.0 | 2.00 | 1.50 |"
     )
     assert rows[2].endswith("| - | - | - | - |")
