@@ -121,8 +121,9 @@ class EpochBatches(Sequence[Batch]):
         self.pairs = pairs
         order = rule.order(pairs, epoch)
         self.order = order.astype(order_dtype(len(order)), copy=False)  # a mapped order stays so
-        self.bounds = rule.bounds(pairs.src_lengths[order], pairs.tgt_lengths[order])
-        targets = pairs.tgt_lengths[order].astype(np.int64) + 1
+        tgt_lengths = pairs.tgt_lengths[order]
+        self.bounds = rule.bounds(pairs.src_lengths[order], tgt_lengths)
+        targets = tgt_lengths.astype(np.int64) + 1
         self.tokens = np.add.reduceat(targets, self.bounds[:-1]) if len(order) else targets
 
     def __len__(self) -> int:

@@ -5,10 +5,9 @@ token ids of every kept pair back to back in the narrowest unsigned integer type
 vocabulary allows (`<side>.ids`), each pair's length (`<side>.lengths`) and where its ids
 start (`<side>.offsets`, int64), the pairs in seq2seq-attn's batch order (`length_order`: by
 source length, then target length, so that no start sorts them and the ranks share it), with
-the two tokenizers (`tokenizers.pt`) and a key file
-(`key.json`). Every later start, resume and torchrun rank maps the arrays (`numpy.memmap`):
-nothing is read or decoded again, the operating system's page cache is shared by the ranks,
-and no Python object exists per pair.
+the two tokenizers (`tokenizers.pt`) and a key file (`key.json`). Every later start, resume
+and torchrun rank maps the arrays (`numpy.memmap`): nothing is read or decoded again, the
+operating system's page cache is shared by the ranks, and no Python object exists per pair.
 
 The key says what the arrays were built from: the format, the length limits and the
 tokenizer's settings, and each training file by its size, its modification time and a
@@ -185,7 +184,8 @@ class _SideWriter:
         self.lengths.write(lengths.astype(self.len_dtype).tobytes())
         self.tokens += len(ids)
 
-    def close(self) -> None:
+    def close(self) -> np.ndarray:
+        """Flush the files, write the offsets; the side's lengths, read back once."""
         for handle in (self.ids, self.lengths):
             handle.flush()
             os.fsync(handle.fileno())
@@ -194,6 +194,7 @@ class _SideWriter:
         offsets = np.zeros(len(lengths), dtype=np.int64)
         np.cumsum(lengths[:-1], out=offsets[1:])
         offsets.tofile(self.folder / f"{self.side}.offsets")
+        return lengths
 
 
 def write_prepared(
@@ -225,14 +226,7 @@ def write_prepared(
                 writers[1].add(tgt_ids, tgt_lengths)
                 pairs += len(src_lengths)
             sizes.append(pairs)
-        for writer in writers:
-            writer.close()
-        lengths = [
-            np.fromfile(building / f"{side}.lengths", dtype=w.len_dtype)
-            for side, w in zip(SIDES, writers, strict=True)
-        ]
-        length_order(*lengths).tofile(building / ORDER_FILE)
-        del lengths
+        length_order(*(writer.close() for writer in writers)).tofile(building / ORDER_FILE)
         state = {"src": src_tok.state_dict(), "tgt": tgt_tok.state_dict()}
         torch.save(state, building / TOKENIZERS_FILE)
         record = {
@@ -296,7 +290,7 @@ def open_prepared(
         log(f"data: {folder} was prepared from {why}; preparing the corpus anew")
         return None
     try:
-        arrays = _map_arrays(folder, stored)
+        arrays, order = _map_arrays(folder, stored)
         tokenizers = None
         if load_tokenizers:
             state = torch.load(folder / TOKENIZERS_FILE, weights_only=True)
@@ -307,7 +301,6 @@ def open_prepared(
     except (OSError, RuntimeError, KeyError, TypeError, NmtError) as exc:
         log(f"data: {folder / TOKENIZERS_FILE} is unreadable ({exc}); preparing the corpus anew")
         return None
-    order = arrays.pop() if len(arrays) > 6 else None
     pairs = PreparedPairs(*arrays, corpus_sizes=tuple(stored["corpus_sizes"]), length_order=order)
     return pairs, tokenizers, str(stored.get("tokenizers_sha256"))
 
@@ -316,8 +309,8 @@ class _Damaged(Exception):
     """A prepared array whose size is not the one its key file records."""
 
 
-def _map_arrays(folder: Path, stored: dict[str, Any]) -> list[np.ndarray]:
-    """The six arrays of the pairs, then the length order where the key file records one."""
+def _map_arrays(folder: Path, stored: dict[str, Any]) -> tuple[list[np.ndarray], np.ndarray | None]:
+    """The six arrays of the pairs, and the length order where the key file records one."""
     pairs, files = sum(stored["corpus_sizes"]), []
     len_dtype = np.dtype(stored["dtypes"]["lengths"])
     for side, ids_dtype, tokens in zip(
@@ -326,9 +319,11 @@ def _map_arrays(folder: Path, stored: dict[str, Any]) -> list[np.ndarray]:
         files.append((f"{side}.ids", np.dtype(ids_dtype), tokens))
         files.append((f"{side}.offsets", np.dtype(np.int64), pairs))
         files.append((f"{side}.lengths", len_dtype, pairs))
-    if "length_order" in stored["dtypes"]:
-        files.append((ORDER_FILE, np.dtype(stored["dtypes"]["length_order"]), pairs))
-    return [_map_array(folder / name, dtype, count) for name, dtype, count in files]
+    arrays = [_map_array(folder / name, dtype, count) for name, dtype, count in files]
+    if "length_order" not in stored["dtypes"]:
+        return arrays, None  # prepared before the order was stored: sorted when asked
+    order_type = np.dtype(stored["dtypes"]["length_order"])
+    return arrays, _map_array(folder / ORDER_FILE, order_type, pairs)
 
 
 def _map_array(path: Path, dtype: np.dtype, count: int) -> np.ndarray:
