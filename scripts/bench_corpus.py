@@ -22,9 +22,13 @@ page cache, counted in RSS once touched; a start touches only its first batches)
 
 Each row gives the seconds from process start to the first step's log line and the peak RSS
 of the process (of both ranks together for 2 ranks; `resource.getrusage`, recorded by this
-script as the child's wrapper). RSS counts shared pages (torch's libraries, the mapped
-corpus) in every process that maps them, so the ranks' sum counts them twice; the last
-column adds the ranks' proportional set sizes at exit instead, which count them once.
+script as the child's wrapper). The child processes' column is what a first start holds
+beside it in processes of its own (the encoding workers, one per core over 64 MiB of text,
+and their pool's helper): each one's own peak (`VmHWM`, read from /proc every 0.1 s by the
+wrapper), the largest and the sum (as if all peaked at once: an upper bound). RSS counts
+shared pages (torch's libraries, the mapped corpus) in every process that maps them, so the
+ranks' sum counts them twice; the last column adds the ranks' proportional set sizes at exit
+instead, which count them once.
 `import` is the RSS of a process that has only imported
 torch and the trainer: what any start costs before reading data.
 
@@ -145,18 +149,26 @@ def run(args: list[str], rss_file: Path, ranks: int = 1) -> dict:
         "seconds_to_first_step": round(first, 2),
         "peak_rss_bytes": sum(row[0] for row in rows),
         "pss_at_exit_bytes": sum(row[1] for row in rows),
+        "largest_child_peak_rss_bytes": max(row[2] for row in rows),
+        "children_peak_rss_bytes": sum(row[3] for row in rows),
         "ranks": ranks,
     }
 
 
 def child(rss_file: str, args: list[str]) -> None:
-    """Run the nmt command line in this process; at exit append its peak RSS to `rss_file`."""
+    """Run the nmt command line in this process; at exit append to `rss_file` its peak RSS,
+    its PSS, and the peak RSS of the largest of its child processes and of all of them
+    together (a first start's encoding workers), as `ChildPeaks` watched them."""
     import atexit
+
+    children = ChildPeaks()
+    children.start()
 
     def record() -> None:
         kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+        largest, together = children.stop()
         with open(rss_file, "a", encoding="utf-8") as handle:
-            handle.write(f"{kib * 1024} {pss()}\n")
+            handle.write(f"{kib * 1024} {pss()} {largest} {together}\n")
 
     atexit.register(record)
     sys.argv = ["nmt", *args]
@@ -164,6 +176,53 @@ def child(rss_file: str, args: list[str]) -> None:
     from nmt.launch import main
 
     main()
+
+
+class ChildPeaks:
+    """The peak RSS (`VmHWM`, bytes) of each child process of this one, read from /proc
+    every `EVERY` seconds while it lives. Each child's own figure since its exec: the
+    kernel's `RUSAGE_CHILDREN` would instead report what a spawned child held as a fork of
+    this process before its exec (Linux carries that high-water mark across exec). A child
+    that grows in its last `EVERY` seconds is under-read by that growth."""
+
+    EVERY = 0.1
+
+    def __init__(self) -> None:
+        import threading
+
+        self.peaks: dict[int, int] = {}
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> tuple[int, int]:
+        """(the largest child's peak, the children's peaks summed)."""
+        self._stopped.set()
+        self._thread.join()
+        self._read()
+        return max(self.peaks.values(), default=0), sum(self.peaks.values())
+
+    def _watch(self) -> None:
+        while not self._stopped.wait(self.EVERY):
+            self._read()
+
+    def _read(self) -> None:
+        me = str(os.getpid())
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            try:
+                status = Path(entry.path, "status").read_text(encoding="ascii")
+            except OSError:
+                continue  # gone, or not ours to read
+            fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+            if fields.get("PPid", "").strip() != me or "VmHWM" not in fields:
+                continue
+            peak = int(fields["VmHWM"].split()[0]) * 1024
+            pid = int(entry.name)
+            self.peaks[pid] = max(self.peaks.get(pid, 0), peak)
 
 
 def pss() -> int:
@@ -255,14 +314,14 @@ def table(records: list[dict], base: dict, ranks: int) -> None:
     print(f"\nimport only: peak RSS {gib(base['import_rss_bytes'])} GiB")
     head = (
         "| pairs | vocab | prepared MiB | first s | later s | resume s "
-        "| peak RSS GiB (first/later/resume) |"
+        "| peak RSS GiB (first/later/resume) | first: child processes GiB (largest/together) |"
     )
     extra = (
         f" {ranks} ranks first s | {ranks} ranks later s | {ranks} ranks RSS / 1 rank "
         f"| {ranks} ranks PSS / 1 rank |"
     )
     print(head + (extra if ranks > 1 else ""))
-    print("|---" * (7 + 4 * (ranks > 1)) + "|")
+    print("|---" * (8 + 4 * (ranks > 1)) + "|")
     keys = sorted({(r["pairs"], r["vocab"]) for r in records}, key=lambda k: (k[0], k[1] != "word"))
     for n, vocab in keys:
         one = {
@@ -272,6 +331,9 @@ def table(records: list[dict], base: dict, ranks: int) -> None:
             f"{one[p]['seconds_to_first_step']:.1f}" for p in ("first", "later", "resume")
         )
         row += " | " + "/".join(gib(one[p]["peak_rss_bytes"]) for p in ("first", "later", "resume"))
+        first = one["first"]
+        children = (first["largest_child_peak_rss_bytes"], first["children_peak_rss_bytes"])
+        row += " | " + "/".join(gib(n) for n in children)
         many = {
             r["phase"]: r
             for r in records
