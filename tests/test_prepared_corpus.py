@@ -18,7 +18,7 @@ from nmt.data import reading
 from nmt.data.batch_index import BatchRule, EpochBatches, TrainingBatches
 from nmt.data.batching import make_batches
 from nmt.data.corpus import load_corpus
-from nmt.data.prepared import PreparedPairs, id_dtype, tokenizers_digest
+from nmt.data.prepared import PreparedPairs, fingerprint, id_dtype, tokenizers_digest
 from nmt.data.reading import parallel_chunks, read_parallel
 from nmt.data.tokenizers import WordTokenizer
 from nmt.errors import NmtError
@@ -200,6 +200,63 @@ def test_a_same_size_same_time_replacement_is_seen(tmp_path):
     logs: list[str] = []
     load_corpus(cfg, run, log=logs.append)
     assert any("another version" in m for m in logs)
+
+
+def _never_encoded(monkeypatch) -> None:
+    def no_encoding(*args, **kwargs):
+        raise AssertionError("encoded again")
+
+    monkeypatch.setattr(corpus_module, "encoded_chunks", no_encoding)
+
+
+def test_a_touched_or_moved_corpus_with_the_same_content_is_reused(tmp_path, monkeypatch):
+    """Another time or path, the same bytes: read whole once, reused, and the key brought up
+    to date so that the next start does not read it whole again."""
+    src = write(tmp_path / "c.src", "a b\nb c a\nc\n")
+    tgt = write(tmp_path / "c.tgt", "x\ny x\nz\n")
+    run = tmp_path / "run"
+    first = load_corpus(word_data(src, tgt), run, log=lambda _: None).train.examples()
+    stat = src.stat()
+    os.utime(src, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # touched
+    moved = tmp_path / "elsewhere"
+    moved.mkdir()
+    os.replace(tgt, moved / "c.tgt")  # moved
+    tgt = moved / "c.tgt"
+    _never_encoded(monkeypatch)
+    logs: list[str] = []
+    again = load_corpus(word_data(src, tgt), run, log=logs.append)
+    assert again.train.examples() == first
+    assert sum("reading it whole" in m for m in logs) == 2, logs
+    assert any("brought up to date" in m for m in logs), logs
+    stored = json.loads((run / "prepared" / "key.json").read_text())["train"][0]
+    assert stored["src"]["mtime_ns"] == src.stat().st_mtime_ns
+    assert stored["tgt"]["path"] == str(tgt.resolve())
+    logs.clear()
+    load_corpus(word_data(src, tgt), run, log=logs.append)
+    assert not any("reading it whole" in m or "up to date" in m for m in logs), logs
+    assert any("is reused" in m for m in logs), logs
+
+
+def test_an_edit_the_sampled_hash_misses_is_caught_by_the_whole_file(tmp_path):
+    """A byte changed between the sampled blocks, and the file's time moved: the sizes and
+    sampled hashes agree, the whole file's SHA-256 does not."""
+    line = b"a b c d e f g h i j k l m n o p q r s t u v w x y z\n"
+    text = bytearray(line * (4 * 2**20 // len(line)))  # 4 MiB: 1 MiB of it sampled
+    src = write(tmp_path / "c.src", bytes(text))
+    tgt = write(tmp_path / "c.tgt", bytes(text))
+    cfg, run = word_data(src, tgt), tmp_path / "run"
+    first = load_corpus(cfg, run, log=lambda _: None).train.examples()
+    before = fingerprint(src)
+    middle = len(text) // 2 + 3 * 2**16  # between two of the 16 sampled blocks
+    text[middle - middle % len(line)] = ord("b")  # "a b" -> "b b" on one line
+    src.write_bytes(bytes(text))
+    after = fingerprint(src)
+    assert (after["size"], after["sample_sha256"]) == (before["size"], before["sample_sha256"])
+    logs: list[str] = []
+    changed = load_corpus(cfg, run, log=logs.append)
+    assert any("reading it whole" in m for m in logs), logs
+    assert any(f"another version of {src}" in m for m in logs), logs
+    assert changed.train.examples() != first
 
 
 def test_a_truncated_array_is_rebuilt_with_one_line(tmp_path):

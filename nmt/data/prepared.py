@@ -14,8 +14,13 @@ tokenizer's settings, and each training file by its size, its modification time 
 SHA-256 of `SAMPLE_BLOCKS` blocks spread over it. A full hash would read the whole corpus at
 every start (seconds per GB, growing with the corpus); size and time catch every edit made
 by a program that writes the file, and the sampled hash a file replaced by another of the
-same size and time (a `cp -p` or an unpacked archive). The tokenizers' SHA-256 is recorded
-beside the key: a resumed run whose checkpoint holds other tokenizers encodes anew.
+same size and time (a `cp -p` or an unpacked archive). The SHA-256 of each whole file is
+recorded too, read once while preparing: a file found elsewhere or with another time but
+the same size and sampled hash (copied without its times, moved, touched, a new machine's
+copy of the corpus and the run) is read whole once, and where it is the same file the
+prepared corpus is reused and its key brought up to date, so that the next start is quick
+again. The tokenizers' SHA-256 is recorded beside the key: a resumed run whose checkpoint
+holds other tokenizers encodes anew.
 
 The folder is built beside its final place (`.prepared.PID.tmp`) and renamed into place
 once complete, the key file written last, so an interrupted preparation leaves no prepared
@@ -75,6 +80,18 @@ def fingerprint(path: str | Path) -> dict[str, Any]:
         "mtime_ns": stat.st_mtime_ns,
         "sample_sha256": digest.hexdigest(),
     }
+
+
+def content_sha256(path: str | Path) -> str:
+    """The SHA-256 of a whole file (read in 1 MiB blocks)."""
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as handle:
+            while block := handle.read(1 << 20):
+                digest.update(block)
+    except OSError as exc:
+        raise NmtError(f"{path}: cannot read ({exc.strerror or exc.__class__.__name__})") from None
+    return digest.hexdigest()
 
 
 def tokenizers_digest(src: Tokenizer, tgt: Tokenizer) -> str:
@@ -231,6 +248,13 @@ def write_prepared(
         torch.save(state, building / TOKENIZERS_FILE)
         record = {
             **key,
+            "train": [
+                {
+                    side: {**files[side], "sha256": content_sha256(files[side]["path"])}
+                    for side in SIDES
+                }
+                for files in key["train"]
+            ],
             "tokenizers_sha256": tokenizers_digest(src_tok, tgt_tok),
             "corpus_sizes": sizes,
             "tokens": [w.tokens for w in writers],
@@ -251,8 +275,10 @@ def write_prepared(
         raise
 
 
-def _differs(stored: dict[str, Any], key: dict[str, Any]) -> str:
-    """What differs between a stored key and `key`, in words ("" when nothing does)."""
+def _differs(stored: dict[str, Any], key: dict[str, Any], log: Log) -> str:
+    """What differs between a stored key and `key`, in words ("" when nothing does). A
+    training file whose path or time differ from the stored ones but whose size and sampled
+    hash do not is read whole: the same SHA-256 makes it the same file (`_same_file`)."""
     if stored.get("format") != key["format"]:
         return f"an older format ({stored.get('format')})"
     old_files, new_files = stored.get("train") or [], key["train"]
@@ -260,12 +286,56 @@ def _differs(stored: dict[str, Any], key: dict[str, Any]) -> str:
         return f"{len(old_files)} training corpora, not {len(new_files)}"
     for old, new in zip(old_files, new_files, strict=True):
         for side in SIDES:
-            if old.get(side) != new[side]:
+            if not _same_file(old.get(side), new[side], log):
                 return f"another version of {new[side]['path']} (changed since)"
     names = sorted(k for k in key if k not in ("format", "train") and stored.get(k) != key[k])
     if names:
         return "other settings (" + ", ".join(f"data.{n} {stored.get(n)!r}" for n in names) + ")"
     return ""
+
+
+CHEAP = ("path", "size", "mtime_ns", "sample_sha256")  # what `fingerprint` reads
+
+
+def _same_file(old: dict[str, Any] | None, new: dict[str, Any], log: Log) -> bool:
+    """Whether the file `new` fingerprints is the one the stored fingerprint `old` was
+    taken of: the same fingerprint, or (another path or time) the same size, sampled hash
+    and SHA-256 of the whole file, which is then read once."""
+    if old is None:
+        return False
+    if all(old.get(k) == new[k] for k in CHEAP):
+        return True
+    if "sha256" not in old or any(old.get(k) != new[k] for k in ("size", "sample_sha256")):
+        return False
+    log(f"data: {new['path']} has another path or time than when it was prepared: reading it whole")
+    return content_sha256(new["path"]) == old["sha256"]
+
+
+def _refresh_key(folder: Path, stored: dict[str, Any], key: dict[str, Any], log: Log) -> None:
+    """Record the training files' fingerprints as they are now in `folder`'s key file (their
+    contents were found the same), so that the next start need not read them whole; where
+    the folder cannot be written to, the next start reads them again."""
+    if all(
+        all(old[side].get(k) == new[side][k] for side in SIDES for k in CHEAP)
+        for old, new in zip(stored["train"], key["train"], strict=True)
+    ):
+        return
+    stored["train"] = [
+        {
+            side: {**new[side], **{k: v for k, v in old[side].items() if k == "sha256"}}
+            for side in SIDES
+        }
+        for old, new in zip(stored["train"], key["train"], strict=True)
+    ]
+    try:
+        write_bytes(folder / KEY_FILE, (json.dumps(stored, indent=1) + "\n").encode())
+    except OSError as exc:
+        log(f"data: {folder / KEY_FILE} not brought up to date ({exc.strerror}); reused as it is")
+        return
+    log(
+        f"data: the same training files as prepared (SHA-256): {folder / KEY_FILE} "
+        "brought up to date"
+    )
 
 
 def open_prepared(
@@ -286,7 +356,7 @@ def open_prepared(
     except (OSError, ValueError):
         log(f"data: {folder / KEY_FILE} is unreadable; preparing the corpus anew")
         return None
-    if why := _differs(stored, key):
+    if why := _differs(stored, key, log):
         log(f"data: {folder} was prepared from {why}; preparing the corpus anew")
         return None
     try:
@@ -301,6 +371,7 @@ def open_prepared(
     except (OSError, RuntimeError, KeyError, TypeError, NmtError) as exc:
         log(f"data: {folder / TOKENIZERS_FILE} is unreadable ({exc}); preparing the corpus anew")
         return None
+    _refresh_key(folder, stored, key, log)
     pairs = PreparedPairs(*arrays, corpus_sizes=tuple(stored["corpus_sizes"]), length_order=order)
     return pairs, tokenizers, str(stored.get("tokenizers_sha256"))
 
