@@ -332,7 +332,9 @@ def table(records: list[dict], base: dict, ranks: int) -> None:
         )
         row += " | " + "/".join(gib(one[p]["peak_rss_bytes"]) for p in ("first", "later", "resume"))
         first = one["first"]
-        children = (first["largest_child_peak_rss_bytes"], first["children_peak_rss_bytes"])
+        children = (
+            first.get(k, 0) for k in ("largest_child_peak_rss_bytes", "children_peak_rss_bytes")
+        )
         row += " | " + "/".join(gib(n) for n in children)
         many = {
             r["phase"]: r

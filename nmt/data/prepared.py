@@ -83,12 +83,13 @@ def fingerprint(path: str | Path) -> dict[str, Any]:
 
 
 def content_sha256(path: str | Path) -> str:
-    """The SHA-256 of a whole file (read in 1 MiB blocks)."""
-    digest = hashlib.sha256()
+    """The SHA-256 of a whole file (read through one buffer of fixed size)."""
+    digest, buffer = hashlib.sha256(), bytearray(1 << 18)
+    view = memoryview(buffer)
     try:
         with open(path, "rb") as handle:
-            while block := handle.read(1 << 20):
-                digest.update(block)
+            while n := handle.readinto(buffer):
+                digest.update(view[:n])
     except OSError as exc:
         raise NmtError(f"{path}: cannot read ({exc.strerror or exc.__class__.__name__})") from None
     return digest.hexdigest()
