@@ -324,6 +324,14 @@ class TrainConfig:
         choices=("sents", "tokens"),
         doc="what train.batch_size counts: sentence pairs, or tokens (OpenNMT-py's batch_type)",
     )
+    normalization: str = _opt(
+        "auto",
+        choices=("auto", "sents", "tokens"),
+        doc="what a batch's summed loss is divided by: its sentence pairs (seq2seq-attn), or "
+        "its target tokens over the training corpus's mean per pair, so that every token "
+        "weighs the same whatever its batch while learning_rate and max_grad_norm keep the "
+        "scale they have with sents; auto: tokens with batch_type tokens, else sents",
+    )
     shuffle: str = _opt(
         "batches",
         choices=("batches", "within_length"),
@@ -586,7 +594,11 @@ REPLACED_KEYS = {
 # checkpoints (`upgrade_saved`)
 REPLACED_VALUES = {("train.autograd_encoder", "nn_lstm"): "kernel"}
 # defaults that changed: a saved config without the key was trained with the old value
-OLD_DEFAULTS = {"model.granularity": "nngraph", "train.loss_chunk": 1}
+OLD_DEFAULTS = {
+    "model.granularity": "nngraph",
+    "train.loss_chunk": 1,
+    "train.normalization": "sents",
+}
 
 
 def all_keys() -> list[str]:
@@ -794,6 +806,12 @@ def batch_rows(cfg: Config) -> int:
     if t.batch_type == "tokens":
         return max(1, t.batch_size // longest_pair_tokens(cfg.data))
     return t.batch_size
+
+
+def normalizes_by_tokens(t: TrainConfig) -> bool:
+    """Whether a batch's loss is divided by its tokens (`train.normalization`, auto resolved:
+    tokens with token batches, whose rows vary with their lengths; sentences otherwise)."""
+    return t.normalization == "tokens" or (t.normalization == "auto" and t.batch_type == "tokens")
 
 
 def upgrade_saved(raw: Any) -> Any:

@@ -180,9 +180,9 @@ class PoisonedExecutor:
     def __init__(self, inner, bad_calls: set[int]):
         self.inner, self.bad_calls, self.calls = inner, bad_calls, 0
 
-    def forward_backward(self, batch):
+    def forward_backward(self, batch, norm=None):
         self.calls += 1
-        loss = self.inner.forward_backward(batch)
+        loss = self.inner.forward_backward(batch, norm)
         if self.calls in self.bad_calls:
             for p in self.inner.model.parameters():
                 p.grad.fill_(math.nan)

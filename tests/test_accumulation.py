@@ -1,5 +1,6 @@
 """Gradient accumulation (`train.accum_steps`): a batch as micro-batches of rows, each
-normalised by the whole batch's sentence count, trains to the whole batch's parameters."""
+normalised by the whole batch's norm (its sentences unless given), trains to the whole
+batch's parameters."""
 
 from __future__ import annotations
 

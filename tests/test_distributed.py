@@ -55,6 +55,16 @@ def torchrun(*args: str) -> list[str]:
     [
         # nngraph clones under torchrun: test_two_ranks_resume_exactly_with_dropout
         pytest.param("clones", ["model.granularity=fused", "train.loss_chunk=3"], id="fused"),
+        pytest.param(  # each rank's loss over the whole batch's tokens (train.normalization)
+            "clones",
+            [
+                "model.granularity=fused",
+                "train.loss_chunk=3",
+                "train.batch_type=tokens",
+                "train.batch_size=400",
+            ],
+            id="tokens",
+        ),  # fmt: skip
         pytest.param("autograd", [], id="autograd"),
     ],
 )

@@ -198,7 +198,7 @@ def test_consecutive_nan_steps_stop_and_keep_the_good_checkpoint(tmp_path):
 def test_out_of_memory_is_reported_with_advice(tmp_path):
     trainer, _ = poisoned_trainer(tmp_path, set())
 
-    def oom(batch):
+    def oom(batch, norm=None):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
     trainer.executor.forward_backward = oom

@@ -56,7 +56,6 @@ class LoadedShape(NamedTuple):
     rows: int
     src_len: int
     tgt_len: int
-    norm: int  # the sentences the loss is averaged over
     # per target position, its leading PAD rows, which the fused output layer skips (None:
     # the output layer runs every row)
     pad_rows: tuple[int, ...] | None
@@ -152,6 +151,8 @@ class CloneExecutor:
         for r in ("src", "tgt_in", "tgt_out"):
             self.loop[r] = torch.empty(0, device=dev, dtype=torch.long)
         self.loop["loss"] = torch.zeros((), device=dev, dtype=torch.float64)
+        # what the loss is divided by (`load`): a buffer, so that it is no constant of a graph
+        self.loop["norm"] = torch.ones((), device=dev, dtype=torch.float64)
         # the fused granularity's embeddings, gathered and added back once a step: each
         # position's rows and their gradients (P x B x E, in the compute dtype), and the
         # rows in the tables' own dtype where a mixed precision keeps them in their masters
@@ -226,20 +227,20 @@ class CloneExecutor:
 
     # ---- the training step ---------------------------------------------------------------
 
-    def forward_backward(self, batch: Batch, norm: int | None = None) -> Tensor:
+    def forward_backward(self, batch: Batch, norm: float | None = None) -> Tensor:
         """Accumulate d(training loss / norm)/d(param) (the NLL, or with label smoothing
         the smoothed cross-entropy of `nmt.loss`) into each parameter's .grad (zeros are
         created where .grad is None) and return the summed NLL of the non-PAD tokens (a
-        0-dim float64 tensor of its own on the device: nothing is read back). `norm`: the
-        sentences the loss is averaged over (default the batch's; a micro-batch's is its
-        whole batch's).
+        0-dim float64 tensor of its own on the device: nothing is read back). `norm`: what
+        the loss is divided by (default the batch's sentences; a micro-batch's is its whole
+        batch's), held in a buffer of the loop.
 
         Dropout is used iff model.training, with masks drawn in the order of
         Seq2SeqAttn.forward (encoder, backward encoder, then decoder positions)."""
         return self.step(batch, norm=norm).clone()
 
     @torch.no_grad()
-    def step(self, batch: Batch, tr: Tracer | None = None, norm: int | None = None) -> Tensor:
+    def step(self, batch: Batch, tr: Tracer | None = None, norm: float | None = None) -> Tensor:
         """forward_backward's step, returning the summed NLL as the loop's 0-dim float64
         buffer (no device sync). `tr`: a Tracer that records what each clone call touches
         (the planner's probe)."""
@@ -247,7 +248,7 @@ class CloneExecutor:
         return self.run_loaded(tr)
 
     @torch.no_grad()
-    def load(self, batch: Batch, norm: int | None = None) -> None:
+    def load(self, batch: Batch, norm: float | None = None) -> None:
         """Copy `batch` into the loop's fixed buffers (its tokens, which positions are real,
         each position's loss weight) and create missing gradients: everything the step
         takes from outside. `run_loaded` reads only buffers this executor keeps, so the
@@ -275,7 +276,8 @@ class CloneExecutor:
         # only the fused output layer's kernels depend on the leading PAD rows
         skips = self.generator.skips_pad_rows and batch.pad_rows is not None
         pad_rows = tuple(batch.pad_rows) if skips else None
-        self._loaded = LoadedShape(B, S, T, norm or B, pad_rows)
+        lp["norm"].fill_(norm or B)
+        self._loaded = LoadedShape(B, S, T, pad_rows)
 
     @property
     def loaded_shape(self) -> LoadedShape:
@@ -287,14 +289,14 @@ class CloneExecutor:
     def run_loaded(self, tr: Tracer | None = None) -> Tensor:
         """The step on the loaded batch (`load`): reads only this executor's buffers and the
         model's parameters, and returns the summed NLL as the loop's 0-dim float64 buffer."""
-        B, S, T, norm, pad_rows = self._loaded
+        B, S, T, pad_rows = self._loaded
         self.weights.begin()
         H, lp = self.cfg.rnn_size, self.loop
         n_state = len(self._states)
         src_t, tin, tout = lp["src"], lp["tgt_in"], lp["tgt_out"]  # as `load` shaped them
         valid = resized(lp["valid"], (T, B, 1))
         torch.ne(tout, PAD, out=valid)
-        weight = torch.div(valid, norm, out=resized(lp["weight"], (T, B, 1)))
+        weight = torch.div(valid, lp["norm"], out=resized(lp["weight"], (T, B, 1)))
         if self.loss_scale is not None:  # float16: the loss scaled up, the gradients with it
             weight.mul_(self.loss_scale)
         zeros = resized(lp["zeros"], (B, H)).zero_()

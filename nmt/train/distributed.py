@@ -1,9 +1,10 @@
 """Data-parallel training on `torch.distributed`: process group, batch shards, gradient sums.
 
 Launched by `torchrun`, every rank builds the same batches, takes its own rows of every global
-batch, computes its gradients with either executor, and the ranks then sum
-(b_rank / B) * grad_rank with bucketed all-reduces, which is exactly the gradient of the global
-batch's summed NLL / B. Neither executor needs autograd hooks for this, so the clone executor
+batch, computes its gradients with either executor, its loss divided by the global batch's
+norm (its B sentences, or `train.normalization`'s tokens), and the ranks then sum their
+gradients with bucketed all-reduces: exactly the gradient of the global batch's summed NLL /
+norm. Neither executor needs autograd hooks for this, so the clone executor
 and autograd share one code path. Every rank then holds the same gradient, so clipping by the
 local norm is clipping by the global norm, and the optimizers stay in lockstep.
 """
@@ -134,12 +135,9 @@ def _rows(batch: Batch, lo: int, hi: int) -> Batch:
 
 
 def all_reduce_gradients(
-    params: list[torch.nn.Parameter],
-    scale: float,
-    ctx: DistContext,
-    bucket_bytes: int = BUCKET_BYTES,
+    params: list[torch.nn.Parameter], ctx: DistContext, bucket_bytes: int = BUCKET_BYTES
 ) -> None:
-    """grad <- sum over ranks of (scale_rank * grad_rank), in flat buckets of ~bucket_bytes."""
+    """grad <- the sum over ranks of grad_rank, in flat buckets of ~bucket_bytes."""
     if not ctx.enabled:
         return
     grads = [p.grad for p in params]
@@ -149,15 +147,14 @@ def all_reduce_gradients(
         bucket.append(g)
         size += g.numel() * g.element_size()
         if size >= bucket_bytes:
-            _reduce_bucket(bucket, scale)
+            _reduce_bucket(bucket)
             bucket, size = [], 0
     if bucket:
-        _reduce_bucket(bucket, scale)
+        _reduce_bucket(bucket)
 
 
-def _reduce_bucket(grads: list[torch.Tensor], scale: float) -> None:
+def _reduce_bucket(grads: list[torch.Tensor]) -> None:
     flat = torch.cat([g.reshape(-1) for g in grads])
-    flat.mul_(scale)
     dist.all_reduce(flat)
     offset = 0
     for g in grads:

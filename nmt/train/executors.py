@@ -1,14 +1,15 @@
 """The two ways to compute a training step's gradients, behind one interface.
 
-An executor fills each model parameter's `.grad` with d(summed training loss / batch
-size)/d(param) and returns the summed NLL as a 0-dim float64 tensor on the model's device:
+An executor fills each model parameter's `.grad` with d(summed training loss / norm)/d(param)
+(norm: the batch's sentences, or what `train.normalization` makes of its tokens: the trainer
+says) and returns the summed NLL as a 0-dim float64 tensor on the model's device:
 reading it on the host would wait for the device, so the trainer does that only when it
 logs. The training loss is the NLL, or with `train.label_smoothing` the smoothed
 cross-entropy of `nmt.loss`. The trainer never cares which one ran.
 
 With `train.accum_steps` N (gradient accumulation, OpenNMT-py's `accum_count`) each batch
 runs as N micro-batches of rows (`nmt.train.distributed.micro_batches`), each normalised by
-the whole batch's sentence count, so their summed gradients are the whole batch's to
+the whole batch's norm, so their summed gradients are the whole batch's to
 rounding; the clone executor's buffers are reserved for one micro-batch.
 """
 
@@ -31,15 +32,12 @@ from nmt.train.distributed import micro_batches
 
 
 class Executor(Protocol):
-    def forward_backward(self, batch: Batch) -> Tensor: ...
-
-
-class Normalising(Protocol):
-    """An executor that averages the loss over a given number of sentences."""
+    """d(summed loss / norm)/d(param) into the gradients (`norm`: the batch's sentences
+    unless given); the summed NLL."""
 
     model: Seq2SeqAttn
 
-    def forward_backward(self, batch: Batch, norm: int | None = None) -> Tensor: ...
+    def forward_backward(self, batch: Batch, norm: float | None = None) -> Tensor: ...
 
 
 class AutogradExecutor:
@@ -63,14 +61,14 @@ class AutogradExecutor:
         # float16's dynamic loss scale (a device tensor, `nmt.train.scaling`)
         self.loss_scale: Tensor | None = None
 
-    def forward_backward(self, batch: Batch, norm: int | None = None) -> Tensor:
-        """d(loss / norm) accumulated into the gradients (`norm`: the sentences the loss is
-        averaged over, default the batch's); the summed NLL."""
+    def forward_backward(self, batch: Batch, norm: float | None = None) -> Tensor:
+        """d(loss / norm) accumulated into the gradients (`norm`: what the loss is divided
+        by, default the batch's sentences); the summed NLL."""
         return self.step(batch, norm).to(torch.float64)
 
-    def step(self, batch: Batch, norm: int | None = None) -> Tensor:
+    def step(self, batch: Batch, norm: float | None = None) -> Tensor:
         """The summed NLL as a 0-dim tensor (detached), gradients accumulated; the loss
-        divided by `norm` sentences (default: the batch's). A mixed precision runs the
+        divided by `norm` (default: the batch's sentences). A mixed precision runs the
         forward under `torch.autocast` in its compute dtype (the reference a PyTorch user
         would write); with float16's loss scale the gradients come out scaled, as under
         GradScaler (`DeviceUpdate` unscales them)."""
@@ -86,12 +84,12 @@ class AutogradExecutor:
 
 class Accumulating:
     """Gradient accumulation: each batch through `inner` as `steps` micro-batches of rows,
-    each averaged over the whole batch's sentences, so the gradients they add up are the
+    each divided by the whole batch's norm, so the gradients they add up are the
     whole batch's to rounding; the summed NLL of all of them. (Dropout draws each
     micro-batch's masks in turn: other random numbers than the whole batch's, equally
     distributed.)"""
 
-    def __init__(self, inner: Normalising, steps: int):
+    def __init__(self, inner: Executor, steps: int):
         self.inner, self.steps, self.model = inner, steps, inner.model
 
     @property
@@ -103,10 +101,10 @@ class Accumulating:
     def loss_scale(self, scale: Tensor | None) -> None:
         self.inner.loss_scale = scale
 
-    def forward_backward(self, batch: Batch) -> Tensor:
+    def forward_backward(self, batch: Batch, norm: float | None = None) -> Tensor:
         total: Tensor | None = None
         for part in micro_batches(batch, self.steps):
-            nll = self.inner.forward_backward(part, norm=batch.size)
+            nll = self.inner.forward_backward(part, norm=norm or batch.size)
             total = nll if total is None else total + nll
         assert total is not None  # a batch has a row
         return total
@@ -118,7 +116,7 @@ def make_executor(cfg: Config, model: Seq2SeqAttn, world_size: int = 1) -> Execu
     planner's sharing plan for the model's structure and allocates its buffers up front for
     one micro-batch of this rank's share of a batch (`nmt.train.distributed.shard`)."""
     t = cfg.train
-    executor: Normalising
+    executor: Executor
     if t.executor == "autograd":
         executor = AutogradExecutor(
             model, t.loss_chunk, t.label_smoothing, t.autograd_encoder, t.precision

@@ -54,21 +54,23 @@ class TrainingStep:
         self.zero = torch.zeros((), dtype=torch.float64, device=device)  # a failed rank's loss
         self.loss, self.norm = self.zero, self.zero  # this step's, once its phases ran
         self._batch: Batch | None = None
+        self._norm: float | None = None
 
     @property
     def fixed_buffers(self) -> bool:
         """The clone executor keeps the batch in fixed buffers; the others read it as given."""
         return isinstance(self.executor, CloneExecutor)
 
-    def load(self, batch: Batch | None, n_tokens: int) -> None:
-        """The host's part: `batch` (None: this rank has no rows of it) into the executor's
+    def load(self, batch: Batch | None, n_tokens: int, norm: float | None = None) -> None:
+        """The host's part: `batch` (None: this rank has no rows of it) and `norm` (what its
+        loss is divided by, the whole batch's; default its rows) into the executor's
         buffers, `n_tokens` (the whole batch's target tokens) and the average's rate into
         the update's device scalars."""
         self.update.load(n_tokens)
-        self._batch = batch
+        self._batch, self._norm = batch, norm
         if batch is not None and self.fixed_buffers:
             assert isinstance(self.executor, CloneExecutor)
-            self.executor.load(batch)
+            self.executor.load(batch, norm)
 
     @property
     def shape(self) -> Hashable | None:
@@ -96,7 +98,7 @@ class TrainingStep:
             assert isinstance(self.executor, CloneExecutor)
             self.loss = self.executor.run_loaded()
         else:
-            self.loss = self.executor.forward_backward(self._batch)
+            self.loss = self.executor.forward_backward(self._batch, self._norm)
         return self.loss
 
     def clip(self) -> Tensor:

@@ -31,7 +31,7 @@ from tqdm import tqdm
 
 from nmt import precisions
 from nmt.checkpoint import prune_step_checkpoints, save_checkpoint
-from nmt.config import Config, training_corpora
+from nmt.config import Config, normalizes_by_tokens, training_corpora
 from nmt.data.batching import Batch, epoch_order, on_device
 from nmt.data.sampling import sampled_batches
 from nmt.data.word_dropout import drop_source_words
@@ -149,6 +149,10 @@ class Trainer:
         # tokens counted on the host: counting a batch on the device would read it back
         self.train_batches = self.batching.epoch(self.state.epoch)
         self.train_tokens = self.train_batches.tokens
+        # train.normalization tokens: a batch's loss over its tokens / the corpus's per pair
+        pairs = self.batching.pairs
+        by_tokens = normalizes_by_tokens(self.cfg.train) and len(pairs) > 0
+        self.tokens_per_pair = float(pairs.tgt_lengths.mean()) + 1.0 if by_tokens else None
         self._describe()
 
     @classmethod
@@ -221,9 +225,12 @@ class Trainer:
         shuffled = "; pairs shuffled within lengths every epoch" * (t.shuffle == "within_length")
         valid = len(self.corpus.valid)
         ppl_on = f" (perplexity on {t.valid_sample})" if 0 < t.valid_sample < valid else ""
+        per = self.tokens_per_pair
+        divided = "its pairs" if per is None else f"its target tokens / {per:.2f} (tokens a pair)"
         self.log(
             f"data: {len(self.corpus.train)} training pairs in {len(self.train_batches)} batches "
             f"of up to {t.batch_size} {counted}{shuffled}, {valid} validation pairs{ppl_on}{bleu}"
+            f"; a batch's loss divided by {divided} (train.normalization)"
         )
         self._describe_weights()
         if self.memory_plan is not None:
@@ -440,6 +447,8 @@ class Trainer:
         says otherwise. `n_tokens`: the batch's target tokens. A rank that fails in it (out
         of memory) stops every rank before the step ends."""
         part = dd.shard(batch, self.dist)
+        per_pair = self.tokens_per_pair
+        norm = batch.size if per_pair is None else n_tokens / per_pair  # of the whole batch
         step = self.state.step + 1
         if step <= self.schedule.warmup_steps:  # train.warmup_steps: this update's rate
             set_learning_rate(self.optimizer, self.schedule.rate(step))
@@ -447,7 +456,7 @@ class Trainer:
         def guard(where: str, fn: Callable[[], T], default: T) -> T:
             return self.failures.attempt(f"{where} of step {step}", batch, fn, default)
 
-        guard("the forward/backward pass", lambda: self.step.load(part, n_tokens), None)
+        guard("the forward/backward pass", lambda: self.step.load(part, n_tokens, norm), None)
         if self.dist.enabled:
             self._distributed_step(part, batch, guard)
         else:
@@ -463,14 +472,14 @@ class Trainer:
 
     def _distributed_step(self, part: Batch | None, batch: Batch, guard: Guard) -> None:
         """The step's phases with torchrun's collectives between them (eager): the loss and
-        the stop and failure flags summed, the gradients averaged over the rows."""
+        the stop and failure flags summed, the gradients summed (each rank's loss was divided
+        by the whole batch's norm)."""
         s = self.step
         loss = guard("the forward/backward pass", s.gradients, s.zero)
         stop = float(self._signal is not None)
         s.loss, (stop, failed) = dd.all_reduce_loss(loss, [stop, self.failures.flag], self.dist)
         self.failures.settle(failed)
-        share = (part.size if part is not None else 0) / batch.size
-        dd.all_reduce_gradients(list(self.model.parameters()), share, self.dist)
+        dd.all_reduce_gradients(list(self.model.parameters()), self.dist)
         self._stop = stop > 0
         guard("gradient clipping", s.clip, s.zero)
         guard("the optimizer step", s.apply, None)
