@@ -479,3 +479,15 @@ def test_plot_notes_do_not_overlap_and_both_autograd_curves_show(
     assert under.get_linewidth() > 2 * over.get_linewidth()
     assert "LSTM" in fig._suptitle.get_text()
     plt.close(fig)
+
+
+def test_a_token_batch_is_named_as_one(tiny_config):
+    """With train.batch_type tokens the report says the batch's tokens and that its rows are
+    those of its full-length shape (not a batch of that many pairs)."""
+    sets = ["train.batch_type=tokens", "train.batch_size=300"]
+    cfg = load_config(tiny_config, sets, require_data=False)
+    report = build_report(cfg, str(tiny_config), device="meta", detail="all", top=3)
+    rows = report.setting.batch_size
+    assert rows == 300 // (cfg.data.max_src_len + cfg.data.max_tgt_len + 3)
+    line = render(report).splitlines()[1]
+    assert f"batch of 300 tokens ({rows} pairs at the longest lengths)" in line, line

@@ -86,6 +86,8 @@ class Report:
     configured: Plan | None = None
     room: Budget | None = None
     seed_section: bool = False
+    # train.batch_type tokens: the batch's tokens (the setting's rows are its full-length shape)
+    batch_tokens: int | None = None
 
     @property
     def baseline(self) -> PolicyMemory:
@@ -210,6 +212,8 @@ def build_report(
         setup_device(dev, deterministic=cfg.train.deterministic, tf32=cfg.train.tf32)
     report = Report(setting, config_path, dev, why, memory, detail_policy=detail, top=top)
     report.seed_section = seed_section
+    if cfg.train.batch_type == "tokens":
+        report.batch_tokens = cfg.train.batch_size
     report.configured = None if cfg.train.prealloc == policies.AUTO else Plan.of(cfg)
     report.room = device_room(device)
     for name in dict.fromkeys(p for p in compare if p != setting.precision):

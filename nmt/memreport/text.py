@@ -41,7 +41,9 @@ def table(headers: list[str], rows: list[list[str]], left: int = 1) -> str:
     return "\n".join([line(headers), *(line(r) for r in rows)])
 
 
-def _model_line(s: Setting) -> str:
+def _model_line(s: Setting, batch_tokens: int | None = None) -> str:
+    """The model, vocabularies, batch and clones; `batch_tokens`: a token batch's size (its
+    rows, `s.batch_size`, are those of its full-length shape)."""
     m = s.model
     extras = [f"word vectors {m.word_vec_size}"]
     if m.input_feed:
@@ -57,10 +59,13 @@ def _model_line(s: Setting) -> str:
     if m.tie_embeddings != "none":
         extras.append(f"embeddings tied ({m.tie_embeddings})")
     extras.append(f"{m.granularity} granularity")
+    batch = f"{s.batch_size}"
+    if batch_tokens is not None:
+        batch = f"of {batch_tokens} tokens ({s.batch_size} pairs at the longest lengths)"
     return (
         f"model {m.num_layers} x {m.rnn_size} {m.rnn_type.upper()} ({', '.join(extras)}), "
         f"vocabularies "
-        f"{s.src_vocab} / {s.tgt_vocab}, batch {s.batch_size}, max lengths {s.max_src_len} / "
+        f"{s.src_vocab} / {s.tgt_vocab}, batch {batch}, max lengths {s.max_src_len} / "
         f"{s.max_tgt_len} -> {s.encoder_clones} encoder / {s.decoder_clones} decoder clones, "
         f"{s.precision}, optimizer {s.optimizer}"
         + (" (+ the weights' moving average)" if s.weight_average else "")
@@ -91,7 +96,7 @@ def render(report: Report) -> str:
     pol = data["policies"]
     out = [
         f"memory report for {report.config_path or 'the configuration'}",
-        _model_line(report.setting),
+        _model_line(report.setting, report.batch_tokens),
         f"device: {report.device} ({report.device_reason})",
         "",
         *bottom_line(report),
