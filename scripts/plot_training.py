@@ -1,8 +1,11 @@
 """Plot a run's learning curves from RUN_DIR/metrics.jsonl: perplexities, validation BLEU
-(when the run measured it), speed, learning rate.
+(when the run measured it), speed, learning rate; or several runs' validation curves by
+epoch side by side.
 
 python scripts/plot_training.py runs/toy                  # -> runs/toy/training.png
 python scripts/plot_training.py runs/toy --out curves.png --title "toy, configs/toy.yaml"
+python scripts/plot_training.py runs/a runs/b --labels "sentence batches,token batches" \
+    --out compare.png                                     # validation by epoch, one line a run
 """
 
 from __future__ import annotations
@@ -66,22 +69,64 @@ def draw(records: list[dict[str, Any]], title: str) -> Any:
     return fig
 
 
+def draw_runs(runs: dict[str, list[dict[str, Any]]], title: str) -> Any:
+    """Validation perplexity and, where measured, greedy BLEU by epoch: one line per run
+    (label -> its records); a resumed run's validations once each (the last record of an
+    epoch wins)."""
+    import matplotlib.pyplot as plt
+
+    fig, (top, low) = plt.subplots(2, 1, figsize=(8, 7), sharex=True)
+    for label, records in runs.items():
+        by_epoch = {r["epoch"]: r for r in records if r["kind"] == "valid"}
+        epochs = sorted(by_epoch)
+        top.plot(epochs, [by_epoch[e]["ppl"] for e in epochs], "o-", label=label)
+        scored = [e for e in epochs if "bleu" in by_epoch[e]]
+        low.plot(scored, [by_epoch[e]["bleu"] for e in scored], "o-", label=label)
+    top.set_yscale("log")
+    top.yaxis.set_major_formatter(plain_log_formatter())
+    top.yaxis.set_minor_formatter(plain_log_formatter(labelOnlyBase=False))
+    top.set_ylabel("validation perplexity")
+    top.set_title(title)
+    top.legend()
+    low.set_ylabel("validation BLEU (greedy)")
+    low.set_xlabel("epoch")
+    low.legend()
+    for ax in (top, low):
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("run_dir", type=Path)
-    ap.add_argument("--out", type=Path, default=None, help="PNG path (RUN_DIR/training.png)")
+    ap.add_argument("run_dirs", type=Path, nargs="+", metavar="run_dir")
+    ap.add_argument(
+        "--out", type=Path, default=None, help="PNG path (RUN_DIR/training.png; several: needed)"
+    )
     ap.add_argument("--title", default=None, help="the plot's title (RUN_DIR)")
+    ap.add_argument("--labels", default=None, help="several runs: their names, comma-separated")
     args = ap.parse_args()
+    dirs: list[Path] = args.run_dirs
+    labels = args.labels.split(",") if args.labels else [str(d) for d in dirs]
+    if len(labels) != len(dirs):
+        sys.exit(f"error: --labels names {len(labels)} runs, {len(dirs)} were given")
+    if len(dirs) > 1 and args.out is None:
+        sys.exit("error: several runs need --out")
     try:
         require_matplotlib()
     except NmtError as exc:
         sys.exit(f"error: {exc}")
-    try:
-        records = read_metrics(args.run_dir)
-    except FileNotFoundError:
-        sys.exit(f"error: {args.run_dir / 'metrics.jsonl'} not found (is it a run directory?)")
-    fig = draw(records, args.title or str(args.run_dir))
-    out = args.out or args.run_dir / "training.png"
+    runs = {}
+    for label, run_dir in zip(labels, dirs, strict=True):
+        try:
+            runs[label] = read_metrics(run_dir)
+        except FileNotFoundError:
+            sys.exit(f"error: {run_dir / 'metrics.jsonl'} not found (is it a run directory?)")
+    if len(dirs) == 1:
+        fig = draw(runs[labels[0]], args.title or str(dirs[0]))
+    else:
+        fig = draw_runs(runs, args.title or "validation by epoch")
+    out = args.out or dirs[0] / "training.png"
     fig.savefig(out, dpi=120)
     print(f"wrote {out}")
 

@@ -197,6 +197,13 @@ def test_run_leaves_a_log_and_metrics_to_plot(tmp_path, monkeypatch):
     proc = subprocess.run(plot, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    both = tmp_path / "both.png"  # two runs side by side, by epoch
+    compare = [sys.executable, script, str(run), str(run), "--labels", "a,b", "--out", str(both)]
+    proc = subprocess.run(compare, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert both.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    proc = subprocess.run(compare[:-2], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and proc.stderr.strip() == "error: several runs need --out"
 
 
 def test_training_plot_without_matplotlib_is_a_clear_error(tmp_path, monkeypatch):
