@@ -24,8 +24,8 @@ Each row gives the seconds from process start to the first step's log line and t
 of the process (of both ranks together for 2 ranks; `resource.getrusage`, recorded by this
 script as the child's wrapper). The child processes' column is what a first start holds
 beside it in processes of its own (the encoding workers, one per core over 64 MiB of text,
-and their pool's helper): each one's own peak (`VmHWM`, read from /proc every 0.1 s by the
-wrapper), the largest and the sum (as if all peaked at once: an upper bound). RSS counts
+and their pool's helper), read from /proc every 0.1 s by the wrapper: the largest one's own
+peak (`VmHWM`) and the largest sum of those alive at once (`VmRSS`). RSS counts
 shared pages (torch's libraries, the mapped corpus) in every process that maps them, so the
 ranks' sum counts them twice; the last column adds the ranks' proportional set sizes at exit
 instead, which count them once.
@@ -150,15 +150,15 @@ def run(args: list[str], rss_file: Path, ranks: int = 1) -> dict:
         "peak_rss_bytes": sum(row[0] for row in rows),
         "pss_at_exit_bytes": sum(row[1] for row in rows),
         "largest_child_peak_rss_bytes": max(row[2] for row in rows),
-        "children_peak_rss_bytes": sum(row[3] for row in rows),
+        "children_at_once_rss_bytes": sum(row[3] for row in rows),
         "ranks": ranks,
     }
 
 
 def child(rss_file: str, args: list[str]) -> None:
     """Run the nmt command line in this process; at exit append to `rss_file` its peak RSS,
-    its PSS, and the peak RSS of the largest of its child processes and of all of them
-    together (a first start's encoding workers), as `ChildPeaks` watched them."""
+    its PSS, the peak RSS of the largest of its child processes (a first start's encoding
+    workers) and the most they held at once, as `ChildPeaks` watched them."""
     import atexit
 
     children = ChildPeaks()
@@ -166,9 +166,9 @@ def child(rss_file: str, args: list[str]) -> None:
 
     def record() -> None:
         kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
-        largest, together = children.stop()
+        largest, at_once = children.stop()
         with open(rss_file, "a", encoding="utf-8") as handle:
-            handle.write(f"{kib * 1024} {pss()} {largest} {together}\n")
+            handle.write(f"{kib * 1024} {pss()} {largest} {at_once}\n")
 
     atexit.register(record)
     sys.argv = ["nmt", *args]
@@ -179,11 +179,12 @@ def child(rss_file: str, args: list[str]) -> None:
 
 
 class ChildPeaks:
-    """The peak RSS (`VmHWM`, bytes) of each child process of this one, read from /proc
-    every `EVERY` seconds while it lives. Each child's own figure since its exec: the
-    kernel's `RUSAGE_CHILDREN` would instead report what a spawned child held as a fork of
-    this process before its exec (Linux carries that high-water mark across exec). A child
-    that grows in its last `EVERY` seconds is under-read by that growth."""
+    """The memory of this process's child processes, read from /proc every `EVERY` seconds
+    while they live: each one's own peak RSS (`VmHWM`, bytes: its figure since its exec,
+    where the kernel's `RUSAGE_CHILDREN` would report what a spawned child held as a fork of
+    this process before its exec, Linux carrying that high-water mark across exec), and the
+    largest sum of the RSS of those alive at once. A child that grows in its last `EVERY`
+    seconds is under-read by that growth."""
 
     EVERY = 0.1
 
@@ -191,6 +192,7 @@ class ChildPeaks:
         import threading
 
         self.peaks: dict[int, int] = {}
+        self.at_once = 0
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._watch, daemon=True)
 
@@ -198,18 +200,18 @@ class ChildPeaks:
         self._thread.start()
 
     def stop(self) -> tuple[int, int]:
-        """(the largest child's peak, the children's peaks summed)."""
+        """(the largest child's peak, the largest sum of the children alive at once)."""
         self._stopped.set()
         self._thread.join()
         self._read()
-        return max(self.peaks.values(), default=0), sum(self.peaks.values())
+        return max(self.peaks.values(), default=0), self.at_once
 
     def _watch(self) -> None:
         while not self._stopped.wait(self.EVERY):
             self._read()
 
     def _read(self) -> None:
-        me = str(os.getpid())
+        me, now = str(os.getpid()), 0
         for entry in os.scandir("/proc"):
             if not entry.name.isdigit():
                 continue
@@ -220,9 +222,11 @@ class ChildPeaks:
             fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
             if fields.get("PPid", "").strip() != me or "VmHWM" not in fields:
                 continue
-            peak = int(fields["VmHWM"].split()[0]) * 1024
             pid = int(entry.name)
+            peak = int(fields["VmHWM"].split()[0]) * 1024
             self.peaks[pid] = max(self.peaks.get(pid, 0), peak)
+            now += int(fields["VmRSS"].split()[0]) * 1024
+        self.at_once = max(self.at_once, now)
 
 
 def pss() -> int:
@@ -314,7 +318,7 @@ def table(records: list[dict], base: dict, ranks: int) -> None:
     print(f"\nimport only: peak RSS {gib(base['import_rss_bytes'])} GiB")
     head = (
         "| pairs | vocab | prepared MiB | first s | later s | resume s "
-        "| peak RSS GiB (first/later/resume) | first: child processes GiB (largest/together) |"
+        "| peak RSS GiB (first/later/resume) | first: child processes GiB (largest/at once) |"
     )
     extra = (
         f" {ranks} ranks first s | {ranks} ranks later s | {ranks} ranks RSS / 1 rank "
@@ -333,7 +337,7 @@ def table(records: list[dict], base: dict, ranks: int) -> None:
         row += " | " + "/".join(gib(one[p]["peak_rss_bytes"]) for p in ("first", "later", "resume"))
         first = one["first"]
         children = (
-            first.get(k, 0) for k in ("largest_child_peak_rss_bytes", "children_peak_rss_bytes")
+            first.get(k, 0) for k in ("largest_child_peak_rss_bytes", "children_at_once_rss_bytes")
         )
         row += " | " + "/".join(gib(n) for n in children)
         many = {
