@@ -25,7 +25,8 @@ of the process (of both ranks together for 2 ranks; `resource.getrusage`, record
 script as the child's wrapper). The child processes' column is what a first start holds
 beside it in processes of its own (the encoding workers, one per core over 64 MiB of text,
 and their pool's helper), read from /proc every 0.1 s by the wrapper: the largest one's own
-peak (`VmHWM`) and the largest sum of those alive at once (`VmRSS`). RSS counts
+peak (`VmHWM`), the largest sum of those alive at once (`VmRSS`), and the largest sum of
+theirs and the process's own at one look: what the start held in all. RSS counts
 shared pages (torch's libraries, the mapped corpus) in every process that maps them, so the
 ranks' sum counts them twice; the last column adds the ranks' proportional set sizes at exit
 instead, which count them once.
@@ -151,6 +152,7 @@ def run(args: list[str], rss_file: Path, ranks: int = 1) -> dict:
         "pss_at_exit_bytes": sum(row[1] for row in rows),
         "largest_child_peak_rss_bytes": max(row[2] for row in rows),
         "children_at_once_rss_bytes": sum(row[3] for row in rows),
+        "with_children_rss_bytes": sum(row[4] for row in rows),
         "ranks": ranks,
     }
 
@@ -166,9 +168,9 @@ def child(rss_file: str, args: list[str]) -> None:
 
     def record() -> None:
         kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
-        largest, at_once = children.stop()
+        largest, at_once, with_self = children.stop()
         with open(rss_file, "a", encoding="utf-8") as handle:
-            handle.write(f"{kib * 1024} {pss()} {largest} {at_once}\n")
+            handle.write(f"{kib * 1024} {pss()} {largest} {at_once} {with_self}\n")
 
     atexit.register(record)
     sys.argv = ["nmt", *args]
@@ -193,18 +195,20 @@ class ChildPeaks:
 
         self.peaks: dict[int, int] = {}
         self.at_once = 0
+        self.with_self = 0  # the largest sum of this process's RSS and its children's
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._watch, daemon=True)
 
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self) -> tuple[int, int]:
-        """(the largest child's peak, the largest sum of the children alive at once)."""
+    def stop(self) -> tuple[int, int, int]:
+        """(the largest child's peak, the largest sum of the children alive at once, the
+        largest sum of this process's RSS and theirs at one look)."""
         self._stopped.set()
         self._thread.join()
         self._read()
-        return max(self.peaks.values(), default=0), self.at_once
+        return max(self.peaks.values(), default=0), self.at_once, self.with_self
 
     def _watch(self) -> None:
         while not self._stopped.wait(self.EVERY):
@@ -212,6 +216,8 @@ class ChildPeaks:
 
     def _read(self) -> None:
         me, now = str(os.getpid()), 0
+        own = Path("/proc/self/status").read_text(encoding="ascii")
+        mine = int(own.split("VmRSS:")[1].split()[0]) * 1024
         for entry in os.scandir("/proc"):
             if not entry.name.isdigit():
                 continue
@@ -227,6 +233,7 @@ class ChildPeaks:
             self.peaks[pid] = max(self.peaks.get(pid, 0), peak)
             now += int(fields["VmRSS"].split()[0]) * 1024
         self.at_once = max(self.at_once, now)
+        self.with_self = max(self.with_self, now + mine)
 
 
 def pss() -> int:
@@ -318,7 +325,8 @@ def table(records: list[dict], base: dict, ranks: int) -> None:
     print(f"\nimport only: peak RSS {gib(base['import_rss_bytes'])} GiB")
     head = (
         "| pairs | vocab | prepared MiB | first s | later s | resume s "
-        "| peak RSS GiB (first/later/resume) | first: child processes GiB (largest/at once) |"
+        "| peak RSS GiB (first/later/resume) "
+        "| first: child processes GiB (largest/at once/with the process) |"
     )
     extra = (
         f" {ranks} ranks first s | {ranks} ranks later s | {ranks} ranks RSS / 1 rank "
@@ -337,7 +345,12 @@ def table(records: list[dict], base: dict, ranks: int) -> None:
         row += " | " + "/".join(gib(one[p]["peak_rss_bytes"]) for p in ("first", "later", "resume"))
         first = one["first"]
         children = (
-            first.get(k, 0) for k in ("largest_child_peak_rss_bytes", "children_at_once_rss_bytes")
+            first.get(k, 0)
+            for k in (
+                "largest_child_peak_rss_bytes",
+                "children_at_once_rss_bytes",
+                "with_children_rss_bytes",
+            )
         )
         row += " | " + "/".join(gib(n) for n in children)
         many = {

@@ -59,7 +59,7 @@ def test_the_table_has_a_row_per_size_and_vocabulary(capsys):
         {"pairs": n, "vocab": v, "phase": p, "ranks": r, "seconds_to_first_step": 1.0,
          "peak_rss_bytes": 2**30 * r, "pss_at_exit_bytes": 2**29 * (r + 1),
          "prepared_bytes": 3 * 2**20, "largest_child_peak_rss_bytes": 2**28,
-         "children_at_once_rss_bytes": 2**29}
+         "children_at_once_rss_bytes": 2**29, "with_children_rss_bytes": 2**31}
         for n in (10, 20)
         for v in ("word", "spm")
         for p, r in (("first", 1), ("later", 1), ("resume", 1), ("first", 2), ("later", 2))
@@ -69,6 +69,7 @@ def test_the_table_has_a_row_per_size_and_vocabulary(capsys):
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
     assert len(rows) == 1 + 4
     assert rows[1].startswith(
-        "| 10 | word | 3 | 1.0 | 1.0 | 1.0 | 1.00/1.00/1.00 | 0.25/0.50 | 1.0 | 1.0 | 2.00 | 1.50 |"
+        "| 10 | word | 3 | 1.0 | 1.0 | 1.0 | 1.00/1.00/1.00 | 0.25/0.50/2.00 "
+        "| 1.0 | 1.0 | 2.00 | 1.50 |"
     )
     assert rows[2].endswith("| - | - | - | - |")
