@@ -24,7 +24,7 @@ from nmt.data.encoding_workers import (
     count_chunk,
     encode_chunk,
     ordered_map,
-    packed_within,
+    packed_pairs,
     start_encoding,
 )
 from nmt.data.prepared import (
@@ -279,9 +279,8 @@ def _encode_here(
 ) -> tuple[list[np.ndarray], int]:
     """`encode_chunk` with any tokenizers, in this process."""
     pairs, max_src, max_tgt = job
-    src = tokenizers[0].encode_batch([s for s, _ in pairs])
-    tgt = tokenizers[1].encode_batch([t for _, t in pairs])
-    return packed_within(src, tgt, max_src, max_tgt), len(pairs)
+    src, tgt = (tok.encode_batch for tok in tokenizers)
+    return packed_pairs(pairs, src, tgt, max_src, max_tgt), len(pairs)
 
 
 def _filtered(

@@ -17,6 +17,7 @@ does the work in its own process.
 from __future__ import annotations
 
 import multiprocessing
+from array import array
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
@@ -84,22 +85,40 @@ def encode_chunk(job: tuple[Pairs, int, int]) -> tuple[list[np.ndarray], int]:
     """The pairs within the length limits as [source ids, source lengths, target ids,
     target lengths] (int64), and how many pairs there were."""
     pairs, max_src, max_tgt = job
-    src = _encoders["src"]([s for s, _ in pairs])
-    tgt = _encoders["tgt"]([t for _, t in pairs])
-    return packed_within(src, tgt, max_src, max_tgt), len(pairs)
+    return packed_pairs(pairs, _encoders["src"], _encoders["tgt"], max_src, max_tgt), len(pairs)
 
 
-def packed_within(
-    src: list[list[int]], tgt: list[list[int]], max_src: int, max_tgt: int
+PACK_LINES = 4096  # lines encoded at a time: their Python lists of ids, all a chunk holds
+
+
+def packed_pairs(
+    pairs: Pairs,
+    encode_src: Callable[[list[str]], list[list[int]]],
+    encode_tgt: Callable[[list[str]], list[list[int]]],
+    max_src: int,
+    max_tgt: int,
 ) -> list[np.ndarray]:
-    """The encoded pairs within the length limits as [source ids, source lengths, target
-    ids, target lengths] (int64): what every encoder of a chunk hands the prepared corpus."""
-    keep = [i for i in range(len(src)) if len(src[i]) <= max_src and len(tgt[i]) <= max_tgt]
-    arrays = []
-    for rows in ([src[i] for i in keep], [tgt[i] for i in keep]):
-        lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
-        arrays += [np.fromiter(chain.from_iterable(rows), dtype=np.int64), lengths]
-    return arrays
+    """The pairs encoded and kept within the length limits as [source ids, source lengths,
+    target ids, target lengths] (int64): what every encoder of a chunk hands the prepared
+    corpus. `PACK_LINES` lines are encoded at a time and their ids moved at once into flat
+    arrays: a chunk's ids as Python lists of ints would take ~36 bytes a token (a worker
+    encoding 65,536 word pairs held 0.21 GiB), as arrays they take 8."""
+    sides = []
+    for k, encode in enumerate((encode_src, encode_tgt)):
+        ids, lengths = array("q"), array("q")
+        for start in range(0, len(pairs), PACK_LINES):
+            rows = encode([pair[k] for pair in pairs[start : start + PACK_LINES]])
+            lengths.extend(map(len, rows))
+            ids.extend(chain.from_iterable(rows))
+        sides.append((np.frombuffer(ids, dtype=np.int64), np.frombuffer(lengths, dtype=np.int64)))
+    (src_ids, src_lengths), (tgt_ids, tgt_lengths) = sides
+    keep = (src_lengths <= max_src) & (tgt_lengths <= max_tgt)
+    return [
+        src_ids[np.repeat(keep, src_lengths)],
+        src_lengths[keep],
+        tgt_ids[np.repeat(keep, tgt_lengths)],
+        tgt_lengths[keep],
+    ]
 
 
 def ordered_map(
