@@ -185,8 +185,9 @@ class ChildPeaks:
     while they live: each one's own peak RSS (`VmHWM`, bytes: its figure since its exec,
     where the kernel's `RUSAGE_CHILDREN` would report what a spawned child held as a fork of
     this process before its exec, Linux carrying that high-water mark across exec), and the
-    largest sum of the RSS of those alive at once. A child that grows in its last `EVERY`
-    seconds is under-read by that growth."""
+    largest sum of the RSS of those alive at once. A child between its fork and its exec
+    (this process's command line still) is skipped: its figures are this process's pages. A
+    child that grows in its last `EVERY` seconds is under-read by that growth."""
 
     EVERY = 0.1
 
@@ -194,6 +195,7 @@ class ChildPeaks:
         import threading
 
         self.peaks: dict[int, int] = {}
+        self.own_command = Path("/proc/self/cmdline").read_bytes()
         self.at_once = 0
         self.with_self = 0  # the largest sum of this process's RSS and its children's
         self._stopped = threading.Event()
@@ -227,6 +229,11 @@ class ChildPeaks:
                 continue  # gone, or not ours to read
             fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
             if fields.get("PPid", "").strip() != me or "VmHWM" not in fields:
+                continue
+            try:  # a child forked but not yet exec'd is still this process's copy: not its own
+                if Path(entry.path, "cmdline").read_bytes() == self.own_command:
+                    continue
+            except OSError:
                 continue
             pid = int(entry.name)
             peak = int(fields["VmHWM"].split()[0]) * 1024
