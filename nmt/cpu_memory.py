@@ -31,6 +31,21 @@ def map_large_allocations(threshold: int = THRESHOLD) -> bool:
     return bool(mallopt(M_MMAP_THRESHOLD, threshold))
 
 
+def give_back_freed() -> bool:
+    """Return the heap's free pages to the OS (glibc's malloc_trim): after many small objects
+    are freed together (a sentencepiece sample's lines), glibc keeps their pages resident for
+    reuse, and the next phase's worker processes would then run beside a parent that still
+    holds them. False where the C library is not glibc on Linux (nothing changes)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return False
+    trim(0)
+    return True
+
+
 def _read_int(path: str) -> int | None:
     try:
         with open(path, encoding="ascii") as handle:

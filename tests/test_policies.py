@@ -274,7 +274,12 @@ def test_old_keys_are_refused_naming_the_new_one(tmp_path, old) -> None:
 def test_saved_old_keys_are_upgraded(old: dict, expected: str) -> None:
     saved = {"model": {"rnn_size": 8}, "train": {"batch_size": 3, **old}}
     upgraded = upgrade_saved(saved)
-    assert upgraded["train"] == {"batch_size": 3, "prealloc": expected, "loss_chunk": 1}
+    assert upgraded["train"] == {
+        "batch_size": 3,
+        "prealloc": expected,
+        "loss_chunk": 1,
+        "normalization": "sents",
+    }
     assert from_dict(upgraded).train.prealloc == expected
     assert saved["train"] == {"batch_size": 3, **old}  # the checkpoint's own dict is left alone
     assert upgrade_saved(upgraded) == upgraded
@@ -288,7 +293,8 @@ def test_a_saved_config_keeps_the_defaults_it_was_trained_with() -> None:
     cfg = from_dict(upgraded)
     assert (cfg.model.granularity, cfg.train.loss_chunk) == ("nngraph", 1)
     assert from_dict({}).model.granularity == "fused" and from_dict({}).train.loss_chunk == 8
-    saved = {"model": {"granularity": "fused"}, "train": {"loss_chunk": 3}}
+    assert cfg.train.normalization == "sents" and from_dict({}).train.normalization == "auto"
+    saved = {"model": {"granularity": "fused"}, "train": {"loss_chunk": 3, "normalization": "auto"}}
     assert upgrade_saved(saved) == saved
 
 

@@ -161,6 +161,7 @@ def test_train_dtype_names_its_successor(tmp_path) -> None:
         "batch_size": 4,
         "precision": "float64",
         "loss_chunk": 1,
+        "normalization": "sents",
     }
 
 

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from nmt.config import DataConfig, shown_path, training_corpora
+from nmt.cpu_memory import give_back_freed
 from nmt.data.batching import Example
 from nmt.data.encoding_workers import (
     count_chunk,
@@ -404,6 +405,7 @@ def load_corpus(
         train, tokenizers = reused
     elif tokenizers is None:
         tokenizers = build_tokenizers(cfg, run_dir, log)
+        give_back_freed()  # the samples and counts they were learnt from, before encoding
     src_tok, tgt_tok = tokenizers
     valid_pairs = read_parallel(cfg.valid_src, cfg.valid_tgt, log)
     unit = "words" if src_tok.kind == "word" else "pieces"  # what the limits count
