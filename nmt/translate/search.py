@@ -128,11 +128,12 @@ class Finished:
     each addition is one stable sort of the slots and the newcomers (found first wins a tie,
     as in `best_distinct`). A hypothesis is its `paths` row: its tokens and, per position,
     the beam whose decoding gave that position's attention (`Search.attention_history`).
+    Its length needs no slot of its own: its tokens run up to the first PAD (never
+    generated), the last one </s> if it ended (`hypothesis_length`).
     """
 
     scores: Tensor  # n x N  (-inf: an empty slot); float64 when divided by a length penalty
     paths: Tensor  # n x N x 2 x T  tokens, attention beams
-    tags: Tensor  # n x N  2 x attention rows + 1 if it ended (its tokens: rows - ended)
     count: Tensor  # n  hypotheses added (for the length penalty's stop rule)
 
     @classmethod
@@ -140,20 +141,17 @@ class Finished:
         return cls(
             scores=torch.full((n, n_best), NEG_INF, dtype=dtype, device=like.device),
             paths=like.new_zeros(n, n_best, 2, T),
-            tags=like.new_zeros(n, n_best),
             count=like.new_zeros(n),
         )
 
-    def add(self, scores: Tensor, paths: Tensor, tag: int, counted: bool) -> None:
-        """Offer n x M hypotheses (score -inf: none) of one `tag`; `counted`: keep `count`."""
+    def add(self, scores: Tensor, paths: Tensor, counted: bool) -> None:
+        """Offer n x M hypotheses (score -inf: none); `counted`: keep `count`."""
         N = self.scores.size(1)
         top, order = torch.cat([self.scores, scores], 1).sort(dim=1, descending=True, stable=True)
         self.scores, order = top[:, :N], order[:, :N]
         self.paths = torch.cat([self.paths, paths], 1).gather(
             1, order[:, :, None, None].expand(-1, -1, *self.paths.shape[2:])
         )
-        tags = torch.cat([self.tags, self.tags.new_full(scores.shape, tag)], 1)
-        self.tags = tags.gather(1, order)
         if counted:
             self.count += torch.isfinite(scores).sum(1)
 
@@ -161,6 +159,14 @@ class Finished:
         return Finished(
             *(getattr(self, f.name).index_select(0, sentences) for f in dataclasses.fields(self))
         )
+
+
+def hypothesis_length(tokens: list[int]) -> tuple[int, bool]:
+    """A finished hypothesis' positions (its attention rows) and whether it ended in </s>,
+    from its `Finished.paths` tokens: every position after its last is PAD, and </s> is
+    only ever its last token (a live hypothesis never holds one)."""
+    rows = tokens.index(PAD) if PAD in tokens else len(tokens)
+    return rows, rows > 0 and tokens[rows - 1] == EOS
 
 
 class Search:
@@ -248,7 +254,7 @@ class Search:
         # a candidate at -inf stays -inf)
         is_eos = cand_tokens == EOS
         ended = torch.where(is_eos[:, :K], self._divided(cand_scores[:, :K], t), NEG_INF)
-        self.finished.add(ended, ext[:, :K], 2 * (t + 1) + 1, self.enough is not None)
+        self.finished.add(ended, ext[:, :K], self.enough is not None)
         # the live rows' scores, histories and decoder states go into the buffers of the
         # step before (fixed addresses from one look to the next), read by nothing after
         static = k == K
@@ -263,7 +269,7 @@ class Search:
             cut = self.limit == t + 1
             cut = cut if off is None else cut & ~off
             at_limit = torch.where(cut[:, None], self._divided(live_scores, t), NEG_INF)
-            self.finished.add(at_limit, self.paths.view(n, K, 2, -1), 2 * (t + 1), False)
+            self.finished.add(at_limit, self.paths.view(n, K, 2, -1), False)
             off = cut if off is None else off | cut
         self.scores = (
             live_scores if off is None else live_scores.masked_fill_(off[:, None], NEG_INF)
@@ -331,9 +337,10 @@ class Search:
 
     def outputs(self, sentences: Tensor, t: int) -> tuple[Tensor, Tensor, Tensor]:
         """The n-best lists of the batch's `sentences` after step t, on the device: scores
-        m x N, tags (`Finished.tags`) and tokens m x N x (1 + T'), attention m x N x T' x S
-        (T' = t + 2 positions at most). Position j's attention is the row the hypothesis'
-        beam at j computed (`paths`), gathered from `attention_history` in place."""
+        m x N, tokens m x N x T' (PAD after a hypothesis' last: `hypothesis_length`),
+        attention m x N x T' x S (T' = t + 2 positions at most). Position j's attention is
+        the row the hypothesis' beam at j computed (`paths`), gathered from
+        `attention_history` in place."""
         f = self.finished.select(sentences)
         m, N = f.scores.shape
         T = min(t + 2, self.steps)
@@ -342,24 +349,22 @@ class Search:
         at = torch.arange(T, device=beams.device)
         index = (sentences[:, None, None] * self.K + beams) * self.steps + at
         attention = self.attention_history.view(-1, S).index_select(0, index.reshape(-1))
-        ints = torch.cat([f.tags.unsqueeze(2), f.paths[:, :, 0, :T]], 2)
-        return f.scores, ints, attention.view(m, N, T, S)
+        return f.scores, f.paths[:, :, 0, :T], attention.view(m, N, T, S)
 
     def _collect(self, sentences: Tensor, alive: list[int], t: int) -> None:
         """The n-best lists of the batch's `sentences` (their original indices: `alive`) as
         `Hypothesis`es: three reads for all of them."""
-        scores, ints, attention = self.outputs(sentences, t)
+        scores, tokens, attention = self.outputs(sentences, t)
         N = scores.size(1)
-        scores, sizes_and_tokens, attention = scores.tolist(), ints.tolist(), attention.cpu()
+        scores, tokens, attention = scores.tolist(), tokens.tolist(), attention.cpu()
         for i, orig in enumerate(alive):
             hyps = []
             for j in range(N):
                 if scores[i][j] == NEG_INF:
                     continue
-                tag, *ids = sizes_and_tokens[i][j]
-                rows, ended = divmod(tag, 2)
+                rows, ended = hypothesis_length(tokens[i][j])
                 a = attention[i, j, :rows, : self.lengths[orig]]
-                hyps.append(Hypothesis(ids[: rows - ended], scores[i][j], a, bool(ended)))
+                hyps.append(Hypothesis(tokens[i][j][: rows - ended], scores[i][j], a, ended))
             self.done[orig] = best_distinct(hyps, N)
 
     def run(self) -> list[list[Hypothesis]]:
