@@ -487,19 +487,19 @@ def test_translate_lines_copies_with_the_copy_model(copy_model):
 @pytest.mark.parametrize(("n", "K", "vocab"), [(3, 4, 50), (1, 5, 7), (2, 3, 4)])
 def test_candidates_rank_as_the_whole_K_x_V_ranking(n, K, vocab):
     """Ranking each row first and then the K x 2K survivors gives the 2K best of all K x V
-    extensions of a sentence - scores, parent rows and tokens - also when a row's vocabulary
+    extensions of a sentence - scores, parent beams and tokens - also when a row's vocabulary
     is smaller than 2K and when hypotheses are missing (-inf rows, as at the first step)."""
     g = torch.Generator().manual_seed(n * 100 + K * 10 + vocab)
     scores = torch.randn(n, K, generator=g, dtype=torch.float64)
     scores[0, 1:] = float("-inf")
     logp = torch.log_softmax(torch.randn(n * K, vocab, generator=g, dtype=torch.float64), 1)
-    cand_scores, cand_rows, cand_tokens = candidates(scores, logp, 2 * K)
+    cand_scores, cand_beams, cand_tokens = candidates(scores, logp, 2 * K)
     total = (scores.view(-1, 1) + logp).view(n, K * vocab)
     expected, flat = total.topk(min(2 * K, K * vocab), dim=1)
     assert torch.equal(cand_scores, expected)
     finite = torch.isfinite(expected)  # among -inf candidates any order is a right one
-    rows = flat // vocab + torch.arange(n).unsqueeze(1) * K
-    assert torch.equal(cand_rows[finite], rows[finite])
+    assert torch.equal(cand_beams[finite], (flat // vocab)[finite])
+    cand_rows = cand_beams + torch.arange(n).unsqueeze(1) * K
     assert torch.equal(cand_tokens[finite], (flat % vocab)[finite])
     picked = (scores.view(-1)[cand_rows] + logp[cand_rows, cand_tokens])[finite]
     assert torch.equal(picked, cand_scores[finite])
@@ -508,8 +508,8 @@ def test_candidates_rank_as_the_whole_K_x_V_ranking(n, K, vocab):
 @pytest.mark.parametrize(("n", "K", "vocab"), [(3, 4, 50), (2, 5, 7), (2, 3, 4)])
 def test_a_first_step_of_one_row_per_sentence_ranks_as_a_beam_of_missing_hypotheses(n, K, vocab):
     """The first step decodes one row per sentence; its 2K candidates are those of K rows of
-    which all but one are missing (-inf): the same scores and tokens, parent row i for i * K,
-    and -inf fillers where the vocabulary has fewer than 2K words."""
+    which all but one are missing (-inf): the same scores and tokens, parent beam 0 (the
+    sentence's one row), and -inf fillers where the vocabulary has fewer than 2K words."""
     g = torch.Generator().manual_seed(n * 100 + K * 10 + vocab)
     logp = torch.log_softmax(torch.randn(n, vocab, generator=g, dtype=torch.float64), 1)
     one = candidates(torch.zeros(n, 1, dtype=torch.float64), logp, 2 * K)
@@ -520,9 +520,9 @@ def test_a_first_step_of_one_row_per_sentence_ranks_as_a_beam_of_missing_hypothe
     assert torch.equal(one[0], beam[0])
     finite = torch.isfinite(one[0])
     assert int(finite.sum()) == n * min(vocab, 2 * K)
-    assert torch.equal(one[1][finite] * K, beam[1][finite])
+    assert torch.equal(one[1][finite], beam[1][finite])
     assert torch.equal(one[2][finite], beam[2][finite])
-    assert bool((one[1] < n).all())  # fillers name a real row
+    assert bool((one[1] == 0).all())  # fillers name a real row too
 
 
 def test_ids_never_generated_are_masked_in_and_out_of_inference_mode(copy_model):

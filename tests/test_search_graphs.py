@@ -69,6 +69,7 @@ def search_buffers(search: Search) -> list[torch.Tensor]:
     """Every tensor a step of `search` may read: its own state and the model's weights."""
     own = [
         search.scores,
+        search.offsets,
         search.paths,
         search.y,
         search.attention_history,

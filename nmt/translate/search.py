@@ -86,8 +86,8 @@ def _never(device: torch.device, forbid_eos: bool) -> Tensor:
 
 def candidates(scores: Tensor, logp: Tensor, width: int) -> tuple[Tensor, Tensor, Tensor]:
     """The `width` (2K) best extensions of each sentence's k hypotheses, best first: their
-    scores, parent rows and tokens, each n x width (scores n x k, logp nk x V; k is K, or 1
-    at the first step).
+    scores, parent beams (0 .. k - 1 within the sentence; its row is n_i * k + beam) and
+    tokens, each n x width (scores n x k, logp nk x V; k is K, or 1 at the first step).
 
     A sentence's `width` best are among the `width` best tokens of each of its rows, so each
     row of V is ranked first (`row_topk`) and only the k x width survivors get their
@@ -103,8 +103,7 @@ def candidates(scores: Tensor, logp: Tensor, width: int) -> tuple[Tensor, Tensor
         total = F.pad(total, (0, width - k * W), value=NEG_INF)
     cand_scores, cand = total.topk(width, dim=1)  # sorted, best first
     cand = cand.clamp_max(k * W - 1)  # a filler names some real candidate, at -inf
-    cand_rows = cand // W + torch.arange(n, device=scores.device).unsqueeze(1) * k
-    return cand_scores, cand_rows, row_tokens.view(n, k * W).gather(1, cand)
+    return cand_scores, cand // W, row_tokens.view(n, k * W).gather(1, cand)
 
 
 # Steps between the host's looks at the device (`Search.check`): one read of the sentences'
@@ -209,6 +208,7 @@ class Search:
         self.src_mask = src_mask
         self.y = src.new_full((B,), BOS)
         self.scores = torch.zeros(B, 1, dtype=SCORES, device=device)  # n x k
+        self.offsets = torch.arange(B, device=device).unsqueeze(1) * self.K  # n x 1: first rows
         self.paths = src.new_zeros(B, 2, self.steps)  # nk x 2 x T
         self.attention_history = self.context.new_empty(B, self.K, self.steps, S)
         self.limit = _device_limits(options, src, src_mask)
@@ -236,20 +236,21 @@ class Search:
         reaches its limit, mask the sentences that are done. No value is read back."""
         o, K = self.options, self.K
         n, k = self.scores.shape
+        static = k == K  # K rows a sentence (after the first step): the buffers' shapes
         out, state, attn = self.model.decode_step(self.y, self.state, self.context, self.src_mask)
         self.attention_history[:, :k, t] = attn.view(n, k, -1)
         logp = next_log_probs(self.model, out, forbid_eos=t < o.min_length)
         if o.block_ngram_repeat > 0:
             block_repeats(logp, self.paths[:, 0, :t], o.block_ngram_repeat)
         if self.generator is not None:
-            cand_scores, cand_rows, cand_tokens = draw(self.scores, logp, o, self.generator)
+            cand_scores, cand_beams, cand_tokens = draw(self.scores, logp, o, self.generator)
         else:
-            cand_scores, cand_rows, cand_tokens = candidates(self.scores, logp, 2 * K)
+            cand_scores, cand_beams, cand_tokens = candidates(self.scores, logp, 2 * K)
+        cand_rows = cand_beams + (self.offsets if static else self.offsets // K)
         # each candidate's history: its parent's, with its token and its parent's beam
-        ext = self.paths.index_select(0, cand_rows.reshape(-1))
-        ext[:, 0, t] = cand_tokens.reshape(-1)
-        ext[:, 1, t] = (cand_rows % k).reshape(-1)
-        ext = ext.view(n, -1, 2, self.steps)
+        ext = self.paths.index_select(0, cand_rows.reshape(-1)).view(n, -1, 2, self.steps)
+        ext[:, :, 0, t] = cand_tokens
+        ext[:, :, 1, t] = cand_beams
         # ended: </s> among the top K candidates of its sentence (its history without </s>;
         # a candidate at -inf stays -inf)
         is_eos = cand_tokens == EOS
@@ -257,7 +258,6 @@ class Search:
         self.finished.add(ended, ext[:, :K], self.enough is not None)
         # the live rows' scores, histories and decoder states go into the buffers of the
         # step before (fixed addresses from one look to the next), read by nothing after
-        static = k == K
         same = static and self.scores.dtype == cand_scores.dtype  # float64 models: at step 1
         live_scores, order = live_order(cand_scores, is_eos, K, self.scores if same else None)
         history = order[:, :, None, None].expand(-1, -1, 2, self.steps)
@@ -325,6 +325,7 @@ class Search:
         self.alive = [a for a, f in zip(self.alive, flags, strict=True) if f]
         self.finished = self.finished.select(on)
         self.scores = self.scores.index_select(0, on)
+        self.offsets = self.offsets[:n_on]  # the first rows of sentences 0 .. n_on - 1
         self.limit = self.limit.index_select(0, on)
         self.max_lp = self.max_lp.index_select(0, on)
         self.attention_history = self.attention_history.index_select(0, on)
@@ -441,9 +442,10 @@ def draw(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """One token drawn for each of the n rows (a beam of one), in the form `candidates`
     gives: n x 2, the draw and a filler at -inf (so that a drawn </s> leaves no live
-    hypothesis). The distribution is softmax(logp / temperature), cut to the top-k tokens
-    and to the top-p nucleus where asked; the score added is the model's own log-probability.
-    The draw is an exponential race (argmax of p / E, E ~ Exp(1)): no host read."""
+    hypothesis), both of parent beam 0. The distribution is softmax(logp / temperature),
+    cut to the top-k tokens and to the top-p nucleus where asked; the score added is the
+    model's own log-probability. The draw is an exponential race (argmax of p / E,
+    E ~ Exp(1)): no host read."""
     logits = logp / options.random_sampling_temp
     k = options.random_sampling_topk
     if k > 0 and k < logits.size(1):
@@ -460,8 +462,8 @@ def draw(
     n = logp.size(0)
     drawn = scores.reshape(-1, 1) + logp.gather(1, token)
     cand_scores = torch.cat([drawn, torch.full_like(drawn, NEG_INF)], 1)
-    rows = torch.arange(n, device=logp.device).unsqueeze(1).expand(n, 2)
-    return cand_scores, rows, torch.cat([token, torch.full_like(token, PAD)], 1)
+    beams = torch.zeros_like(token).expand(n, 2)
+    return cand_scores, beams, torch.cat([token, torch.full_like(token, PAD)], 1)
 
 
 def block_repeats(logp: Tensor, history: Tensor, n: int) -> None:
