@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
@@ -205,6 +206,7 @@ class Search:
         self.alive = list(range(B))  # original index of each sentence of the batch
         self.context, final = model.encode(src, src_mask)
         self.state = model.init_decoder_state(final)
+        self.stacked: Tensor | None = None  # the state's tensors as views of one buffer
         self.src_mask = src_mask
         self.y = src.new_full((B,), BOS)
         self.scores = torch.zeros(B, 1, dtype=SCORES, device=device)  # n x k
@@ -275,7 +277,9 @@ class Search:
             live_scores if off is None else live_scores.masked_fill_(off[:, None], NEG_INF)
         )
         self.y = self.paths[:, 0, t]
-        self.state = reorder_state(state, rows, self.state if static else None)
+        self.state, self.stacked = reorder_state(
+            state, rows, self.state if static else None, self.stacked if static else None
+        )
         if k < K:  # after the first step: K rows a sentence from now on
             self.context = self.context.repeat_interleave(K, dim=0)
             if self.src_mask is not None:
@@ -330,7 +334,7 @@ class Search:
         self.max_lp = self.max_lp.index_select(0, on)
         self.attention_history = self.attention_history.index_select(0, on)
         self.paths, self.y = self.paths.index_select(0, rows), self.y.index_select(0, rows)
-        self.state = self.state.index_select(rows)
+        self.state, self.stacked = reorder_state(self.state, rows, None, None)
         self.context = self.context.index_select(0, rows)
         if self.src_mask is not None:
             self.src_mask = self.src_mask.index_select(0, rows)
@@ -400,12 +404,41 @@ def _tensors(state: object) -> list[Tensor]:
     return []
 
 
-def reorder_state(state: S, rows: Tensor, buffers: S | None) -> S:
-    """`state.index_select(rows)`, written into the tensors of `buffers` (a state of the same
-    form and shapes, which nothing reads any more) where given: the state a step reads then
-    lies at the same addresses every step, as a replayed CUDA graph needs."""
+def _rebuilt(state: S, tensors: Iterator[Tensor]) -> S:
+    """A state of the form of `state` with `tensors` in place of its own, in `_tensors`'s
+    order."""
+    if isinstance(state, Tensor):
+        return next(tensors)  # type: ignore[return-value]
+    if dataclasses.is_dataclass(state):
+        parts = {
+            f.name: _rebuilt(getattr(state, f.name), tensors) for f in dataclasses.fields(state)
+        }
+        return dataclasses.replace(state, **parts)  # type: ignore[type-var]
+    if isinstance(state, list | tuple):
+        return type(state)(_rebuilt(part, tensors) for part in state)  # type: ignore[return-value]
+    return state
+
+
+def reorder_state(
+    state: S, rows: Tensor, buffers: S | None, stacked: Tensor | None
+) -> tuple[S, Tensor | None]:
+    """`state.index_select(rows)`, and the buffer its tensors are views of (None: none).
+
+    Where the state's tensors (two or more) share shape and dtype (an LSTM's h and c of
+    every layer and the input feed, of every member of an ensemble) they are stacked and
+    reordered at once, into `stacked` where it fits (the buffer of the step before, which
+    nothing reads any more): two ops however many the tensors. Otherwise each is reordered
+    into its tensor of `buffers` (a state of the same form and shapes) where given. Either
+    way the state a step reads lies at the same addresses every step, as a replayed CUDA
+    graph needs."""
+    new = _tensors(state)
+    if len(new) > 1 and len({(t.shape, t.dtype, t.device) for t in new}) == 1:
+        shape = (len(new), rows.numel(), *new[0].shape[1:])
+        fits = stacked is not None and stacked.shape == shape and stacked.dtype == new[0].dtype
+        into = torch.index_select(torch.stack(new), 1, rows, out=stacked if fits else None)
+        return _rebuilt(state, iter(into.unbind(0))), into
     if buffers is not None:
-        new, old = _tensors(state), _tensors(buffers)
+        old = _tensors(buffers)
         fits = len(new) == len(old) and all(
             b.shape == (rows.numel(), *a.shape[1:]) and b.dtype == a.dtype
             for a, b in zip(new, old, strict=True)
@@ -413,8 +446,8 @@ def reorder_state(state: S, rows: Tensor, buffers: S | None) -> S:
         if fits:
             for a, b in zip(new, old, strict=True):
                 torch.index_select(a, 0, rows, out=b)
-            return buffers
-    return state.index_select(rows)  # type: ignore[attr-defined]
+            return buffers, None
+    return state.index_select(rows), None  # type: ignore[attr-defined]
 
 
 def _device_limits(options: SearchOptions, src: Tensor, src_mask: Tensor | None) -> Tensor:
