@@ -100,10 +100,12 @@ def candidates(scores: Tensor, logp: Tensor, width: int) -> tuple[Tensor, Tensor
     row_logp, row_tokens = row_topk(logp, min(width, logp.size(1)))  # nk x W
     W = row_logp.size(1)
     total = (scores.reshape(-1, 1) + row_logp).view(n, k * W)
-    if k * W < width:
+    filled = k * W < width
+    if filled:
         total = F.pad(total, (0, width - k * W), value=NEG_INF)
     cand_scores, cand = total.topk(width, dim=1)  # sorted, best first
-    cand = cand.clamp_max(k * W - 1)  # a filler names some real candidate, at -inf
+    if filled:  # a filler names some real candidate, at -inf
+        cand = cand.clamp_max(k * W - 1)
     return cand_scores, cand // W, row_tokens.view(n, k * W).gather(1, cand)
 
 
@@ -310,7 +312,7 @@ class Search:
         if not self.done_every_step:
             self.scores = self.scores.masked_fill(self._done(self.scores[:, 0])[:, None], NEG_INF)
         searching = torch.isfinite(self.scores[:, 0])
-        return searching, (~searching).to(torch.uint8).argsort(stable=True)
+        return searching, (~searching).argsort(stable=True)  # False first
 
     def check(self, t: int) -> bool:
         """After step t: read which sentences are done (one read), collect their hypotheses
