@@ -391,7 +391,7 @@ def live_order(
     """The K best candidates that do not end in </s> (there are at least K among 2K), in
     their order: their scores (into `out` if given) and their places among the
     candidates, n x K each."""
-    order = is_eos.to(torch.uint8).argsort(dim=1, stable=True)[:, :K]
+    order = is_eos.argsort(dim=1, stable=True)[:, :K]  # False first
     return torch.gather(cand_scores, 1, order, out=out), order
 
 
