@@ -241,11 +241,12 @@ def test_training_from_a_file_learns_the_iterators_model_byte_for_byte():
     """The trainer reads the lines from a temporary file (less memory than its iterator);
     the model is the iterator's, byte for byte: the file's name is cut from its record of
     its input, so two trainings of the same lines give the same bytes."""
+    import hashlib
     import io
 
     import sentencepiece as spm
 
-    from nmt.data.spm_training import train_proto, without_input_files
+    from nmt.data.spm_training import train_proto, training_text, without_input_files
     from nmt.data.tokenizers import _train_options
 
     lines = toy_lines("train.src", 800) + ["  spaces  at  ends  ", "tab\there", "ä ß é"]
@@ -254,7 +255,15 @@ def test_training_from_a_file_learns_the_iterators_model_byte_for_byte():
     spm.SentencePieceTrainer.train(
         sentence_iterator=iter(lines), model_writer=from_iterator, **options
     )
-    proto = train_proto(lines, options)
+    with training_text(lines) as text:
+        assert text.lines == len(lines)
+        # the digest models cached before were keyed by: each line's UTF-8 and a newline
+        assert (
+            text.sha256
+            == hashlib.sha256(b"".join(line.encode("utf-8") + b"\n" for line in lines)).hexdigest()
+        )
+        proto = train_proto(text, options)
+    assert not text.path.exists()  # the temporary file is gone
     assert proto == from_iterator.getvalue()
     assert b"lines.txt" not in proto
     assert without_input_files(from_iterator.getvalue()) == from_iterator.getvalue()

@@ -8,13 +8,20 @@ same, piece for piece and byte for byte, but for the trainer's record of its inp
 (`TrainerSpec.input`, `input_format`): a temporary path that would make two trainings of the
 same lines differ, so it is cut from the model's bytes (a few lines of protobuf's wire
 format: the `protobuf` package is not a dependency of `nmt`).
+
+The file is written before the trainer runs (`training_text`), with the digest a cached model
+is keyed by, so that the caller can let go of its lines first: at a 1M-line sample they are
+a few hundred MB of Python strings the trainer never reads.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,14 +31,51 @@ TRAINER_SPEC = 2  # ModelProto.trainer_spec
 INPUT_FIELDS = (1, 7)  # TrainerSpec.input, TrainerSpec.input_format
 
 
-def train_proto(lines: list[str], options: dict[str, Any]) -> bytes:
-    """The serialized model sentencepiece learns from `lines` with `options`."""
+@dataclass(frozen=True)
+class TrainingText:
+    """A file of the lines a model trains on, one a line, and what they are: the SHA-256 of
+    the file's bytes (each line and its newline, UTF-8) and how many lines it holds."""
+
+    path: Path
+    sha256: str
+    lines: int
+
+
+@contextmanager
+def training_text(lines: Iterable[str]) -> Iterator[TrainingText]:
+    """`lines` written to a temporary file, removed on leaving; `lines` is not held
+    meanwhile (the caller may let go of them while the file is in use)."""
     with tempfile.TemporaryDirectory(prefix="nmt-spm-") as tmp:
-        path = Path(tmp) / "lines.txt"
-        with path.open("w", encoding="utf-8", newline="\n") as f:
-            f.writelines(line + "\n" for line in lines)
-        out = io.BytesIO()
-        spm.SentencePieceTrainer.train(input=str(path), model_writer=out, **options)
+        text = _written(Path(tmp) / "lines.txt", lines)
+        del lines
+        yield text
+
+
+def _written(path: Path, lines: Iterable[str]) -> TrainingText:
+    digest, n = hashlib.sha256(), 0
+    with path.open("wb") as f:
+        for line in lines:
+            data = line.encode("utf-8") + b"\n"
+            f.write(data)
+            digest.update(data)
+            n += 1
+    return TrainingText(path, digest.hexdigest(), n)
+
+
+@contextmanager
+def as_training_text(text: Sequence[str] | TrainingText) -> Iterator[TrainingText]:
+    """`text` as it is if it is a file already, else its lines written to one."""
+    if isinstance(text, TrainingText):
+        yield text
+    else:
+        with training_text(text) as written:
+            yield written
+
+
+def train_proto(text: TrainingText, options: dict[str, Any]) -> bytes:
+    """The serialized model sentencepiece learns from the lines of `text` with `options`."""
+    out = io.BytesIO()
+    spm.SentencePieceTrainer.train(input=str(text.path), model_writer=out, **options)
     return without_input_files(out.getvalue())
 
 

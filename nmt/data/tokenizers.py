@@ -13,7 +13,7 @@ import json
 import re
 from abc import ABC, abstractmethod
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from itertools import chain
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,7 @@ import torch
 
 from nmt.atomic import write_bytes
 from nmt.data.encoding_workers import word_ids
-from nmt.data.spm_training import train_proto
+from nmt.data.spm_training import TrainingText, as_training_text, train_proto
 from nmt.data.vocab import BOS, EOS, PAD, SPECIALS, UNK
 from nmt.errors import NmtError
 from nmt.threads import allowed_cores
@@ -181,24 +181,32 @@ class SentencePieceTokenizer(Tokenizer):
     @classmethod
     def train(
         cls,
-        lines: list[str],
+        lines: Sequence[str] | TrainingText,
         vocab_size: int,
         log: Callable[[str], None] = print,
         model_type: str = "bpe",
     ) -> SentencePieceTokenizer:
-        """Train a `model_type` ("bpe" or "unigram") model on `lines`, on the allowed cores.
+        """Train a `model_type` ("bpe" or "unigram") model on `lines` (or a file of them),
+        on the allowed cores.
 
         When `vocab_size` is more than the text can fill, sentencepiece refuses; we then
         retry with a soft limit, accept the smaller vocabulary and say so in the log.
         """
-        if not lines:
+        with as_training_text(lines) as text:
+            return cls._train(text, vocab_size, log, model_type)
+
+    @classmethod
+    def _train(
+        cls, text: TrainingText, vocab_size: int, log: Callable[[str], None], model_type: str
+    ) -> SentencePieceTokenizer:
+        if not text.lines:
             raise TrainingFailed("cannot train a sentencepiece model on no text")
         try:
-            proto = train_proto(lines, _train_options(vocab_size, True, model_type))
+            proto = train_proto(text, _train_options(vocab_size, True, model_type))
         except RuntimeError as exc:
             if "Vocabulary size too high" not in str(exc):
                 raise TrainingFailed(_training_failure(str(exc), vocab_size)) from None
-            proto = train_proto(lines, _train_options(vocab_size, False, model_type))
+            proto = train_proto(text, _train_options(vocab_size, False, model_type))
             tok = cls(proto)
             log(
                 f"sentencepiece: vocabulary size {vocab_size} is too large for this text; "
@@ -287,15 +295,12 @@ def tokenizer_from_state(d: dict[str, Any]) -> Tokenizer:
     raise NmtError(f"tokenizer state: unknown kind {kind!r} (expected word or sentencepiece)")
 
 
-def cache_key(lines: list[str], vocab_size: int, model_type: str = "bpe") -> dict[str, Any]:
+def cache_key(text: TrainingText, vocab_size: int, model_type: str = "bpe") -> dict[str, Any]:
     """What a sentencepiece model is a function of: the training text (its SHA-256), the
     vocabulary size asked for and the trainer's options, the model type among them."""
-    digest = hashlib.sha256()
-    for line in lines:
-        digest.update(line.encode("utf-8") + b"\n")
     options = _train_options(vocab_size, True, model_type)
     options.pop("minloglevel")  # how loud the trainer is changes nothing it trains
-    return {"text_sha256": digest.hexdigest(), "lines": len(lines), "options": options}
+    return {"text_sha256": text.sha256, "lines": text.lines, "options": options}
 
 
 def key_path(path: Path) -> Path:
@@ -365,7 +370,7 @@ def _store(path: Path, tok: SentencePieceTokenizer, key: dict[str, Any]) -> None
 
 def cached_sentencepiece(
     path: Path | None,
-    lines: list[str],
+    lines: Sequence[str] | TrainingText,
     vocab_size: int,
     log: Callable[[str], None] = print,
     model_type: str = "bpe",
@@ -374,12 +379,13 @@ def cached_sentencepiece(
     and today's options (its key file says so, `cache_key`), else a new one, then stored there.
     A cached model that is corrupt, lacks its key file or was trained otherwise is trained
     anew."""
-    if path is None:
-        return SentencePieceTokenizer.train(lines, vocab_size, log, model_type)
-    key = cache_key(lines, vocab_size, model_type)
-    if (tok := _reusable(Path(path), key, log)) is not None:
-        log(f"sentencepiece: reusing {path} ({len(tok)} pieces)")
-        return tok
-    tok = SentencePieceTokenizer.train(lines, vocab_size, log, model_type)
+    with as_training_text(lines) as text:
+        if path is None:
+            return SentencePieceTokenizer.train(text, vocab_size, log, model_type)
+        key = cache_key(text, vocab_size, model_type)
+        if (tok := _reusable(Path(path), key, log)) is not None:
+            log(f"sentencepiece: reusing {path} ({len(tok)} pieces)")
+            return tok
+        tok = SentencePieceTokenizer.train(text, vocab_size, log, model_type)
     _store(Path(path), tok, key)
     return tok
