@@ -552,7 +552,8 @@ def memreport(
         typer.Option(
             metavar="DEVICE",
             rich_help_panel=cli_help.ACCOUNTING,
-            help="meta: exact accounting only; cpu: also a real step per policy, checked; "
+            help="meta: exact accounting only (with train.device's kernel forms); cpu: "
+            "also a real step per policy, checked; "
             "cuda[:N]: also real peaks per policy; auto: meta unless a CPU step is small.",
         ),
     ] = "auto",

@@ -364,7 +364,11 @@ def test_the_executor_takes_the_models_exact_device(monkeypatch):
     monkeypatch.setattr(clones, "encoder_graph", first_graph)
     weight = SimpleNamespace(device=torch.device("cuda", 1), dtype=torch.float32)
     model = SimpleNamespace(
-        generator=SimpleNamespace(weight=weight), cfg=ModelConfig(), encoder=None, encoder_bwd=None
+        generator=SimpleNamespace(weight=weight),
+        cfg=ModelConfig(),
+        encoder=None,
+        encoder_bwd=None,
+        granularity=SimpleNamespace(fused_cells=False),  # nothing to copy in a kernel's order
     )
     plan = SharingPlan("none", frozenset())
     with pytest.raises(ReachedGraphs):

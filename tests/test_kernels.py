@@ -54,8 +54,10 @@ def test_each_op_chooses_once_per_device_and_dtype() -> None:
 @pytest.mark.parametrize("rnn_type", ["lstm", "gru"])
 @torch.no_grad()
 def test_the_emulated_kernel_step_equals_the_cells_own(rnn_type: str) -> None:
-    """One step each way, float64: the kernel form (gates permuted around the LSTM's kernel)
-    gives the cell's own outputs and gradients to rounding."""
+    """One step each way, float64: the kernel form (on the LSTM's weights with their gate
+    rows in the kernel's order) gives the cell's own outputs and gradients to rounding."""
+    import copy
+
     from nmt.cells import get as get_cell
 
     torch.manual_seed(0)
@@ -69,16 +71,35 @@ def test_the_emulated_kernel_step_equals_the_cells_own(rnn_type: str) -> None:
         kernels.reference.OwnCellForm,
         kernels.REGISTRY[f"{rnn_type}_cell"].get("cuda_fused").forms["cpu"],
     ):
-        step = form.bind(layer, CPU)
-        for p in layer.parameters():
-            p.grad = torch.zeros_like(p)
+        order = form.weight_gates(type(layer))
+        assert order == (
+            (0, 1, 3, 2)
+            if rnn_type == "lstm" and form is not kernels.reference.OwnCellForm
+            else None
+        )
+        rows = layer.gate_row_blocks(order or tuple(range(layer.GATES)), H)
+        bound = copy.deepcopy(layer)
+        bound.weight_gates = order
+        with torch.no_grad():
+            for mine, ours in zip(bound.parameters(), layer.parameters(), strict=True):
+                for there, here in rows:
+                    mine[there] = ours[here]
+                mine.grad = torch.zeros_like(mine)
+        step = form.bind(bound, CPU)
         node = _Buffers()
         outs = step.fused_forward((x, *state), node)
         step.fused_backward((x, *state), grads, node)
         got = [o.clone() for o in outs]
         got += [getattr(node, n).clone() for n in step.FUSED.grad_inputs]
-        got += [p.grad.clone() for p in layer.parameters()]
+        for p in bound.parameters():  # the gradients back in the cell's order
+            back = torch.empty_like(p.grad)
+            for there, here in rows:
+                back[here] = p.grad[there]
+            got.append(back)
         results.append(got)
+    if rnn_type == "lstm":  # the kernel form refuses weights in the cell's own order
+        with pytest.raises(ValueError, match="kernel's order"):
+            kernels.REGISTRY["lstm_cell"].get("cuda_fused").forms["cpu"].bind(layer, CPU)
     for a, b in zip(*results, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
 
@@ -139,17 +160,23 @@ def test_a_reserved_executor_sizes_the_kernel_forms_buffers_on_its_meta_twin() -
         spec = ExecutorSpec(cfg, 4, 4, batch_size=3)
         executor = planner.planned_executor(model, spec)
     roles = {role for _, node, role, _ in executor.owned() if node == "l0.cell"}
-    assert {"gate_sums", "kernel_gates", "gates"} <= roles and "tanh_c" not in roles
+    assert {"gate_sums", "gates"} <= roles and not roles & {"tanh_c", "kernel_gates"}
     gates = next(t for _, n, r, t in executor.owned() if (n, r) == ("l0.cell", "gates"))
     assert gates.untyped_storage().nbytes() >= 3 * 16 * 4  # reserved: B x 4H float32
 
 
-@pytest.mark.parametrize(("rnn_type", "saved"), [("lstm", 23 - 13), ("gru", 21 - 11)])
-def test_the_cuda_cells_take_fewer_ops_a_step_on_meta(rnn_type: str, saved: int) -> None:
-    """Counted on meta, where each fused kernel is one op: an LSTM cell step 13 ops instead
+@pytest.mark.parametrize(
+    ("rnn_type", "saved", "swap_ops"), [("lstm", 23 - 11, 12), ("gru", 21 - 11, 0)]
+)
+def test_the_cuda_cells_take_fewer_ops_a_step_on_meta(
+    rnn_type: str, saved: int, swap_ops: int
+) -> None:
+    """Counted on meta, where each fused kernel is one op: an LSTM cell step 11 ops instead
     of 23, a GRU step 11 instead of 21, at every encoder and decoder position of every
     layer; and each dropout mask one `bernoulli_` where a CPU draws uniform numbers and
-    compares them (two ops).  Nothing else changes."""
+    compares them (two ops). The LSTM's weights in the kernel's gate order cost 12 ops a
+    step (their gate blocks and their gradients' swapped in place, three copies each, as
+    the step begins and as it ends). Nothing else changes."""
     counts = {}
     for device in ("cpu", "cuda"):
         with kernels.standing_in_for(device):
@@ -164,7 +191,7 @@ def test_the_cuda_cells_take_fewer_ops_a_step_on_meta(rnn_type: str, saved: int)
             counts[device] = count_ops(lambda: executor.forward_backward(batch))  # noqa: B023
     steps = 2 * (7 + 6)  # layers x (source + target positions)
     masks = (7 + 6) + 6  # between the layers at every position, the attention's output
-    assert counts["cpu"] - counts["cuda"] == steps * saved + masks
+    assert counts["cpu"] - counts["cuda"] == steps * saved + masks - swap_ops
 
 
 @pytest.mark.parametrize("rnn_type", ["lstm", "gru"])
@@ -192,6 +219,79 @@ def test_the_cuda_cells_give_the_references_float32_gradients_on_the_test_device
         scale = g.abs().max().item()
         assert scale > 0, name
         assert (grads[name] - g).abs().max().item() <= 1e-4 * scale, name
+
+
+@pytest.mark.parametrize("precision", ["float32", "bfloat16"])
+def test_the_lstm_kernel_form_computes_with_its_weights_in_the_kernels_gate_order(
+    precision: str, monkeypatch
+) -> None:
+    """Under the fused CUDA LSTM form a step computes with every LSTM layer's weights in the
+    kernel's gate order (i f g o): in bfloat16 the compute copy a mixed precision makes
+    anyway is made so (no more of it); in float32 the masters' gate blocks are swapped in
+    place for the step, through a scratch of the blocks that move (a quarter of the LSTM
+    weights, counted) and swapped back - after the step the masters are as they were, and
+    their gradients in seq2seq-attn's order (i f o g) add up over two micro-batches as one
+    step's twice. A step that fails leaves the masters in their order."""
+    cfg = ModelConfig(granularity="fused", num_layers=2, rnn_size=4, word_vec_size=3)
+    torch.manual_seed(1)
+    model = build_model(cfg, 9, 9, device="cpu", dtype=torch.float32).train()
+    with kernels.using(**CUDA_CELLS):
+        spec = ExecutorSpec(cfg, 4, 4, batch_size=3, precision=precision)
+        executor = planner.planned_executor(model, spec)
+    copies = {n: t for c, n, role, t in executor.owned() if role == "compute_weight"}
+    cells = {n for n, _ in model.named_parameters() if ".layers." in n}
+    masters = dict(model.named_parameters())
+    if precision == "float32":
+        assert not copies
+        (scratch,) = [t for c, n, role, t in executor.owned() if role == "gate_swap"]
+        assert 4 * scratch.numel() == sum(masters[n].numel() for n in cells)
+    else:
+        shared = {"src_embedding.weight", "tgt_embedding.weight", "generator.weight"}
+        assert set(copies) == set(masters) - shared
+    before = {n: p.detach().clone() for n, p in masters.items()}
+    batch = Batch(*(torch.randint(4, 9, (3, n)) for n in (5, 4, 4)))
+    one = _grads_after(executor, model, [batch])
+    two = _grads_after(executor, model, [batch, batch])
+    H = 4
+    for name in cells:
+        assert torch.equal(masters[name], before[name]), name  # back in their order
+        if precision == "bfloat16":  # the copy: i f g o there, i f o g here
+            w, c = masters[name].detach(), copies[name]
+            assert torch.equal(c[: 2 * H], w[: 2 * H].to(c.dtype))
+            assert torch.equal(c[2 * H : 3 * H], w[3 * H :].to(c.dtype))
+            assert torch.equal(c[3 * H :], w[2 * H : 3 * H].to(c.dtype))
+    with kernels.using(lstm_cell="reference"):
+        reference = planner.planned_executor(model, spec)
+    ref = _grads_after(reference, model, [batch])
+    # float32: each gradient within 1e-4 of its largest; bfloat16 (rounded after every op
+    # where the kernel rounds once): within 2e-2 of the largest of all
+    largest = max(g.abs().max().item() for g in ref.values())
+    tolerance = 1e-4 if precision == "float32" else 2e-2
+    for name, g in ref.items():
+        scale = g.abs().max().item() if precision == "float32" else largest
+        assert (one[name] - g).abs().max().item() <= tolerance * scale, name
+        assert (two[name] - 2 * one[name]).abs().max().item() <= 1e-5 * scale, name
+    seen = []
+
+    def fails(*args: object) -> None:  # midway: the masters as the step computes with them
+        seen.extend(torch.equal(masters[n], before[n]) for n in cells)
+        raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(executor, "_output_layer", fails)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        executor.forward_backward(batch)
+    assert seen and not any(seen) if precision == "float32" else all(seen)  # swapped: float32
+    assert all(torch.equal(masters[n], before[n]) for n in cells)
+
+
+def _grads_after(executor: CloneExecutor, model, batches: list[Batch]) -> dict:
+    """The masters' gradients after `batches` accumulated from zero, each with the same
+    dropout masks."""
+    model.zero_grad(set_to_none=True)
+    for batch in batches:
+        torch.manual_seed(5)
+        executor.forward_backward(batch)
+    return {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
 def test_an_executor_refuses_a_plan_made_for_other_cell_forms() -> None:

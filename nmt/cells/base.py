@@ -15,6 +15,9 @@ about it:
     GATES           blocks of H in its input products: i2h = Linear(I, GATES H) with a bias,
                     h2h = Linear(H, GATES H) without (seq2seq-attn's layout)
     KERNEL_GATES, kernel   torch's fused RNN kernel on the same parameters (cuDNN, oneDNN)
+    weight_gates    the order of the gate blocks in this layer's weights: None, the cell's
+                    own; the weights a training step computes with may be in a kernel's
+                    (`nmt.engine.weights`), for a step form that reads them so
     STEP_OP         the registered op (`nmt.kernels`) whose form of the fused step a device
                     runs: this file's (its reference) or a kernel's (the fused CUDA cells)
 
@@ -43,6 +46,7 @@ class RecurrentLayer(nn.Module):
     FUSED: ClassVar[FusedFacts]
     KERNEL_GATES: ClassVar[tuple[int, ...]]  # the kernel's gate blocks, as indices of ours
     STEP_OP: ClassVar[KernelOp]  # the fused step's forms by device (`nmt.kernels`)
+    weight_gates: tuple[int, ...] | None = None  # the weights' gate blocks, as ours (None: ours)
 
     def __init__(self, input_size: int, rnn_size: int):
         super().__init__()
@@ -93,6 +97,20 @@ class RecurrentLayer(nn.Module):
         with `weights` in its layout: the top layer's output at every position S x B x H,
         and every layer's final state."""
         raise NotImplementedError
+
+    @classmethod
+    def gate_row_blocks(cls, order: tuple[int, ...], rnn_size: int) -> list[tuple[slice, slice]]:
+        """The gate rows of weights in `order` (blocks of H, as indices of ours) as pairs
+        (rows there, the same rows in ours), adjacent blocks merged: a copy between the two
+        layouts is one copy of views per pair."""
+        H, pairs = rnn_size, []
+        for j, b in enumerate(order):
+            if pairs and pairs[-1][1].stop == b * H and pairs[-1][0].stop == j * H:
+                there, ours = pairs.pop()
+                pairs.append((slice(there.start, (j + 1) * H), slice(ours.start, (b + 1) * H)))
+            else:
+                pairs.append((slice(j * H, (j + 1) * H), slice(b * H, (b + 1) * H)))
+        return pairs
 
     @classmethod
     def macs(cls, input_size: int, rnn_size: int) -> int:

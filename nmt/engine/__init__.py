@@ -5,7 +5,8 @@ graph.py             a clone's graph: wiring, gradient accumulation, tracing for
 seq2seq.py           the encoder and decoder graphs built from a Seq2SeqAttn's parameters
 generator.py         the uncloned generator + criterion, run per target position (OutputLoss:
                      the fused output layer and loss)
-weights.py           a mixed precision's compute copy of the weights and its gradients
+weights.py           the weights the clones compute with: a mixed precision's copy, a cell's
+                     weights in its kernel's gate order
 records.py           BufferRecord: one buffer the executor holds
 sharing.py           SharingPlan: which (node, role) buffers all clones share
 clones.py            CloneExecutor: the clones and the BPTT step, sharing as its plan says

@@ -289,8 +289,18 @@ class CloneExecutor:
     def run_loaded(self, tr: Tracer | None = None) -> Tensor:
         """The step on the loaded batch (`load`): reads only this executor's buffers and the
         model's parameters, and returns the summed NLL as the loop's 0-dim float64 buffer."""
-        B, S, T, pad_rows = self._loaded
         self.weights.begin()
+        try:
+            loss = self._run_loaded(tr)
+        except BaseException:
+            self.weights.abandon()  # the masters as they were (their gate order)
+            raise
+        self.weights.end()
+        return loss
+
+    def _run_loaded(self, tr: Tracer | None) -> Tensor:
+        """`run_loaded` between the step's weights' begin and end."""
+        B, S, T, pad_rows = self._loaded
         H, lp = self.cfg.rnn_size, self.loop
         n_state = len(self._states)
         src_t, tin, tout = lp["src"], lp["tgt_in"], lp["tgt_out"]  # as `load` shaped them
@@ -387,7 +397,6 @@ class CloneExecutor:
             self._encode_backward(self.clones[name], order, state_grads, enc_acc, tr, emb_grads)
             if emb_grads is not None:
                 self._add_rows(src_t, emb_grads, src_table)
-        self.weights.end()
         return loss
 
     def _output_layer(
@@ -530,7 +539,7 @@ class CloneExecutor:
 
     def owned(self) -> list[tuple[str, str, str, Tensor]]:
         """(clone, node, role, tensor) for every buffer the engine holds, in a fixed order:
-        every clone's nodes, the generator's, the loop's, then a mixed precision's compute copy
+        every clone's nodes, the generator's, the loop's, then the compute copy
         of the weights and gradients (`weights.py`); a shared tensor once per clone
         that references it."""
         owned = [

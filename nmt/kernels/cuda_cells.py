@@ -17,10 +17,13 @@ products around them an LSTM cell step is 13 ops (5 forward, 8 backward) where t
 reference cell takes 23, a GRU step 11 where it takes 21.
 
 `nmt`'s LSTM keeps its gates in the order i f o g (seq2seq-attn's), the kernel reads and
-writes i f g o: the forward permutes the gate columns of its two products once
-(`index_select`) before the kernel, the backward permutes the kernel's gate gradients back
-(the same involution), so the weights, the checkpoints and the products stay as they are.
-The GRU's gates r z n are the kernel's.
+writes i f g o. The step computes with weights whose gate rows are in the kernel's order
+(`CellForm.weight_gates`): the training step's compute copy of the cell's weights holds them
+so (`nmt.engine.weights`: one copy of views as a step begins, their gradients added back in
+ours as it ends), so that its products come out in the kernel's order and its gate
+gradients go into the products as they come - no permutation at any position. The masters,
+the checkpoints and every other form keep seq2seq-attn's order. The GRU's gates r z n are
+the kernel's.
 
 The numbers are the reference cell's to rounding, not bitwise: the kernel computes the
 gate activations, the cell update and tanh(c') in one pass in float32 arithmetic (its
@@ -31,10 +34,11 @@ scripts/gpu_check.sh's check.
 
 Buffers: the kernels return new tensors, which are copied into the node's buffers (one
 `_foreach_copy_` each way), so the outputs stay preallocated and shared as the plan says;
-each call's returned tensors are transients of one cell (B x 6H for the LSTM), freed
-before the next. The facts differ from the reference cell's (`FUSED` below): the LSTM saves
-the kernel's workspace, reads its own output c' rather than a saved tanh(c'); the GRU
-saves the workspace (B x 5H) in place of its gates and recurrent product.
+each call's returned tensors are transients of one cell (B x 6H for the LSTM; its
+backward's gate gradients, B x 4H, go straight into the products), freed before the next.
+The facts differ from the reference cell's (`FUSED` below): the LSTM saves the kernel's
+workspace, reads its own output c' rather than a saved tanh(c'); the GRU saves the
+workspace (B x 5H) in place of its gates and recurrent product.
 
 On the CPU each kernel runs as `EMULATED_*`, written from the contract above, so that the
 planner's probe of a CUDA run and the tests see the buffers and reads of this form; the
@@ -219,44 +223,41 @@ ATEN_GRU = CellKernels(aten._thnn_fused_gru_cell, aten._thnn_fused_gru_cell_back
 EMULATED_GRU = CellKernels(_emulated_gru, _emulated_gru_backward)
 
 
-@functools.cache
-def _gate_order(rnn_size: int, blocks: tuple[int, ...], device: torch.device) -> Tensor:
-    """The gate columns in the kernel's order, as indices of ours (an involution here: the
-    same indices take the kernel's back to ours). 4H longs per rnn_size and device."""
-    H = rnn_size
-    return torch.cat([torch.arange(b * H, (b + 1) * H) for b in blocks]).to(device)
-
-
 # ---- the cell steps -----------------------------------------------------------------------
 
 
 class FusedLSTMStep:
-    """The LSTM cell step of one layer through the fused kernels (a `Fusable`)."""
+    """The LSTM cell step of one layer through the fused kernels (a `Fusable`), on weights
+    whose gate rows are in the kernel's order (`READS_KERNEL_GATES`)."""
 
     FUSED = FusedFacts(
         outputs=("h", "c"),
         grad_inputs=("grad_x", "grad_h", "grad_c"),
         reads_inputs=(0, 1, 2),  # x and h for the weights' gradients, c for the forget gate's
         saved=("gates",),  # the kernel's workspace: the activated gates, i f g o
-        forward_scratch=("gate_sums", "kernel_gates"),
-        backward_scratch=("grad_gates", "ones"),
+        forward_scratch=("gate_sums",),
+        backward_scratch=("ones",),
         reads_output=True,  # c': the kernel recomputes tanh(c') from it
     )
+    READS_KERNEL_GATES = True
 
     def __init__(self, layer: Any, kernels: CellKernels, device: torch.device):
+        if layer.weight_gates != layer.KERNEL_GATES:
+            raise ValueError(
+                f"the fused CUDA LSTM step computes with gate rows in the kernel's order "
+                f"{layer.KERNEL_GATES}, this layer's are in {layer.weight_gates or 'its own'}: "
+                "bind it to the training step's compute copy (nmt.engine.weights)"
+            )
         self.layer, self.kernels = layer, kernels
-        H = layer.h2h.weight.shape[1]
-        self.order = _gate_order(H, layer.KERNEL_GATES, device)
 
     def fused_forward(self, inputs: tuple[Tensor, ...], buf: Buf) -> tuple[Tensor, Tensor]:
         x, h, c = inputs
         B, H = h.shape
         layer = self.layer
-        sums = buf("gate_sums", (2, B, 4 * H))  # [x W_ih^T + b ; h W_hh^T], our gate order
+        sums = buf("gate_sums", (2, B, 4 * H))  # [x W_ih^T + b ; h W_hh^T], the kernel's order
         torch.addmm(layer.i2h.bias, x, layer.i2h.weight.t(), out=sums[0])
         torch.mm(h, layer.h2h.weight.t(), out=sums[1])
-        gates = torch.index_select(sums, 2, self.order, out=buf("kernel_gates", (2, B, 4 * H)))
-        hy, cy, workspace = self.kernels.forward(gates[0], gates[1], c)
+        hy, cy, workspace = self.kernels.forward(sums[0], sums[1], c)
         outs = [buf("h", (B, H)), buf("c", (B, H)), buf("gates", (B, 4 * H))]
         torch._foreach_copy_(outs, [hy, cy, workspace])
         return outs[0], outs[1]
@@ -268,10 +269,9 @@ class FusedLSTMStep:
         g_h, g_c = grads
         B, H = h.shape
         layer = self.layer
-        grad_gates, grad_c, _ = self.kernels.backward(
+        gg, grad_c, _ = self.kernels.backward(
             g_h, g_c, c, bufs.saved("c"), bufs.saved("gates"), False
         )
-        gg = torch.index_select(grad_gates, 1, self.order, out=bufs("grad_gates", (B, 4 * H)))
         bufs("grad_c", (B, H)).copy_(grad_c)
         w_ih, w_hh = layer.i2h.weight, layer.h2h.weight
         torch.mm(gg, w_ih, out=bufs("grad_x", tuple(x.shape)))
@@ -283,6 +283,8 @@ class FusedLSTMStep:
 
 class FusedGRUStep:
     """The GRU cell step of one layer through the fused kernels (a `Fusable`)."""
+
+    READS_KERNEL_GATES = False  # the kernel's r z n are the GRU's
 
     FUSED = FusedFacts(
         outputs=("h",),
@@ -336,6 +338,13 @@ class CellForm:
 
     def bind(self, layer: Any, device: torch.device) -> Any:
         return self.step(layer, self.kernels, device)
+
+    def weight_gates(self, layer_type: Any) -> tuple[int, ...] | None:
+        """The gate order the step reads its layer's weights in (None: the cell's own)."""
+        if not self.step.READS_KERNEL_GATES:
+            return None
+        order = tuple(layer_type.KERNEL_GATES)
+        return None if order == tuple(range(layer_type.GATES)) else order
 
     def runs_on(self, device_type: str) -> bool:
         return device_type in ("cuda", "meta")

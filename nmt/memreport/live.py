@@ -118,8 +118,8 @@ def out_of_memory_line(
 def held_storage_bytes(executor: CloneExecutor, model: Seq2SeqAttn) -> int:
     """Bytes of the distinct storages referenced by the executor's nodes (every tensor
     attribute, not just the declared roles), graph inputs, loop buffers and the weights the
-    nodes compute with and their gradients (a mixed precision's compute copy); the model's
-    own parameters and gradients excluded."""
+    nodes compute with and their gradients (the compute copy, `nmt.engine.weights`, and any
+    scratch of its own); the model's own parameters and gradients excluded."""
     model_tensors = [t for p in model.parameters() for t in (p, p.grad) if t is not None]
     model_ptrs = {t.untyped_storage().data_ptr() for t in model_tensors}
     objects = [node for _, g in executor.clone_graphs() for node in [*g.all_nodes(), *g.inputs]]
@@ -128,6 +128,7 @@ def held_storage_bytes(executor: CloneExecutor, model: Seq2SeqAttn) -> int:
     tensors += list(executor.loop.values())
     compute = executor.weights.model.parameters()
     tensors += [t for p in compute for t in (p, p.grad) if t is not None]
+    tensors += [v for v in vars(executor.weights).values() if isinstance(v, torch.Tensor)]
     storages: dict[int, int] = {}
     for t in tensors:
         ptr = t.untyped_storage().data_ptr()

@@ -241,8 +241,8 @@ def category(role: str) -> str:
         return "grad_input"
     if role in ACCUMULATOR_ROLES:
         return "accumulator"
-    if role in ("compute_weight", "compute_grad"):
-        return "weights"  # a mixed precision's compute copy of the weights
+    if role in ("compute_weight", "compute_grad", "gate_swap"):
+        return "weights"  # the compute copy of weights (`nmt.engine.weights`)
     return "other"  # dropout masks, the loop's context, token ids, loss weights
 
 
@@ -296,7 +296,7 @@ def measure_clones(
         records = account(spec, setting.src_vocab, setting.tgt_vocab)
     summary = summarize(records)
     parts = dict.fromkeys(("output", "grad_input", "accumulator", "other"), 0)
-    if setting.spec.dtypes.mixed:
+    if any(category(r.role) == "weights" for r in records):  # a compute copy is made
         parts["weights"] = 0
     seen: set[str] = set()
     for r in records:
@@ -305,7 +305,7 @@ def measure_clones(
         seen.add(r.storage_key)
         parts[category(r.role)] += r.bytes
     # the tracker saw parameters and gradients allocated at full size, buffers at size 0, and
-    # a mixed precision's compute copy of the weights at full size: counted above already
+    # the compute copy of weights (`nmt.engine.weights`) at full size: counted above already
     held = summary["param"] + summary["grad"] + parts.get("weights", 0)
     parts["transient"] = max(0, tracker.peak - held)
     return PolicyMemory(policy, summary["param"], summary["grad"], opt_bytes, parts, records)

@@ -170,6 +170,17 @@ def _training_device(requested: str) -> torch.device:
         return torch.device("cpu")
 
 
+def kernel_forms_device(requested: str, configured: str) -> str:
+    """The device type whose kernel forms (their buffers: `nmt.kernels`) the accounting
+    takes: with --device meta, the run's own where `train.device` names cpu or cuda - which
+    need not be on this machine: a GPU run accounted on a laptop - else where the run would
+    train here (a real step beside the accounting runs the forms of this machine)."""
+    kind = configured.split(":")[0]
+    if requested == "meta" and kind in ("cpu", "cuda"):
+        return kind
+    return _training_device(requested).type
+
+
 def build_report(
     cfg: Config,
     config_path: str = "",
@@ -201,7 +212,10 @@ def build_report(
     choose_device(device, setting, 0)  # a mistyped device fails before any work
     opt = optimizer_bytes(setting)
     # on meta, every op takes the form the training device runs (its buffers: nmt.kernels)
-    with kernels.standing_in_for(_training_device(device)):
+    forms = kernel_forms_device(device, cfg.train.device)
+    if forms == "cuda" and not torch.cuda.is_available():
+        log("accounted with the kernel forms of cuda (train.device), not this machine's")
+    with kernels.standing_in_for(forms):
         memory = {
             p: _timed(log, f"accounted {p} on meta", lambda p=p: measure(setting, p, opt))
             for p in rows
@@ -218,7 +232,7 @@ def build_report(
     report.room = device_room(device)
     for name in dict.fromkeys(p for p in compare if p != setting.precision):
         other = setting.replace(precision=precisions.get(name).name)
-        with kernels.standing_in_for(_training_device(device)):
+        with kernels.standing_in_for(forms):
             report.compare[name] = {
                 p: _timed(log, f"accounted {p} in {name}", lambda p=p, o=other: measure(o, p))
                 for p in rows
