@@ -208,3 +208,33 @@ def test_add_row_sums_adds_each_column_sum_rounded_once(dtype) -> None:
     exact = acc.to(dtype).double() + column_sums
     half_ulp = torch.finfo(dtype).eps / 2  # of a number in [1, 2)
     assert torch.all((got.double() - exact).abs() <= half_ulp * (column_sums.abs() + exact.abs()))
+
+
+def test_a_dropout_adds_the_state_gradient_where_the_graph_folds_its_gradsum() -> None:
+    """A fused dropout's backward takes x's other gradient as its addend, in its one op
+    (addend + g * mask / (1 - p), and addend + g when it does not drop). In the fused clone
+    graphs the hidden state under a dropout - used by it and sent to the next position -
+    gets no GradSum: the dropout adds the state's gradient; the top state, used by the
+    attention (no addend) and sent on, keeps one."""
+    from nmt.config import ModelConfig
+    from nmt.engine.seq2seq import decoder_graph, encoder_graph
+    from nmt.model import build_model
+
+    owner = nn.Module()
+    drop = fused.Dropout("d", 0.5, owner, torch.device("cpu"), torch.float64)
+    x = torch.randn(3, 4, dtype=torch.float64)
+    g, extra = torch.randn(3, 4, dtype=torch.float64), torch.randn(3, 4, dtype=torch.float64)
+    drop.forward(x)
+    alone = drop.backward(x, g).clone()
+    assert torch.equal(drop.backward(x, g, extra), extra + alone)
+    owner.eval()
+    drop.forward(x)
+    assert torch.equal(drop.backward(x, g, extra), extra + g)
+
+    cfg = ModelConfig(granularity="fused", num_layers=2, rnn_size=4, word_vec_size=3)
+    model = build_model(cfg, 9, 9, device="cpu", dtype=torch.float32)
+    cpu = torch.device("cpu")
+    enc = encoder_graph(model, model.encoder, cpu, torch.float32)
+    dec = decoder_graph(model, cpu, torch.float32)
+    assert [s.name for s in enc.sums] == []  # h0 under l1.dropout: folded
+    assert [s.name for s in dec.sums] == ["l1.cell[0]"]  # the top state: the attention's

@@ -173,13 +173,27 @@ class Graph:
         self.input_grads: dict[str, Tensor] = {}
         self._out_fetch = [_value_fetch(v) for _, v in b.outputs]
 
-        # who consumes each value: (consumer, input position) or ("ext", output position)
-        sources: dict[tuple[int, int | None], list[Fetch]] = {}
+        # who consumes each value: (consumer, input position) or (None, output position)
+        users: dict[tuple[int, int | None], list[tuple[Node | None, int]]] = {}
         for node, srcs in b.nodes:
             for pos, v in enumerate(srcs):
-                sources.setdefault((id(v.node), v.index), []).append(self._gi_fetch(node, pos))
+                users.setdefault((id(v.node), v.index), []).append((node, pos))
         for k, (_, v) in enumerate(b.outputs):
-            sources.setdefault((id(v.node), v.index), []).append(self._ext_fetch(k))
+            users.setdefault((id(v.node), v.index), []).append((None, k))
+        # a value used by one node that adds into its grad_input and by one graph output:
+        # that node adds the output's gradient in its own op, and its grad_input is the
+        # value's gradient (no GradSum)
+        self._addends: dict[int, Fetch] = {}
+        for key, used in users.items():
+            nodes = [(n, pos) for n, pos in used if n is not None]
+            outs = [k for n, k in used if n is None]
+            if len(nodes) == 1 and len(outs) == 1 and nodes[0][0].ADDS_TO_GRAD_INPUT:
+                self._addends[id(nodes[0][0])] = self._ext_fetch(outs[0])
+                users[key] = nodes
+        sources = {
+            key: [self._ext_fetch(k) if n is None else self._gi_fetch(n, k) for n, k in used]
+            for key, used in users.items()
+        }
 
         self._fwd = [(n, n.forward, _input_fetch(srcs)) for n, srcs in b.nodes]
         self._bwd = []
@@ -192,7 +206,7 @@ class Graph:
                     self._grad_fetch(node, i, sources.get((id(node), i))) for i in range(n_out)
                 ]
                 gfetch = (lambda ps: lambda: tuple(p() for p in ps))(parts)
-            self._bwd.append((node, node.backward, _input_fetch(srcs), gfetch))
+            self._bwd.append((node, self._backward_of(node), _input_fetch(srcs), gfetch))
         self._in_bwd = [
             (name, self._grad_fetch(inp, None, sources.get((id(inp), None))))
             for name, inp in zip(self.input_names, self.inputs, strict=True)
@@ -200,6 +214,13 @@ class Graph:
         ]
 
     # ---- compiling the gradient routing --------------------------------------------------
+
+    def _backward_of(self, node: Node) -> Callable[[Any, Any], Any]:
+        """The node's backward as the graph calls it: with the addend it is given, if any."""
+        addend = self._addends.get(id(node))
+        if addend is None:
+            return node.backward
+        return lambda inp, g: node.backward(inp, g, addend())
 
     @staticmethod
     def _gi_fetch(consumer: Node, pos: int) -> Fetch:

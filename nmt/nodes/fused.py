@@ -5,7 +5,8 @@ nodes, and each node's forward and backward are separate ops. Here one node does
 group of them did, with a hand-written backward (the layer's own, for cells and attention):
 
     FusedLayer  a layer's own fused form: a cell at one position, or the attention
-    Dropout     x * mask / (1 - p) as one op each way; the 0/1 mask drawn like nngraph's
+    Dropout     x * mask / (1 - p) as one op each way; the 0/1 mask drawn like nngraph's;
+                its backward adds x's other gradient where the graph gives it one
 
 (The output layer and the loss as one node, `OutputLoss`, is the engine's: `nmt.engine.generator`.)
 
@@ -143,6 +144,7 @@ class Dropout(_Fused):
 
     ROLES = {"output": "output", "grad_input": "grad_input", "mask": "mask"}
     BWD_READS_ROLES = ("mask",)
+    ADDS_TO_GRAD_INPUT = True  # addend + g * mask / (1 - p): the same one op
 
     def __init__(
         self, name: str, p: float, module: Module, device: torch.device, dtype: torch.dtype
@@ -159,8 +161,11 @@ class Dropout(_Fused):
         mask = keep_mask_(self._buf("mask", tuple(x.shape)), self.p)
         return torch.addcmul(_zero(x.device, x.dtype), x, mask, value=self.scale, out=out)
 
-    def backward(self, x: Tensor, g: Tensor) -> Tensor:
+    def backward(self, x: Tensor, g: Tensor, addend: Tensor | None = None) -> Tensor:
+        """d loss / d x, plus `addend` where the graph gives one (x's gradient from a graph
+        output: the next position's state gradient), in one op either way."""
         gi = self._buf("grad_input", tuple(g.shape))
         if not self._active:
-            return gi.copy_(g)
-        return torch.addcmul(_zero(g.device, g.dtype), g, self.mask, value=self.scale, out=gi)
+            return gi.copy_(g) if addend is None else torch.add(addend, g, out=gi)
+        start = _zero(g.device, g.dtype) if addend is None else addend
+        return torch.addcmul(start, g, self.mask, value=self.scale, out=gi)

@@ -69,6 +69,10 @@ class Node:
     BWD_SCRATCH_ROLES: ClassVar[tuple[str, ...]] = ()  # own buffers living inside backward()
     # roles holding the attention's two matrix products and their gradients (PR #45)
     ATTENTION_PRODUCTS: ClassVar[tuple[str, ...]] = ()
+    # its backward can add another gradient of its input into its grad_input in the same op
+    # (`backward(input, grad_output, addend)`): where its input is also a graph output, the
+    # graph hands it that output's gradient instead of summing the two in a GradSum
+    ADDS_TO_GRAD_INPUT: ClassVar[bool] = False
     n_outputs: int | None = None  # None: `output` is one tensor; n: a tuple of n tensors
 
     def __init__(self, name: str, device: torch.device, dtype: torch.dtype):
