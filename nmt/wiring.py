@@ -47,6 +47,10 @@ class FusedBuffers(Protocol):
     def constant(self, name: str, shape: tuple[int, ...], value: float) -> Tensor:
         """Buffer `name` at `shape`, holding `value` everywhere (filled only when needed)."""
 
+    def accumulates(self, name: str) -> bool:
+        """Whether input gradient `name` is an accumulator the executor handed the node (one
+        of `FusedFacts.accumulates`): the backward adds into it rather than writing it."""
+
 
 @dataclass(frozen=True)
 class FusedFacts:
@@ -63,6 +67,10 @@ class FusedFacts:
     reads_output: bool = False
     tuple_output: bool = True
     attention_products: tuple[str, ...] = ()  # roles of seq2seq-attn PR #45's products
+    # inputs whose gradient the backward can add into an accumulator it is handed, in the
+    # same ops (`FusedBuffers.accumulates`): the attention's context gradient, summed over
+    # the target positions
+    accumulates: tuple[int, ...] = ()
 
     def extended(self, **more: tuple[str, ...]) -> FusedFacts:
         """These facts with more buffers of the kinds named (a score's own, say)."""

@@ -238,3 +238,39 @@ def test_a_dropout_adds_the_state_gradient_where_the_graph_folds_its_gradsum() -
     dec = decoder_graph(model, cpu, torch.float32)
     assert [s.name for s in enc.sums] == []  # h0 under l1.dropout: folded
     assert [s.name for s in dec.sums] == ["l1.cell[0]"]  # the top state: the attention's
+
+
+def test_the_fused_attention_adds_the_contexts_gradient_into_the_executors_sum() -> None:
+    """The context's gradient is summed over the target positions: the fused attention
+    adds its part into the sum it is handed (which then is its input's gradient, and no
+    buffer of its own); nngraph's two consumers of the context cannot, and say so."""
+    from nmt.config import ModelConfig
+    from nmt.engine.seq2seq import decoder_graph
+    from nmt.model import build_model
+
+    cpu = torch.device("cpu")
+    acc = torch.zeros(0)
+    for granularity, adds in (("fused", True), ("nngraph", False)):
+        cfg = ModelConfig(granularity=granularity, num_layers=1, rnn_size=4, word_vec_size=3)
+        model = build_model(cfg, 9, 9, device="cpu", dtype=torch.float32)
+        dec = decoder_graph(model, cpu, torch.float32)
+        assert dec.accumulate_input_grad("context", acc) is adds, granularity
+    attn = next(n for n in dec.nodes if n.name == "attn.mm1")  # nngraph's: untouched
+    assert all(t is not acc for t in flat(attn.grad_input))
+    dec = decoder_graph(
+        build_model(
+            ModelConfig(granularity="fused", num_layers=1, rnn_size=4, word_vec_size=3),
+            9,
+            9,
+            device="cpu",
+            dtype=torch.float32,
+        ),
+        cpu,
+        torch.float32,
+    )
+    assert dec.accumulate_input_grad("context", acc)
+    attn = next(n for n in dec.nodes if n.name == "attn")
+    assert attn.grad_input[1] is acc
+    assert "grad_input[1]" not in dict(attn.buffers()) and "grad_input[0]" in dict(attn.buffers())
+    with pytest.raises(ValueError, match="cannot add input 0"):
+        attn.accumulate_into(0, acc)

@@ -184,15 +184,18 @@ def test_attention_plan_is_exactly_the_two_products() -> None:
 @pytest.mark.parametrize("attention", ["general", "dot", "mlp"])
 def test_fused_attention_plan_is_the_products_inside_the_attention_node(attention: str) -> None:
     """The fused attention node holds the two products (scores, c_t) and their gradients in
-    buffers of its own: the 'attention' policy shares exactly those (the context's gradient
-    is both products' at once; mlp's scores come from v, not from a product)."""
+    buffers of its own: the 'attention' policy shares exactly those (mlp's scores come from
+    v, not from a product). The context's gradient - both products' at once - is no buffer
+    of the node: it adds it into the executor's sum over the target positions."""
     cfg = ModelConfig(num_layers=2, rnn_size=4, word_vec_size=3, attention=attention)
     cfg.granularity = "fused"
-    products = {"ctx", "grad_attn", "grad_input[1]"}
+    products = {"ctx", "grad_attn"}
     if attention != "mlp":
         products |= {"scores", "grad_target"}
     assert planner.plan(cfg, "attention").shared == {("attn", r) for r in products}
     assert planner.plan(cfg, "attention").shared < planner.plan(cfg, "all").shared
+    slots = planner.plan(cfg, "all").shared | set(planner.plan(cfg, "all").unsafe)
+    assert ("attn", "grad_input[1]") not in slots and ("attn", "grad_input[0]") in slots
 
 
 def test_fused_plan_keeps_what_backward_reads() -> None:
@@ -218,7 +221,7 @@ def test_fused_plan_keeps_what_backward_reads() -> None:
         ("l0.cell", "grad_input[2]"),
         ("l1.cell", "ones"),
         ("attn", "scores"),
-        ("attn", "grad_input[1]"),
+        ("attn", "grad_input[0]"),
         ("attn.dropout", "grad_input"),
     ]:
         assert slot in p.shared, slot

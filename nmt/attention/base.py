@@ -54,6 +54,7 @@ COMMON_FACTS = FusedFacts(
     forward_scratch=("scores", "ctx"),
     backward_scratch=("grad_lin", "grad_joined", "grad_attn", "grad_scores"),
     attention_products=("ctx", "grad_attn", "grad_input[1]"),
+    accumulates=(1,),  # the context's gradient: added into the executor's sum over positions
 )
 
 
@@ -170,7 +171,10 @@ class Attention(nn.Module):
         g_scores = bufs("grad_scores", (B, S))
         _softmax_backward(g_attn, attn, 1, attn.dtype, grad_input=g_scores)
         g_context = bufs("grad_context", (B, S, H))
-        torch.mul(attn.unsqueeze(2), g_ctx.unsqueeze(1), out=g_context)
+        if bufs.accumulates("grad_context"):  # the sum over positions: added into
+            torch.addcmul(g_context, attn.unsqueeze(2), g_ctx.unsqueeze(1), out=g_context)
+        else:
+            torch.mul(attn.unsqueeze(2), g_ctx.unsqueeze(1), out=g_context)
         g_h = bufs("grad_h", (B, H))
         self.fused_score_backward(h, context, g_scores, g_joined[:, H:], g_h, g_context, bufs)
 

@@ -118,6 +118,12 @@ class CloneExecutor:
             kind: [plan.recompute or (partial and r) for r in spec.recomputing(kind, len(graphs))]
             for kind, graphs in self.clones.items()
         }
+        # the context's gradient summed over the target positions: each decoder clone's
+        # attention adds into it where it can (`Graph.accumulate_input_grad`), else the loop
+        encoder_acc = torch.empty(0, device=dev, dtype=dt)
+        self._context_added = [
+            g.accumulate_input_grad("context", encoder_acc) for g in self.clones["dec"]
+        ]
         self.shared = self._share(self.plan)
         # recompute: the mask generator's state before each clone's forward, per clone
         self._rng: dict[str, list[Tensor | None]] = {
@@ -148,6 +154,7 @@ class CloneExecutor:
         )
         # buffers of the training loop itself, not of any clone: role -> tensor
         self.loop = {r: torch.empty(0, device=dev, dtype=dt) for r in roles}
+        self.loop["encoder_acc"] = encoder_acc
         for r in ("src", "tgt_in", "tgt_out"):
             self.loop[r] = torch.empty(0, device=dev, dtype=torch.long)
         self.loop["loss"] = torch.zeros((), device=dev, dtype=torch.float64)
@@ -361,7 +368,8 @@ class CloneExecutor:
                 r, grad_t = pending.pop(t)
                 out_grad[r:].add_(grad_t)
             ig = self._backward(g, [*grads, out_grad], tr, "dec", t)
-            enc_acc.add_(ig["context"])
+            if not self._context_added[t]:  # else its attention added it
+                enc_acc.add_(ig["context"])
             # what position t-1 receives: its state's gradients (and its output's, by the
             # input feed), in one op (on a GPU one kernel, not one per tensor)
             # (and its embedding rows' gradient, kept for the step's one index_add_)

@@ -194,6 +194,7 @@ class Graph:
             key: [self._ext_fetch(k) if n is None else self._gi_fetch(n, k) for n, k in used]
             for key, used in users.items()
         }
+        self._input_users = {name: users.get((id(inp), None), []) for name, inp in b.inputs.items()}
 
         self._fwd = [(n, n.forward, _input_fetch(srcs)) for n, srcs in b.nodes]
         self._bwd = []
@@ -240,6 +241,18 @@ class Graph:
         acc = GradSum(name, self.device, self.dtype)
         self.sums.append(acc)
         return lambda: acc.accumulate([f() for f in srcs])
+
+    def accumulate_input_grad(self, name: str, into: Tensor) -> bool:
+        """Have input `name`'s gradient added into `into` (a buffer of the caller's, for
+        good: decided before any buffer is shared) by the one node that reads the input,
+        where it can (`Node.ACCUMULATES_GRAD_INPUTS`): then `input_grads[name]` is `into`,
+        the sum so far. False where it cannot: the caller adds the gradient."""
+        users = self._input_users[name]
+        if len(users) != 1 or users[0][1] not in users[0][0].ACCUMULATES_GRAD_INPUTS:
+            return False
+        node, pos = users[0]
+        node.accumulate_into(pos, into)
+        return True
 
     # ---- running -------------------------------------------------------------------------
 

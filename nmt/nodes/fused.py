@@ -19,6 +19,7 @@ Shapes: B batch, S source length, H rnn_size, V target vocabulary.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -109,13 +110,35 @@ class FusedLayer(_Fused):
         self.FWD_SCRATCH_ROLES = facts.forward_scratch
         self.BWD_SCRATCH_ROLES = facts.backward_scratch
         self.ATTENTION_PRODUCTS = facts.attention_products
+        self.ACCUMULATES_GRAD_INPUTS = facts.accumulates
         self.n_outputs = None if single else len(outs)
+        self._into: dict[str, Tensor] = {}  # input gradients added into accumulators
         super().__init__(name, device, dtype)
 
     def _bind(self) -> None:
         outs = [getattr(self, b) for b in self.facts.outputs]
         self.output = outs[0] if self.n_outputs is None else tuple(outs)
         self.grad_input = tuple(getattr(self, b) for b in self.facts.grad_inputs)
+
+    def accumulate_into(self, index: int, into: Tensor) -> None:
+        """The buffer of that input's gradient becomes `into` (the executor's, not a role of
+        this node: `buffers` leaves it out), which the backward adds into."""
+        if index not in self.ACCUMULATES_GRAD_INPUTS:
+            raise ValueError(f"{self} cannot add input {index}'s gradient into an accumulator")
+        name = self.facts.grad_inputs[index]
+        self._into[name] = into
+        setattr(self, name, into)
+        self._bind()
+
+    def buffers(self) -> Iterator[tuple[str, Tensor]]:
+        """(role, owned base tensor) pairs: not the accumulators it was handed."""
+        for role, attr in self.ROLES.items():
+            if attr not in self._into:
+                yield role, getattr(self, attr)
+
+    def backward_reads(self, input: Any) -> list[Tensor]:
+        """The declared reads, and the accumulators it adds into."""
+        return [*super().backward_reads(input), *self._into.values()]
 
     def forward(self, inputs: tuple[Tensor, ...]) -> Any:
         self.layer.fused_forward(inputs, self._buf)
@@ -129,6 +152,9 @@ class FusedLayer(_Fused):
 
     def __call__(self, name: str, shape: tuple[int, ...]) -> Tensor:
         return self._buf(name, shape)
+
+    def accumulates(self, name: str) -> bool:
+        return name in self._into
 
     def saved(self, name: str) -> Tensor:
         return getattr(self, name)

@@ -73,6 +73,8 @@ class Node:
     # (`backward(input, grad_output, addend)`): where its input is also a graph output, the
     # graph hands it that output's gradient instead of summing the two in a GradSum
     ADDS_TO_GRAD_INPUT: ClassVar[bool] = False
+    # inputs whose gradient its backward can add into an accumulator (`accumulate_into`)
+    ACCUMULATES_GRAD_INPUTS: ClassVar[tuple[int, ...]] = ()
     n_outputs: int | None = None  # None: `output` is one tensor; n: a tuple of n tensors
 
     def __init__(self, name: str, device: torch.device, dtype: torch.dtype):
@@ -101,6 +103,11 @@ class Node:
         """Make this node use `tensor` (e.g. one shared by all clones) for `role`."""
         setattr(self, self.ROLES[role], tensor)
         self._bind()
+
+    def accumulate_into(self, index: int, into: Tensor) -> None:
+        """From now on, add input `index`'s gradient into `into` (one of
+        `ACCUMULATES_GRAD_INPUTS`), which is then that gradient as consumers see it."""
+        raise NotImplementedError(f"{self} accumulates no input's gradient")
 
     # ---- computation --------------------------------------------------------------------
 
