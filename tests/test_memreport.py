@@ -170,8 +170,8 @@ def test_bfloat16_never_costs_memory_at_the_seed_config(forms: str) -> None:
     its clones' buffers at most 0.52x float32's: neither the output layer's weight nor its
     gradient is copied whole into bfloat16, and autocast's casts are counted only for the
     weights a product reads. CUDA's forms differ in the fused granularity's cells: that
-    granularity there (its clones' buffers in bfloat16 come to 0.536x float32's under `all`,
-    0.604x under `recompute`: docs/kernels.md)."""
+    granularity there (its clones' buffers in bfloat16 come to 0.537x float32's under `all`,
+    0.609x under `recompute`: docs/kernels.md)."""
     fused = ["model.granularity=fused"] if forms == "cuda" else []
     cfg = load_config(REPO / "configs" / "seed-4x600.yaml", fused, require_data=False)
     full = Setting.from_config(cfg)
