@@ -248,9 +248,11 @@ class Graph:
         where it can (`Node.ACCUMULATES_GRAD_INPUTS`): then `input_grads[name]` is `into`,
         the sum so far. False where it cannot: the caller adds the gradient."""
         users = self._input_users[name]
-        if len(users) != 1 or users[0][1] not in users[0][0].ACCUMULATES_GRAD_INPUTS:
+        if len(users) != 1 or users[0][0] is None:  # several readers, or a graph output
             return False
         node, pos = users[0]
+        if pos not in node.ACCUMULATES_GRAD_INPUTS:
+            return False
         node.accumulate_into(pos, into)
         return True
 

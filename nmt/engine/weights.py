@@ -57,14 +57,6 @@ class _Copied:
         return [(compute[c], master[m]) for c, m in self.rows]
 
 
-@dataclass(frozen=True)
-class _Swapped:
-    """One master whose gate blocks the step swaps in place: `swaps`, pairs of row blocks."""
-
-    master: Tensor
-    swaps: list[tuple[slice, slice]]
-
-
 def kernel_gate_orders(
     model: Seq2SeqAttn, device: torch.device, dtype: torch.dtype
 ) -> dict[str, tuple[int, ...]]:
@@ -84,12 +76,10 @@ def kernel_gate_orders(
 def _swaps(order: tuple[int, ...], rnn_size: int) -> list[tuple[slice, slice]] | None:
     """The pairs of row blocks to swap to put weights in `order` in place; None where the
     order is no set of swaps (not its own inverse)."""
-    if any(order[b] != j for j, b in enumerate(order)):
+    moved = [(a, b) for a, b in RecurrentLayer.gate_row_blocks(order, rnn_size) if a != b]
+    if {(a.start, b.start) for a, b in moved} != {(b.start, a.start) for a, b in moved}:
         return None
-    H = rnn_size
-    return [
-        (slice(j * H, (j + 1) * H), slice(b * H, (b + 1) * H)) for j, b in enumerate(order) if j < b
-    ]
+    return [(a, b) for a, b in moved if a.start < b.start]
 
 
 class ComputeWeights:
@@ -102,7 +92,7 @@ class ComputeWeights:
         self.mixed = dtype != model.generator.weight.dtype
         orders = kernel_gate_orders(model, device, dtype)
         self._copied: list[_Copied] = []
-        self._swapped: list[_Swapped] = []
+        self._swapped: list[tuple[Tensor, slice, slice]] = []  # (master, rows a, rows b)
         self._scratch: Tensor | None = None
         self._begun = False
         if not self.mixed and not orders:
@@ -131,21 +121,25 @@ class ComputeWeights:
             if layer in orders:
                 rows = RecurrentLayer.gate_row_blocks(orders[layer], sizes[layer])
             self._copied.append(_Copied(n, p, masters[n], rows))
+        # what every step copies: made once (a master's gradient may be a new tensor)
+        pairs = [v for c in self._copied for v in c.pairs(c.compute, c.master)]
+        self._casts = ([c for c, _ in pairs], [m for _, m in pairs])
+        self._compute_grads = [c.compute.grad for c in self._copied]
         if not self.mixed:
             for n, p in masters.items():
                 layer = n.rsplit(".", 2)[0]
                 if layer in orders:
-                    self._swapped.append(_Swapped(p, _swaps(orders[layer], sizes[layer]) or []))
-            blocks = sum(p.master[a].numel() for p in self._swapped for a, _ in p.swaps)
+                    swaps = _swaps(orders[layer], sizes[layer]) or []
+                    self._swapped += [(p, a, b) for a, b in swaps]
+            blocks = sum(p[a].numel() for p, a, _ in self._swapped)
             self._scratch = torch.empty(blocks, device=device, dtype=dtype)
 
     def begin(self) -> None:
         """Make the step's weights from the masters: the compute copy cast (gates in its
         order) and its gradients zeroed; or the masters' gate blocks swapped in place."""
         if self._copied:
-            pairs = [v for c in self._copied for v in c.pairs(c.compute, c.master)]
-            torch._foreach_copy_([c for c, _ in pairs], [m for _, m in pairs])
-            torch._foreach_zero_([c.compute.grad for c in self._copied])
+            torch._foreach_copy_(*self._casts)
+            torch._foreach_zero_(self._compute_grads)
         if self._swapped:
             self._swap()
             self._begun = True
@@ -172,8 +166,8 @@ class ComputeWeights:
     def _swap(self) -> None:
         """Swap the gate blocks of the masters and of their gradients (one involution)."""
         for of in (lambda t: t, lambda t: t.grad):
-            a = [of(s.master)[x] for s in self._swapped for x, _ in s.swaps]
-            b = [of(s.master)[y] for s in self._swapped for _, y in s.swaps]
+            a = [of(p)[x] for p, x, _ in self._swapped]
+            b = [of(p)[y] for p, _, y in self._swapped]
             scratch, at = [], 0
             for t in a:
                 scratch.append(self._scratch[at : at + t.numel()].view(t.shape))
