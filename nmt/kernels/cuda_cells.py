@@ -13,17 +13,17 @@ torch ships the pointwise part of a cell step as one CUDA kernel each way:
         -> (grad_input_gates, grad_hidden_gates, grad_hx, grad_input_bias, grad_hidden_bias)
 
 CUDA and (but for the GRU's, registered below) Meta kernels, no CPU kernel. With the
-products around them an LSTM cell step is 13 ops (5 forward, 8 backward) where the
+products around them an LSTM cell step is 11 ops (4 forward, 7 backward) where the
 reference cell takes 23, a GRU step 11 where it takes 21.
 
 `nmt`'s LSTM keeps its gates in the order i f o g (seq2seq-attn's), the kernel reads and
 writes i f g o. The step computes with weights whose gate rows are in the kernel's order
-(`CellForm.weight_gates`): the training step's compute copy of the cell's weights holds them
-so (`nmt.engine.weights`: one copy of views as a step begins, their gradients added back in
-ours as it ends), so that its products come out in the kernel's order and its gate
-gradients go into the products as they come - no permutation at any position. The masters,
-the checkpoints and every other form keep seq2seq-attn's order. The GRU's gates r z n are
-the kernel's.
+(`CellForm.weight_gates`), as the training step holds them (`nmt.engine.weights`: a mixed
+precision's compute copy made in that order; in one dtype the masters' gate blocks swapped
+in place for the step), so that its products come out in the kernel's order and its gate
+gradients go into the products as they come - no permutation at any position. Between
+steps the masters, the checkpoints and every other form keep seq2seq-attn's order. The
+GRU's gates r z n are the kernel's.
 
 The numbers are the reference cell's to rounding, not bitwise: the kernel computes the
 gate activations, the cell update and tanh(c') in one pass in float32 arithmetic (its
@@ -246,7 +246,7 @@ class FusedLSTMStep:
             raise ValueError(
                 f"the fused CUDA LSTM step computes with gate rows in the kernel's order "
                 f"{layer.KERNEL_GATES}, this layer's are in {layer.weight_gates or 'its own'}: "
-                "bind it to the training step's compute copy (nmt.engine.weights)"
+                "bind it to the weights a training step computes with (nmt.engine.weights)"
             )
         self.layer, self.kernels = layer, kernels
 
