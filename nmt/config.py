@@ -436,6 +436,15 @@ class TrainConfig:
         "clones, seq2seq-attn's graph, do one (the seed's configs say 1); 0: all positions "
         "at once",
     )
+    weight_grad_chunk: int = _opt(
+        0,
+        min=0,
+        doc="target or source positions whose cell weight gradients one product sums, where "
+        "the cell step can leave them in a window (model.granularity fused on CUDA: the fused "
+        "cell kernels): 3 products a layer and window instead of 3 a layer and position, for "
+        "a copy of each position's gate gradients and inputs (window x batch x (gates + "
+        "inputs) a layer, as memreport shows); 0: all positions; 1: position by position",
+    )
     autograd_encoder: str = _opt(
         "cells",
         choices=("cells", "kernel"),
@@ -598,6 +607,7 @@ OLD_DEFAULTS = {
     "model.granularity": "nngraph",
     "train.loss_chunk": 1,
     "train.normalization": "sents",
+    "train.weight_grad_chunk": 1,
 }
 
 

@@ -51,6 +51,16 @@ class FusedBuffers(Protocol):
         """Whether input gradient `name` is an accumulator the executor handed the node (one
         of `FusedFacts.accumulates`): the backward adds into it rather than writing it."""
 
+    def addend(self, name: str) -> Tensor | None:
+        """What input gradient `name` (one of `FusedFacts.adds_to`) is to have added in the
+        op that writes it (None: nothing this call)."""
+
+    def window_slot(self, shapes: tuple[tuple[int, ...], ...]) -> list[Tensor] | None:
+        """This position's slot of the executor's weight-gradient window, one tensor per
+        `FusedFacts.window_parts` at `shapes` (the backward copies those parts there and
+        adds no weight gradient: the window's flush calls its `add_weight_grads` over many
+        positions at once); None: no window, the backward adds its own."""
+
 
 @dataclass(frozen=True)
 class FusedFacts:
@@ -71,6 +81,14 @@ class FusedFacts:
     # same ops (`FusedBuffers.accumulates`): the attention's context gradient, summed over
     # the target positions
     accumulates: tuple[int, ...] = ()
+    # inputs whose gradient the backward can write with an addend it is handed added, in the
+    # same op (`FusedBuffers.addend`): the encoder's top state, whose gradient also takes its
+    # position's context gradient
+    adds_to: tuple[int, ...] = ()
+    # what the backward can leave in the executor's weight-gradient window instead of adding
+    # its weights' gradients itself (`FusedBuffers.window_slot`), in the order of the
+    # layer's `add_weight_grads` arguments
+    window_parts: tuple[str, ...] = ()
 
     def extended(self, **more: tuple[str, ...]) -> FusedFacts:
         """These facts with more buffers of the kinds named (a score's own, say)."""

@@ -64,11 +64,17 @@ def clone_grads(
     plan: planner.SharingPlan | None = None,
     label_smoothing: float = 0.0,
     loss_chunk: int = 1,
+    weight_grad_chunk: int = 1,
 ) -> tuple[float, dict[str, torch.Tensor]]:
     model.zero_grad(set_to_none=True)
     plan = plan or planner.plan(model.cfg, policy, device=TEST_DEVICE.type)
     spec = ExecutorSpec(
-        model.cfg, S - 2, T - 1, label_smoothing=label_smoothing, loss_chunk=loss_chunk
+        model.cfg,
+        S - 2,
+        T - 1,
+        label_smoothing=label_smoothing,
+        loss_chunk=loss_chunk,
+        weight_grad_chunk=weight_grad_chunk,
     )
     executor = CloneExecutor(model, spec, plan)
     torch.manual_seed(5)  # the same dropout masks as the autograd run

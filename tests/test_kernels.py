@@ -119,18 +119,26 @@ class _Buffers:
     def constant(self, name: str, shape: tuple[int, ...], value: float) -> torch.Tensor:
         return self(name, shape).fill_(value)
 
+    def addend(self, name: str) -> None:
+        return None
+
+    def window_slot(self, shapes: tuple[tuple[int, ...], ...]) -> None:
+        return None  # one position: its weight gradients added by itself
+
 
 @pytest.mark.parametrize("structure", FUSED_STRUCTURES)
 def test_cuda_cells_equal_autograd_under_every_policy(structure: dict) -> None:
     """The equivalence sweep with the fused CUDA cells (their CPU emulation): every fused
     structure, every policy, float64 gradients within 1e-10 of autograd's - and the plan
-    behind each was made by the planner's probe and poison check on this form."""
+    behind each was made by the planner's probe and poison check on this form. The weight
+    gradients of all positions in one window (`train.weight_grad_chunk` 0, a config's
+    default)."""
     model = make_model(**structure, param_init=0.3)
     batch = make_batch()
     ref_loss, ref = autograd_grads(model, batch)
     with kernels.using(**CUDA_CELLS):
         for policy in policies.names():
-            loss, grads = clone_grads(model, batch, policy)
+            loss, grads = clone_grads(model, batch, policy, weight_grad_chunk=0)
             assert max_rel_err(grads, ref) < 1e-10, policy
             assert loss == pytest.approx(ref_loss, rel=1e-12), policy
 
@@ -166,17 +174,20 @@ def test_a_reserved_executor_sizes_the_kernel_forms_buffers_on_its_meta_twin() -
 
 
 @pytest.mark.parametrize(
-    ("rnn_type", "saved", "swap_ops"), [("lstm", 23 - 11, 12), ("gru", 21 - 11, 0)]
+    ("rnn_type", "saved", "swap_ops", "context_adds"),
+    [("lstm", 23 - 11, 12, 7 - 1), ("gru", 21 - 11, 0, 0)],
 )
 def test_the_cuda_cells_take_fewer_ops_a_step_on_meta(
-    rnn_type: str, saved: int, swap_ops: int
+    rnn_type: str, saved: int, swap_ops: int, context_adds: int
 ) -> None:
     """Counted on meta, where each fused kernel is one op: an LSTM cell step 11 ops instead
     of 23, a GRU step 11 instead of 21, at every encoder and decoder position of every
     layer; and each dropout mask one `bernoulli_` where a CPU draws uniform numbers and
     compares them (two ops). The LSTM's weights in the kernel's gate order cost 12 ops a
     step (their gate blocks and their gradients' swapped in place, three copies each, as
-    the step begins and as it ends). Nothing else changes."""
+    the step begins and as it ends). The LSTM's top encoder cell adds the context gradient
+    of the position before into its state gradient's product, where the loop adds it with
+    an op of its own at every source position but the last. Nothing else changes."""
     counts = {}
     for device in ("cpu", "cuda"):
         with kernels.standing_in_for(device):
@@ -191,7 +202,52 @@ def test_the_cuda_cells_take_fewer_ops_a_step_on_meta(
             counts[device] = count_ops(lambda: executor.forward_backward(batch))  # noqa: B023
     steps = 2 * (7 + 6)  # layers x (source + target positions)
     masks = (7 + 6) + 6  # between the layers at every position, the attention's output
-    assert counts["cpu"] - counts["cuda"] == steps * saved + masks - swap_ops
+    assert counts["cpu"] - counts["cuda"] == steps * saved + masks - swap_ops + context_adds
+
+
+@pytest.mark.parametrize("rnn_type", ["lstm", "gru"])
+@pytest.mark.parametrize("policy", ["all", "recompute"])
+def test_weight_gradient_windows_equal_each_position_adding_its_own(
+    rnn_type: str, policy: str
+) -> None:
+    """The fused CUDA cells' weight gradients summed over windows of 3 positions (source 7
+    and target 6: full windows and a part-filled one, each kind's flushed) and over all
+    positions equal each position adding its own, in float64 to 1e-12 (only the order of
+    the sums differs), with a backward encoder, whose clones run the other way."""
+    model = make_model(rnn_type=rnn_type, granularity="fused", bidirectional=True, num_layers=2)
+    batch = make_batch()
+    with kernels.using(**CUDA_CELLS):
+        runs = {c: clone_grads(model, batch, policy, weight_grad_chunk=c) for c in (1, 3, 0)}
+    ref_loss, ref = runs[1]
+    for chunk in (3, 0):
+        loss, grads = runs[chunk]
+        assert loss == ref_loss, chunk  # the forward is untouched
+        assert max_rel_err(grads, ref) < 1e-12, chunk
+        assert max_rel_err(grads, ref) > 0 or chunk == 0, chunk  # the sums did reorder
+
+
+@pytest.mark.parametrize(("chunk", "windows"), [(0, 2), (4, 4), (6, 3), (7, 2)])
+def test_a_window_takes_three_ops_a_layer_for_three_a_layer_and_position(
+    chunk: int, windows: int
+) -> None:
+    """Counted on meta with the CUDA forms: each LSTM layer's backward at each of the 7
+    source and 6 target positions 3 ops lighter (its copy of the gate gradients and inputs
+    rides in the one op that copies its cell-state gradient), and 3 ops a layer for each
+    window filled (two per kind where one window holds each kind's positions), plus one
+    fill of the bias gradients' ones a step."""
+    counts = {}
+    with kernels.standing_in_for("cuda"):
+        cfg = ModelConfig(granularity="fused", num_layers=2, rnn_size=8, word_vec_size=8)
+        model = build_model(cfg, 20, 20, device="meta", dtype=torch.float32).train()
+        for c in (1, chunk):
+            spec = ExecutorSpec(cfg, 5, 5, weight_grad_chunk=c)
+            executor = CloneExecutor(model, spec, planner.plan(cfg, "all"))
+            with torch.device("meta"):
+                batch = Batch(*(torch.randint(4, 20, (4, n)) for n in (7, 6, 6)))
+            executor.forward_backward(batch)
+            counts[c] = count_ops(lambda: executor.forward_backward(batch))  # noqa: B023
+    layers = 2
+    assert counts[1] - counts[chunk] == layers * (7 + 6) * 3 - layers * windows * 3 - 1
 
 
 @pytest.mark.parametrize("rnn_type", ["lstm", "gru"])
@@ -202,7 +258,8 @@ def test_the_cuda_cells_give_the_references_float32_gradients_on_the_test_device
     reference cell, on the test device: on CUDA (scripts/gpu_check.sh) torch's fused kernels,
     on the CPU their emulation. Not bitwise (the kernel computes the activations and the
     cell update in one pass, and recomputes tanh(c') in its backward): every gradient within
-    1e-4 of the reference's largest, the loss within 1e-6."""
+    1e-4 of the reference's largest, the loss within 1e-6 - each position adding its weight
+    gradients, and a window adding all of them."""
     cfg = ModelConfig(
         granularity="fused", rnn_type=rnn_type, num_layers=2, rnn_size=16, word_vec_size=12
     )
@@ -210,15 +267,17 @@ def test_the_cuda_cells_give_the_references_float32_gradients_on_the_test_device
     model = build_model(cfg, 11, 13, device=TEST_DEVICE, dtype=torch.float32).train()
     batch = make_batch()
     results = {}
-    for form in ("reference", "cuda_fused"):
+    for form, chunk in (("reference", 1), ("cuda_fused", 1), ("cuda_fused", 0)):
         with kernels.using(**{f"{rnn_type}_cell": form}):
-            results[form] = clone_grads(model, batch, "all")
-    (ref_loss, ref), (loss, grads) = results["reference"], results["cuda_fused"]
-    assert loss == pytest.approx(ref_loss, rel=1e-6)
-    for name, g in ref.items():
-        scale = g.abs().max().item()
-        assert scale > 0, name
-        assert (grads[name] - g).abs().max().item() <= 1e-4 * scale, name
+            results[form, chunk] = clone_grads(model, batch, "all", weight_grad_chunk=chunk)
+    ref_loss, ref = results["reference", 1]
+    for chunk in (1, 0):  # each position's weight gradients, and one window of them all
+        loss, grads = results["cuda_fused", chunk]
+        assert loss == pytest.approx(ref_loss, rel=1e-6)
+        for name, g in ref.items():
+            scale = g.abs().max().item()
+            assert scale > 0, name
+            assert (grads[name] - g).abs().max().item() <= 1e-4 * scale, (name, chunk)
 
 
 @pytest.mark.parametrize("precision", ["float32", "bfloat16"])

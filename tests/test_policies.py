@@ -279,6 +279,7 @@ def test_saved_old_keys_are_upgraded(old: dict, expected: str) -> None:
         "prealloc": expected,
         "loss_chunk": 1,
         "normalization": "sents",
+        "weight_grad_chunk": 1,
     }
     assert from_dict(upgraded).train.prealloc == expected
     assert saved["train"] == {"batch_size": 3, **old}  # the checkpoint's own dict is left alone
@@ -292,9 +293,13 @@ def test_a_saved_config_keeps_the_defaults_it_was_trained_with() -> None:
     upgraded = upgrade_saved({"model": {"rnn_size": 8}, "train": {"batch_size": 3}})
     cfg = from_dict(upgraded)
     assert (cfg.model.granularity, cfg.train.loss_chunk) == ("nngraph", 1)
+    assert cfg.train.weight_grad_chunk == 1  # each position its own weight gradients
     assert from_dict({}).model.granularity == "fused" and from_dict({}).train.loss_chunk == 8
     assert cfg.train.normalization == "sents" and from_dict({}).train.normalization == "auto"
-    saved = {"model": {"granularity": "fused"}, "train": {"loss_chunk": 3, "normalization": "auto"}}
+    saved = {
+        "model": {"granularity": "fused"},
+        "train": {"loss_chunk": 3, "normalization": "auto", "weight_grad_chunk": 0},
+    }
     assert upgrade_saved(saved) == saved
 
 

@@ -162,6 +162,7 @@ def test_train_dtype_names_its_successor(tmp_path) -> None:
         "precision": "float64",
         "loss_chunk": 1,
         "normalization": "sents",
+        "weight_grad_chunk": 1,
     }
 
 

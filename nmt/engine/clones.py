@@ -43,6 +43,7 @@ from nmt.engine.records import BufferRecord, records_for
 from nmt.engine.seq2seq import decoder_graph, encoder_graph
 from nmt.engine.sharing import SharingPlan
 from nmt.engine.spec import ExecutorSpec
+from nmt.engine.weight_grads import WeightGradWindows
 from nmt.engine.weights import ComputeWeights
 from nmt.errors import NmtError
 from nmt.model import Seq2SeqAttn, build_model
@@ -139,6 +140,13 @@ class CloneExecutor:
             raise ValueError("the encoder and decoder graphs must carry the same state")
         self._states = list(state.names)
         self._top = state.names.index(state.top)  # the state that fills the context
+        # per encoder clone, the setter of the addend of its top state's input gradient
+        # where the node that writes it adds one in the same op (the next position's
+        # context gradient), else None: the loop adds it (`_encode_backward`)
+        self._top_addends = {
+            kind: [g.input_grad_addend(state.top) for g in self.clones[kind]]
+            for kind in ("enc", "enc_bwd")
+        }
         roles = (
             "context",
             "encoder_acc",
@@ -176,6 +184,9 @@ class CloneExecutor:
             table_dtype = m.src_embedding.weight.dtype
             if table_dtype != dt:
                 self.loop["table_rows"] = torch.empty(0, device=dev, dtype=table_dtype)
+        # the cells' weight gradients over `train.weight_grad_chunk` positions at once, where
+        # their step can leave them in a window (loop buffers of their own)
+        self.windows = WeightGradWindows(self.clones, spec.weight_grad_chunk, self.loop, dev, dt)
         if spec.batch_size is not None:
             self.reserve(spec.batch_size)
 
@@ -318,6 +329,7 @@ class CloneExecutor:
             weight.mul_(self.loss_scale)
         zeros = resized(lp["zeros"], (B, H)).zero_()
         context = resized(lp["context"], (B, S, H))
+        self.windows.begin_step(B, max(S, T))
 
         # the fused granularity's embedding rows of every position, gathered at once
         src_x, tgt_x = src_t, tin
@@ -360,6 +372,7 @@ class CloneExecutor:
         picked = resized(lp["target_logp"], (T, B, 1)).zero_()  # skipped rows stay 0
         emb_grads = self._row_grads("tgt_row_grads", T, B)  # None where nodes add them
         pending: dict[int, tuple[int, Tensor]] = {}  # positions an output-layer chunk ran
+        self.windows.open("dec", T)
         for t in range(T - 1, -1, -1):
             g = dec[t]
             if t not in pending:
@@ -382,6 +395,7 @@ class CloneExecutor:
             else:
                 torch._foreach_copy_([*grads, *rows], [*self._state_grads(ig), *ig_rows(ig, rows)])
                 out_grad.zero_()
+        self.windows.close("dec")
         if emb_grads is not None:
             self._add_rows(tin, emb_grads, self.weights.model.tgt_embedding.weight)
 
@@ -475,12 +489,22 @@ class CloneExecutor:
     ) -> None:
         name = "enc" if clones is self.clones["enc"] else "enc_bwd"
         top = grads[self._top]
-        for t in order:
+        order = list(order)
+        self.windows.open(name, len(order))
+        added = False  # whether `top` holds this position's context gradient already
+        for i, t in enumerate(order):
             g = clones[t]
-            top.add_(enc_acc[:, t])
+            if not added:
+                top.add_(enc_acc[:, t])
+            # the next position's context gradient, added where this clone writes its state's
+            add_next = self._top_addends[name][t]
+            added = add_next is not None and i + 1 < len(order)
+            if add_next is not None:
+                add_next(enc_acc[:, order[i + 1]] if added else None)
             ig = self._backward(g, grads, tr, name, t)
             rows = [] if emb_grads is None else [emb_grads[t]]
             torch._foreach_copy_([*grads, *rows], [*self._state_grads(ig), *ig_rows(ig, rows)])
+        self.windows.close(name)
 
     def _gather_rows(self, ids: Tensor, table: Tensor, role: str) -> Tensor:
         """The embedding rows of every position's tokens (ids P x B -> P x B x E) into the
@@ -533,7 +557,9 @@ class CloneExecutor:
         if self.recomputes[kind][t]:  # the clone's forward again, same inputs, same masks
             with replayed_masks(self.device, self._rng[kind][t]):
                 _forward(g, tr, kind, t, "bwd")
-        return _backward(g, grads, tr, kind, t)
+        input_grads = _backward(g, grads, tr, kind, t)
+        self.windows.after_clone(kind)
+        return input_grads
 
     # ---- inventory -----------------------------------------------------------------------
 

@@ -256,6 +256,18 @@ class Graph:
         node.accumulate_into(pos, into)
         return True
 
+    def input_grad_addend(self, name: str) -> Callable[[Tensor | None], None] | None:
+        """Where the one node that reads input `name` can write its gradient with an addend
+        added (`Node.ADDENDS_TO_GRAD_INPUTS`): the setter of the next backward's addend
+        (then `input_grads[name]` includes it). None where it cannot: the caller adds it."""
+        users = self._input_users[name]
+        if len(users) != 1 or users[0][0] is None:  # several readers, or a graph output
+            return None
+        node, pos = users[0]
+        if pos not in node.ADDENDS_TO_GRAD_INPUTS:
+            return None
+        return lambda addend: node.set_addend(pos, addend)
+
     # ---- running -------------------------------------------------------------------------
 
     def set_inputs(self, values: list[Tensor]) -> None:

@@ -2,8 +2,8 @@
 
 Everything a `CloneExecutor`'s clones and buffers depend on besides the model's parameters:
 the model's structure, the maximum lengths (the number of clones), the preallocation policy,
-the batch its buffers are reserved for, label smoothing, `train.loss_chunk` and the
-precision. Training,
+the batch its buffers are reserved for, label smoothing, `train.loss_chunk`,
+`train.weight_grad_chunk` and the precision. Training,
 the planner's probe, the accounting and `nmt memreport` (whose `Setting` holds one) all
 build executors from a spec, so a new key that changes the executor or its memory is one
 field here and one line in `from_config`.
@@ -34,6 +34,7 @@ class ExecutorSpec:
     batch_size: int | None = None
     label_smoothing: float = 0.0
     loss_chunk: int = 1  # train.loss_chunk as configured (0: all positions)
+    weight_grad_chunk: int = 1  # train.weight_grad_chunk (1: each position its own)
     # train.precision: the clones compute in its compute dtype (None: the model's dtype
     # throughout, float32 or float64 - what tests of hand-made models take)
     precision: str | None = None
@@ -57,6 +58,7 @@ class ExecutorSpec:
             batch_size=micro_batch_size(batch_rows(cfg), world_size, t.accum_steps),
             label_smoothing=t.label_smoothing,
             loss_chunk=t.loss_chunk,
+            weight_grad_chunk=t.weight_grad_chunk,
             precision=t.precision,
             recompute_encoder=t.recompute_encoder,
             recompute_decoder=t.recompute_decoder,

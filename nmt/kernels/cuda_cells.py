@@ -238,6 +238,8 @@ class FusedLSTMStep:
         forward_scratch=("gate_sums",),
         backward_scratch=("ones",),
         reads_output=True,  # c': the kernel recomputes tanh(c') from it
+        window_parts=("gates", "x", "h"),
+        adds_to=(1,),  # h's gradient: the product adds it
     )
     READS_KERNEL_GATES = True
 
@@ -272,13 +274,27 @@ class FusedLSTMStep:
         gg, grad_c, _ = self.kernels.backward(
             g_h, g_c, c, bufs.saved("c"), bufs.saved("gates"), False
         )
-        bufs("grad_c", (B, H)).copy_(grad_c)
-        w_ih, w_hh = layer.i2h.weight, layer.h2h.weight
-        torch.mm(gg, w_ih, out=bufs("grad_x", tuple(x.shape)))
-        torch.mm(gg, w_hh, out=bufs("grad_h", (B, H)))
-        w_ih.grad.addmm_(gg.t(), x)
-        w_hh.grad.addmm_(gg.t(), h)
-        add_row_sums(layer.i2h.bias.grad, gg, bufs.constant("ones", (B,), 1.0))
+        slot = bufs.window_slot((tuple(gg.shape), tuple(x.shape), tuple(h.shape)))
+        if slot is None:
+            bufs("grad_c", (B, H)).copy_(grad_c)
+        else:  # the weights' gradients left for the window's flush, in the same one op
+            torch._foreach_copy_([bufs("grad_c", (B, H)), *slot], [grad_c, gg, x, h])
+        torch.mm(gg, layer.i2h.weight, out=bufs("grad_x", tuple(x.shape)))
+        grad_h, addend = bufs("grad_h", (B, H)), bufs.addend("grad_h")
+        if addend is None:
+            torch.mm(gg, layer.h2h.weight, out=grad_h)
+        else:  # the state's other gradient (the encoder's top: its context gradient)
+            torch.addmm(addend, gg, layer.h2h.weight, out=grad_h)
+        if slot is None:
+            self.add_weight_grads(gg, x, h, bufs.constant("ones", (B,), 1.0))
+
+    def add_weight_grads(self, gates: Tensor, x: Tensor, h: Tensor, ones: Tensor) -> None:
+        """The weights' gradients of the rows of `gates` (d loss / d gate sums), `x` and `h`
+        (the inputs they came from): one position's, or a window's (`window_parts`)."""
+        layer = self.layer
+        layer.i2h.weight.grad.addmm_(gates.t(), x)
+        layer.h2h.weight.grad.addmm_(gates.t(), h)
+        add_row_sums(layer.i2h.bias.grad, gates, ones)
 
 
 class FusedGRUStep:
@@ -293,6 +309,7 @@ class FusedGRUStep:
         saved=("workspace",),  # r, z, n, h and gh[n]: B x 5H
         forward_scratch=("gates", "hidden"),
         backward_scratch=("grad_gates", "grad_hidden", "ones"),
+        window_parts=("gates", "hidden", "x", "h"),
     )
 
     def __init__(self, layer: Any, kernels: CellKernels, device: torch.device):
@@ -317,15 +334,28 @@ class FusedGRUStep:
         B, H = h.shape
         layer = self.layer
         got = self.kernels.backward(g_h, bufs.saved("workspace"), False)
-        gg, gh = bufs("grad_gates", (B, 3 * H)), bufs("grad_hidden", (B, 3 * H))
         grad_h = bufs("grad_h", (B, H))
-        torch._foreach_copy_([gg, gh, grad_h], list(got[:3]))
-        w_ih, w_hh = layer.i2h.weight, layer.h2h.weight
-        torch.mm(gg, w_ih, out=bufs("grad_x", tuple(x.shape)))
-        grad_h.addmm_(gh, w_hh)
-        w_ih.grad.addmm_(gg.t(), x)
-        w_hh.grad.addmm_(gh.t(), h)
-        add_row_sums(layer.i2h.bias.grad, gg, bufs.constant("ones", (B,), 1.0))
+        slot = bufs.window_slot(((B, 3 * H), (B, 3 * H), tuple(x.shape), (B, H)))
+        if slot is None:
+            gg, gh = bufs("grad_gates", (B, 3 * H)), bufs("grad_hidden", (B, 3 * H))
+            torch._foreach_copy_([gg, gh, grad_h], list(got[:3]))
+        else:  # the gate gradients go to the window, with the inputs, in the same one op
+            gg, gh = slot[0], slot[1]
+            torch._foreach_copy_([*slot, grad_h], [got[0], got[1], x, h, got[2]])
+        torch.mm(gg, layer.i2h.weight, out=bufs("grad_x", tuple(x.shape)))
+        grad_h.addmm_(gh, layer.h2h.weight)
+        if slot is None:
+            self.add_weight_grads(gg, gh, x, h, bufs.constant("ones", (B,), 1.0))
+
+    def add_weight_grads(
+        self, gates: Tensor, hidden: Tensor, x: Tensor, h: Tensor, ones: Tensor
+    ) -> None:
+        """The weights' gradients of the rows of `gates` and `hidden` (d loss / d the input
+        and recurrent products), `x` and `h`: one position's, or a window's."""
+        layer = self.layer
+        layer.i2h.weight.grad.addmm_(gates.t(), x)
+        layer.h2h.weight.grad.addmm_(hidden.t(), h)
+        add_row_sums(layer.i2h.bias.grad, gates, ones)
 
 
 @dataclass(frozen=True)
@@ -358,7 +388,7 @@ LSTM_CELL.register(
         "meta": CellForm(FusedLSTMStep, META_LSTM),
         "cpu": CellForm(FusedLSTMStep, EMULATED_LSTM),
     },
-    note="CUDA: torch's fused LSTM cell kernel each way, the gate columns permuted around it",
+    note="CUDA: torch's fused LSTM cell kernel each way, on weights in its gate order",
 )
 GRU_CELL.register(
     "cuda_fused",

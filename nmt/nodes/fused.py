@@ -111,8 +111,11 @@ class FusedLayer(_Fused):
         self.BWD_SCRATCH_ROLES = facts.backward_scratch
         self.ATTENTION_PRODUCTS = facts.attention_products
         self.ACCUMULATES_GRAD_INPUTS = facts.accumulates
+        self.ADDENDS_TO_GRAD_INPUTS = facts.adds_to
         self.n_outputs = None if single else len(outs)
         self._into: dict[str, Tensor] = {}  # input gradients added into accumulators
+        self._window: Any = None  # the executor's weight-gradient window (`defer_weight_grads`)
+        self._addends: dict[str, Tensor] = {}  # input gradient -> its next backward's addend
         super().__init__(name, device, dtype)
 
     def _bind(self) -> None:
@@ -130,6 +133,23 @@ class FusedLayer(_Fused):
         setattr(self, name, into)
         self._bind()
 
+    def set_addend(self, index: int, addend: Tensor | None) -> None:
+        if index not in self.ADDENDS_TO_GRAD_INPUTS:
+            raise ValueError(f"{self} cannot add an addend to input {index}'s gradient")
+        name = self.facts.grad_inputs[index]
+        if addend is None:
+            self._addends.pop(name, None)
+        else:
+            self._addends[name] = addend
+
+    def defer_weight_grads(self, window: Any) -> None:
+        """The backward leaves its `window_parts` in `window` (the executor's: its `slot`
+        gives this position's tensors, its flush adds the weights' gradients of many
+        positions at once through the layer's `add_weight_grads`)."""
+        if not self.facts.window_parts:
+            raise ValueError(f"{self} has no weight gradients to leave in a window")
+        self._window = window
+
     def buffers(self) -> Iterator[tuple[str, Tensor]]:
         """(role, owned base tensor) pairs: not the accumulators it was handed."""
         for role, attr in self.ROLES.items():
@@ -137,8 +157,8 @@ class FusedLayer(_Fused):
                 yield role, getattr(self, attr)
 
     def backward_reads(self, input: Any) -> list[Tensor]:
-        """The declared reads, and the accumulators it adds into."""
-        return [*super().backward_reads(input), *self._into.values()]
+        """The declared reads, the accumulators it adds into and the addends it adds."""
+        return [*super().backward_reads(input), *self._into.values(), *self._addends.values()]
 
     def forward(self, inputs: tuple[Tensor, ...]) -> Any:
         self.layer.fused_forward(inputs, self._buf)
@@ -161,6 +181,12 @@ class FusedLayer(_Fused):
 
     def constant(self, name: str, shape: tuple[int, ...], value: float) -> Tensor:
         return self._constant(name, shape, value)
+
+    def addend(self, name: str) -> Tensor | None:
+        return self._addends.get(name)
+
+    def window_slot(self, shapes: tuple[tuple[int, ...], ...]) -> list[Tensor] | None:
+        return None if self._window is None else self._window.slot(shapes)
 
 
 class Dropout(_Fused):

@@ -75,6 +75,8 @@ class Node:
     ADDS_TO_GRAD_INPUT: ClassVar[bool] = False
     # inputs whose gradient its backward can add into an accumulator (`accumulate_into`)
     ACCUMULATES_GRAD_INPUTS: ClassVar[tuple[int, ...]] = ()
+    # inputs whose gradient its backward can write with an addend added (`set_addend`)
+    ADDENDS_TO_GRAD_INPUTS: ClassVar[tuple[int, ...]] = ()
     n_outputs: int | None = None  # None: `output` is one tensor; n: a tuple of n tensors
 
     def __init__(self, name: str, device: torch.device, dtype: torch.dtype):
@@ -108,6 +110,11 @@ class Node:
         """From now on, add input `index`'s gradient into `into` (one of
         `ACCUMULATES_GRAD_INPUTS`), which is then that gradient as consumers see it."""
         raise NotImplementedError(f"{self} accumulates no input's gradient")
+
+    def set_addend(self, index: int, addend: Tensor | None) -> None:
+        """At the next backward, write input `index`'s gradient (one of
+        `ADDENDS_TO_GRAD_INPUTS`) with `addend` added (None: as it is)."""
+        raise NotImplementedError(f"{self} adds nothing to an input's gradient")
 
     # ---- computation --------------------------------------------------------------------
 
