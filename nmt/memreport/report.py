@@ -250,21 +250,8 @@ def build_report(
                 )
         finally:
             torch.set_num_threads(threads)
-    if budget is not None:
-        report.budget = budget
-        for p in rows:
-            report.largest[p] = _timed(
-                log,
-                f"budget search {p}",
-                lambda p=p: search_budget(setting, p, opt, budget, memory[p].peak_bytes),
-            )
-    if lengths:
-        for p in rows:
-            report.lengths[p] = _timed(
-                log, f"length curve {p}", lambda p=p: length_curve(setting, p, opt, memory[p])
-            )
-    more = budget is not None or lengths  # --budget, --plot: with micro-batches too
-    _timed(log, "the frontier", lambda: add_frontier(report, cfg, opt, budget, more))
+    with kernels.standing_in_for(forms):  # every accounting below on the same forms
+        _add_searches(report, rows, memory, cfg, opt, budget, lengths, log)
     return report
 
 
@@ -280,6 +267,35 @@ def device_room(requested: str) -> Budget | None:
         return None
     what = "free" if device.type == "cuda" else "available to a process"
     return dataclasses.replace(room, how=f"{size(room.bytes)} {what} on {device} now")
+
+
+def _add_searches(
+    report: Report,
+    rows: tuple[str, ...],
+    memory: dict[str, PolicyMemory],
+    cfg: Config,
+    opt: int,
+    budget: int | None,
+    lengths: bool,
+    log: Log,
+) -> None:
+    """The budget search, the length curves and the frontier of `report`."""
+    setting = report.setting
+    if budget is not None:
+        report.budget = budget
+        for p in rows:
+            report.largest[p] = _timed(
+                log,
+                f"budget search {p}",
+                lambda p=p: search_budget(setting, p, opt, budget, memory[p].peak_bytes),
+            )
+    if lengths:
+        for p in rows:
+            report.lengths[p] = _timed(
+                log, f"length curve {p}", lambda p=p: length_curve(setting, p, opt, memory[p])
+            )
+    more = budget is not None or lengths  # --budget, --plot: with micro-batches too
+    _timed(log, "the frontier", lambda: add_frontier(report, cfg, opt, budget, more))
 
 
 FRONTIER_ACCUM = (2, 4, 8)  # the numbers of micro-batches the frontier shows (up to the most)
