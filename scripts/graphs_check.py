@@ -11,13 +11,16 @@ the loss scale and the step's counts must be bitwise equal.
 
     python scripts/graphs_check.py --device cuda                  # real CUDA graphs
     python scripts/graphs_check.py --device cpu                   # the CPU rehearsal
+    python scripts/graphs_check.py --device cpu --kernels-of cuda # ... of CUDA's cell forms
 
 On the CPU a graph is emulated (`emulated_cuda_graphs`): capturing records the aten ops
 the step dispatches with their arguments (and, as a real capture, leaves every buffer as it
 was), and a replay runs those ops again on the same tensors, writing each result where the
 recorded one lives. A step that bakes a host value into a kernel argument, reads a tensor
 that is not fixed or moves a buffer fails this as it would fail on a GPU; the rehearsal runs
-nothing on CUDA.
+nothing on CUDA. `--kernels-of cuda` runs it with the forms CUDA runs (`nmt.kernels`: the
+fused cells' emulation, their weights in the kernel's gate order, the weight-gradient
+windows).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from nmt import kernels  # noqa: E402
 from nmt.config import load_config  # noqa: E402
 from nmt.cuda_graphs import GraphCache  # noqa: E402
 from nmt.data.batching import Batch  # noqa: E402
@@ -242,12 +246,14 @@ def main() -> int:
     ap.add_argument("--precisions", default="float32,bfloat16")
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--set", action="append", default=[], help="a config override")
+    ap.add_argument("--kernels-of", default=None, help="the device whose kernel forms run")
     args = ap.parse_args()
     if args.device == "cpu":
         print("cpu: graphs emulated by recorded aten ops (nothing runs on CUDA)")
     failed = False
     for precision in args.precisions.split(","):
-        result = check(args.device, precision, args.steps, args.set)
+        with kernels.standing_in_for(args.kernels_of or args.device):
+            result = check(args.device, precision, args.steps, args.set)
         c = result.counts
         ok = not result.differ and c is not None and c.replays > 0
         failed |= not ok

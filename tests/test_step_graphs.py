@@ -18,6 +18,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from nmt import kernels
 from nmt.config import load_config
 from nmt.cuda_graphs import GraphCache
 from nmt.data.batching import Batch, bucketed
@@ -346,6 +347,16 @@ def test_graphs_refuse_what_they_cannot_serve(tmp_path):
 def test_the_check_script_finds_graphed_steps_bitwise_equal_to_eager_ones():
     result = graphs_check().check("cpu", "float32", 12, [])
     assert result.differ == [] and result.steps == 11  # one step skipped on the device
+    assert result.counts.captured == 3 and result.counts.replays == 9
+
+
+def test_the_check_script_finds_cuda_forms_graphed_steps_bitwise_equal_to_eager_ones():
+    """The same rehearsal with the forms CUDA runs: the fused cells' emulation on weights
+    swapped into the kernel's gate order, their weight gradients left in windows that
+    flush over many positions, the encoder's context gradient added by its cell."""
+    with kernels.standing_in_for("cuda"):
+        result = graphs_check().check("cpu", "float32", 12, [])
+    assert result.differ == [] and result.steps == 11
     assert result.counts.captured == 3 and result.counts.replays == 9
 
 
