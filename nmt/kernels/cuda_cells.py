@@ -14,7 +14,12 @@ torch ships the pointwise part of a cell step as one CUDA kernel each way:
 
 CUDA and (but for the GRU's, registered below) Meta kernels, no CPU kernel. With the
 products around them an LSTM cell step is 11 ops (4 forward, 7 backward) where the
-reference cell takes 23, a GRU step 11 where it takes 21.
+reference cell takes 23, a GRU step 11 where it takes 21; 8 where the executor gives the
+step a window for its weight gradients (`FusedBuffers.window_slot`,
+`nmt.engine.weight_grads`): the backward's one copy takes its gate gradients and inputs
+there too, and `add_weight_grads` adds the window's positions at once. The LSTM's product
+that writes h's gradient adds what the executor hands it (`FusedBuffers.addend`: the
+encoder's context gradient) in the same op.
 
 `nmt`'s LSTM keeps its gates in the order i f o g (seq2seq-attn's), the kernel reads and
 writes i f g o. The step computes with weights whose gate rows are in the kernel's order
