@@ -1,9 +1,10 @@
-"""How far the search's step is from CUDA-graph capture, proven on the CPU with the trace of
-tests/test_step_graphs.py: a step of one search position dispatches the same aten ops on the
-same buffers whatever the sentences' words, reading nothing from outside its buffers and
-nothing back; a step's position is baked into its ops (an offset into the history and the
-attention buffers), so two positions record different traces. No capture of the decoding
-step is built (docs/cuda.md says what it would take); none of this runs on CUDA."""
+"""The search's step and CUDA-graph capture, proven on the CPU with the trace of
+tests/test_step_graphs.py and the graphs emulated by scripts/graphs_check.py: a step of one
+search position dispatches the same aten ops on the same buffers whatever the sentences'
+words, reading nothing from outside its buffers and nothing back; an eager step's position
+is baked into its ops, while a search that replays its steps as graphs reads it from the
+device, so that one graph serves every position; replayed, its steps find what eager ones
+find, bit for bit. None of this runs on CUDA here."""
 
 from __future__ import annotations
 
@@ -13,12 +14,13 @@ import re
 import pytest
 import torch
 
+from nmt.cuda_graphs import GraphCache
 from nmt.opcount import count_syncs
 from nmt.translate.ensemble import Ensemble
 from nmt.translate.search import Search, _never, _tensors
-from nmt.translate.translator import SearchOptions, pad_sources
+from nmt.translate.translator import SearchOptions, pad_sources, step_graphs, translate_ids
 from tests.test_search import random_model, random_sources
-from tests.test_step_graphs import Trace
+from tests.test_step_graphs import Trace, graphs_check
 
 LENGTHS = [3 + i % 7 for i in range(8)]
 GENERATOR = re.compile(r"<torch._C.Generator object at 0x[0-9a-f]+>")
@@ -83,7 +85,7 @@ def search_buffers(search: Search) -> list[torch.Tensor]:
         _never(search.scores.device, False),
     ]
     weights = [*search.model.parameters(), *search.model.buffers()]  # an ensemble's members'
-    return [t for t in own + weights if t is not None]
+    return [t for t in own + weights if isinstance(t, torch.Tensor)]
 
 
 def traced_step(model, seed: int, options: SearchOptions, position: int) -> PlaceTrace:
@@ -128,10 +130,9 @@ def test_an_ensemble_step_dispatches_the_same_ops_whatever_the_words():
 
 
 def test_the_trace_tells_two_positions_apart():
-    """The position is a host value baked into the step (where it writes the history and
-    the attention, and how much history n-gram blocking reads): steps at positions 2 and 3
-    of one search record different ops. This is what stands between the step and one graph
-    replayed at every position (docs/cuda.md)."""
+    """An eager step's position is a host value baked into it (where it writes the history
+    and the attention, and how much history n-gram blocking reads): steps at positions 2
+    and 3 of one search record different ops."""
     options = SearchOptions(beam_size=5, max_length=12, min_length=6)
     model = random_model()
     with torch.inference_mode():
@@ -140,3 +141,132 @@ def test_the_trace_tells_two_positions_apart():
     names = [[op for op, _, _ in trace.ops] for trace in (at_2, at_3)]
     assert names[0] == names[1]  # the same ops ...
     assert at_2.canonical_ops() != at_3.canonical_ops()  # ... on other offsets and widths
+
+
+def graphed_buffers(search: Search) -> list[torch.Tensor]:
+    """`search_buffers` and what a search whose steps replay as graphs adds: the position
+    and the length penalty's table on the device, the next tokens' buffer, the stacked
+    decoder state."""
+    more = [search.t_dev, search.y_col, search.lp_table, search.stacked]
+    return search_buffers(search) + [t for t in more if t is not None]
+
+
+def hypotheses(found: list) -> list:
+    return [[(h.tokens, h.score, h.attention.tolist(), h.finished) for h in hs] for hs in found]
+
+
+GRAPHED = {
+    "beam": {"beam_size": 5},
+    "greedy": {"beam_size": 1},
+    "length-penalty": {"beam_size": 5, "length_penalty": 1.0},
+    "n-best": {"beam_size": 4, "n_best": 3},
+    "ratio-limits": {"beam_size": 3, "max_length_ratio": 1.5},
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("which", list(GRAPHED))
+def test_steps_replayed_as_graphs_find_what_eager_steps_find(which: str, dtype) -> None:
+    """A search whose steps replay as CUDA graphs (emulated on the CPU by
+    scripts/graphs_check.py: a capture records the step's aten ops, a replay runs them
+    again on the same tensors, and a step that read a host value or a buffer that moved
+    would go wrong) finds the same hypotheses, scores and attention, bit for bit, as the
+    eager search - its rows kept for the whole batch, done sentences masked and collected
+    at the looks instead of cut. Each key's first step runs eagerly, its second is captured;
+    the rest replay."""
+    options = SearchOptions(max_length=12, min_length=6, **GRAPHED[which])
+    model = random_model(dtype=dtype)
+    src, mask = pad_sources(random_sources(LENGTHS, seed=2), "cpu")
+    lines: list[str] = []
+    with torch.inference_mode():
+        eager = Search(model, src, mask, options).run()
+        cache = GraphCache(torch.device("cpu"), 8, lines.append)
+        search = Search(model, src, mask, options, graphs=cache)
+        with graphs_check().emulated_cuda_graphs(lambda: graphed_buffers(search)) as made:
+            graphed = search.run()
+    assert hypotheses(graphed) == hypotheses(eager)
+    assert lines == [] and made and cache.counts.replays > cache.counts.captured > 0
+    assert cache.counts.replays + cache.counts.warmups + 2 >= search.steps - 1
+
+
+@pytest.mark.parametrize("which", ["ngram-blocking", "sampling"])
+def test_a_search_that_cannot_replay_its_steps_runs_them_eagerly(which: str) -> None:
+    """n-gram blocking (a history as long as the position) and sampling (its generator)
+    keep every step eager: the cache is never asked."""
+    options = SearchOptions(max_length=12, min_length=6, **OPTIONS[which])
+    cache = GraphCache(torch.device("cpu"), 8, lambda line: None)
+    src, mask = pad_sources(random_sources(LENGTHS, seed=2), "cpu")
+    with torch.inference_mode():
+        search = Search(random_model(), src, mask, options, graphs=cache)
+        search.run()
+    assert search.graphs is None and search.t_dev is None
+    assert cache.counts == type(cache.counts)()
+
+
+def test_a_graphed_search_records_one_step_for_every_position():
+    """Where the steps replay as graphs the position is a device scalar the step reads:
+    steps at positions 2 and 3 (both holding </s> back, neither at a sentence's limit: one
+    key) record the same ops on the same buffers, reading nothing else - one graph serves
+    both."""
+    options = SearchOptions(beam_size=5, max_length=12, min_length=6, length_penalty=1.0)
+    model = random_model()
+    traces = []
+    with torch.inference_mode():
+        for position in (2, 3):
+            src, mask = pad_sources(random_sources(LENGTHS, seed=2), "cpu")
+            cache = GraphCache(torch.device("cpu"), 8, lambda line: None)
+            search = Search(model, src, mask, options, graphs=cache)
+            for t in range(position):
+                search._graph_key(t)  # sets the position on the device
+                search.step(t)
+            key = search._graph_key(position)
+            trace = PlaceTrace(graphed_buffers(search))
+            with trace:
+                search.step(position)
+            traces.append((key, trace))
+    (key_2, at_2), (key_3, at_3) = traces
+    assert key_2 == key_3 is not None
+    assert at_2.ops and at_2.canonical_ops() == at_3.canonical_ops()
+    assert at_2.outside == [] and at_3.outside == []
+
+
+def test_which_searches_replay_their_steps_and_the_line_when_none_can():
+    """`--cuda-graphs`: off, or auto off CUDA, asks for nothing and says nothing; on without
+    CUDA, or with an option whose steps cannot replay, runs eager with one line."""
+    cpu, plain = torch.device("cpu"), SearchOptions(beam_size=5)
+    lines: list[str] = []
+    assert step_graphs("off", cpu, plain, lines.append) is None
+    assert step_graphs("auto", cpu, plain, lines.append) is None and lines == []
+    assert step_graphs("on", cpu, plain, lines.append) is None
+    assert lines == ["--cuda-graphs on: every search step runs eager: no CUDA device (cpu)"]
+    blocked = SearchOptions(beam_size=5, block_ngram_repeat=2)
+    assert step_graphs("on", cpu, blocked, lines.append) is None
+    assert "--block-ngram-repeat" in lines[1] and len(lines) == 2
+
+
+def test_translate_ids_with_step_graphs_translates_as_without(monkeypatch):
+    """Batches of several source lengths, each with a graph cache of its own (a batch's
+    buffers are its own): the same n-best lists as eager batches."""
+    model = random_model(dtype=torch.float32)
+    sources = random_sources([3 + i % 9 for i in range(20)], seed=4)
+    options = SearchOptions(beam_size=4, n_best=2, max_length=10)
+    caches: list[GraphCache] = []
+    lines: list[str] = []
+
+    def graphs() -> GraphCache:
+        caches.append(GraphCache(torch.device("cpu"), 4, lines.append))
+        return caches[-1]
+
+    eager = translate_ids(model, sources, options, batch_size=8)
+    searches: list[Search] = []  # whose buffers the emulation restores after a capture
+    real = Search.__init__
+
+    def remember(self, *args, **kwargs) -> None:
+        real(self, *args, **kwargs)
+        searches.append(self)
+
+    monkeypatch.setattr(Search, "__init__", remember)
+    with graphs_check().emulated_cuda_graphs(lambda: graphed_buffers(searches[-1])):
+        graphed = translate_ids(model, sources, options, batch_size=8, graphs=graphs)
+    assert hypotheses(graphed) == hypotheses(eager)
+    assert len(caches) == 3 and all(c.counts.replays > 0 for c in caches) and lines == []

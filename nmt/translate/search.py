@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from nmt.cuda_graphs import GraphCache
 from nmt.data.vocab import BOS, EOS, PAD
 from nmt.translate.options import SearchOptions
 from nmt.translate.ranking import row_topk
@@ -137,30 +138,39 @@ class Finished:
     scores: Tensor  # n x N  (-inf: an empty slot); float64 when divided by a length penalty
     paths: Tensor  # n x N x 2 x T  tokens, attention beams
     count: Tensor  # n  hypotheses added (for the length penalty's stop rule)
+    in_place: bool = False  # each addition written into these tensors (a graph reads them)
 
     @classmethod
-    def empty(cls, n: int, n_best: int, T: int, like: Tensor, dtype: torch.dtype) -> Finished:
+    def empty(
+        cls, n: int, n_best: int, T: int, like: Tensor, dtype: torch.dtype, in_place: bool
+    ) -> Finished:
         return cls(
             scores=torch.full((n, n_best), NEG_INF, dtype=dtype, device=like.device),
             paths=like.new_zeros(n, n_best, 2, T),
             count=like.new_zeros(n),
+            in_place=in_place,
         )
 
     def add(self, scores: Tensor, paths: Tensor, counted: bool) -> None:
         """Offer n x M hypotheses (score -inf: none); `counted`: keep `count`."""
         N = self.scores.size(1)
         top, order = torch.cat([self.scores, scores], 1).sort(dim=1, descending=True, stable=True)
-        self.scores, order = top[:, :N], order[:, :N]
-        self.paths = torch.cat([self.paths, paths], 1).gather(
-            1, order[:, :, None, None].expand(-1, -1, *self.paths.shape[2:])
-        )
+        order = order[:, :N, None, None].expand(-1, -1, *self.paths.shape[2:])
+        offered = torch.cat([self.paths, paths], 1)
+        if self.in_place:
+            torch.gather(offered, 1, order, out=self.paths)
+        else:
+            self.paths = offered.gather(1, order)
+        if self.in_place and top.dtype == self.scores.dtype:
+            self.scores.copy_(top[:, :N])
+        else:  # (in place: the first addition, in the scores' dtype from then on)
+            self.scores = top[:, :N]
         if counted:
             self.count += torch.isfinite(scores).sum(1)
 
     def select(self, sentences: Tensor) -> Finished:
-        return Finished(
-            *(getattr(self, f.name).index_select(0, sentences) for f in dataclasses.fields(self))
-        )
+        tensors = [getattr(self, f.name) for f in dataclasses.fields(self)][:3]
+        return Finished(*(t.index_select(0, sentences) for t in tensors))
 
 
 def hypothesis_length(tokens: list[int]) -> tuple[int, bool]:
@@ -195,6 +205,7 @@ class Search:
         src_mask: Tensor | None,
         options: SearchOptions,
         lengths: list[int] | None = None,
+        graphs: GraphCache | None = None,
     ):
         options.check()
         self.model, self.options = model, options
@@ -229,9 +240,29 @@ class Search:
         # with one, each step (what it finds after may rank higher once divided).
         self.done_every_step = alpha > 0
         dtype = torch.float64 if alpha > 0 else SCORES  # divided as the host divided
-        self.finished = Finished.empty(B, options.n_best, self.steps, src, dtype)
         self.generator = _generator(options, device)
         self.done: list[list[Hypothesis]] = [[] for _ in range(B)]
+        # steps replayed as CUDA graphs (`graphs`, where the options allow: `graph_refusal`):
+        # the step's position is then a device scalar it reads (`t_dev`), the length
+        # penalty's divisors a table on the device, the next tokens a fixed buffer, and the
+        # rows stay where they are for the whole batch (a done sentence is masked and
+        # collected at a look, not cut), so that every step reads the same buffers
+        self.graphs = graphs if graphs is not None and graph_refusal(options) is None else None
+        self.t_dev: Tensor | None = None
+        if self.graphs is not None:
+            self.t_dev = torch.zeros(1, dtype=torch.long, device=device)
+            self.y_col = src.new_full((B * self.K, 1), BOS)
+            # the length penalty's divisors of each position; on CUDA their reciprocals, as
+            # CUDA divides by a host scalar (a product with its reciprocal): the same bits
+            self.lp_product = device.type == "cuda"
+            factors = [length_penalty_factor(t + 1, alpha) for t in range(self.steps)]
+            factors = [1.0 / f for f in factors] if self.lp_product else factors
+            self.lp_table = torch.tensor(factors, dtype=torch.float64, device=device)
+            self.collected = [False] * B
+            self._cand_dtype: torch.dtype | None = None
+        self.finished = Finished.empty(
+            B, options.n_best, self.steps, src, dtype, in_place=self.graphs is not None
+        )
 
     # ---- the step: device only ---------------------------------------------------------
 
@@ -241,8 +272,12 @@ class Search:
         o, K = self.options, self.K
         n, k = self.scores.shape
         static = k == K  # K rows a sentence (after the first step): the buffers' shapes
+        at = self.t_dev  # the position on the device, where steps replay as graphs
         out, state, attn = self.model.decode_step(self.y, self.state, self.context, self.src_mask)
-        self.attention_history[:, :k, t] = attn.view(n, k, -1)
+        if at is None:
+            self.attention_history[:, :k, t] = attn.view(n, k, -1)
+        else:
+            self.attention_history[:, :k].index_copy_(2, at, attn.view(n, k, 1, -1))
         logp = next_log_probs(self.model, out, forbid_eos=t < o.min_length)
         if o.block_ngram_repeat > 0:
             block_repeats(logp, self.paths[:, 0, :t], o.block_ngram_repeat)
@@ -253,8 +288,11 @@ class Search:
         cand_rows = cand_beams + (self.offsets if static else self.offsets // K)
         # each candidate's history: its parent's, with its token and its parent's beam
         ext = self.paths.index_select(0, cand_rows.reshape(-1)).view(n, -1, 2, self.steps)
-        ext[:, :, 0, t] = cand_tokens
-        ext[:, :, 1, t] = cand_beams
+        if at is None:
+            ext[:, :, 0, t] = cand_tokens
+            ext[:, :, 1, t] = cand_beams
+        else:
+            ext.index_copy_(3, at, torch.stack([cand_tokens, cand_beams], 2).unsqueeze(3))
         # ended: </s> among the top K candidates of its sentence (its history without </s>;
         # a candidate at -inf stays -inf)
         is_eos = cand_tokens == EOS
@@ -270,7 +308,7 @@ class Search:
         rows = cand_rows.gather(1, order).reshape(-1)
         off = self._done(live_scores[:, 0]) if self.done_every_step else None
         if t + 1 in self.limit_steps:  # sentences at their limit: the live ones count as they are
-            cut = self.limit == t + 1
+            cut = self.limit == (t + 1 if at is None else at + 1)
             cut = cut if off is None else cut & ~off
             at_limit = torch.where(cut[:, None], self._divided(live_scores, t), NEG_INF)
             self.finished.add(at_limit, self.paths.view(n, K, 2, -1), False)
@@ -278,7 +316,12 @@ class Search:
         self.scores = (
             live_scores if off is None else live_scores.masked_fill_(off[:, None], NEG_INF)
         )
-        self.y = self.paths[:, 0, t]
+        if at is None:
+            self.y = self.paths[:, 0, t]
+        else:  # the next tokens into their buffer (a graph's next replay reads them there)
+            y = self.y_col[: n * K]
+            self.y = torch.index_select(self.paths[:, 0], 1, at, out=y).view(-1)
+            self._cand_dtype = cand_scores.dtype
         self.state, self.stacked = reorder_state(
             state, rows, self.state if static else None, self.stacked if static else None
         )
@@ -292,6 +335,9 @@ class Search:
         float64, as the host divides; untouched without one)."""
         if self.enough is None:
             return scores
+        if self.t_dev is not None:  # the same float64 arithmetic, from the device's table
+            factor = self.lp_table.index_select(0, self.t_dev)
+            return scores.double() * factor if self.lp_product else scores.double() / factor
         return scores.double() / length_penalty_factor(t + 1, self.options.length_penalty)
 
     def _done(self, best_live: Tensor) -> Tensor:
@@ -310,7 +356,7 @@ class Search:
         """Per sentence whether it is still searching, and the sentences in the order
         searching first (stable), on the device."""
         if not self.done_every_step:
-            self.scores = self.scores.masked_fill(self._done(self.scores[:, 0])[:, None], NEG_INF)
+            self.scores.masked_fill_(self._done(self.scores[:, 0])[:, None], NEG_INF)
         searching = torch.isfinite(self.scores[:, 0])
         return searching, (~searching).argsort(stable=True)  # False first
 
@@ -319,6 +365,8 @@ class Search:
         and cut them from the batch. False: every sentence is done."""
         searching, order = self.searching()
         flags = searching.tolist()
+        if self.graphs is not None:  # the rows stay where a graph reads them: masked, not cut
+            return self._collect_masked(flags, t)
         n_on = sum(flags)
         if n_on == len(flags):
             return True
@@ -341,6 +389,18 @@ class Search:
         if self.src_mask is not None:
             self.src_mask = self.src_mask.index_select(0, rows)
         return True
+
+    def _collect_masked(self, flags: list[bool], t: int) -> bool:
+        """`check` where the rows stay: collect the sentences done since the last look (a
+        done sentence's scores are -inf, so nothing it decodes after enters its lists).
+        False: every sentence is done."""
+        newly = [i for i, on in enumerate(flags) if not on and not self.collected[i]]
+        if newly:
+            index = torch.tensor(newly, device=self.scores.device)
+            self._collect(index, [self.alive[i] for i in newly], t)
+            for i in newly:
+                self.collected[i] = True
+        return any(flags)
 
     def outputs(self, sentences: Tensor, t: int) -> tuple[Tensor, Tensor, Tensor]:
         """The n-best lists of the batch's `sentences` after step t, on the device: scores
@@ -378,11 +438,40 @@ class Search:
         """Every step, the host looking every `CHECK_EVERY` steps and after the last; per
         sentence its n-best list, best first."""
         for t in range(self.steps):
-            self.step(t)
+            key = self._graph_key(t)
+            if key is None:
+                self.step(t)
+            else:  # replayed as the graph of its key (warmed up, captured: nmt.cuda_graphs)
+                self.graphs.run(key, functools.partial(self.step, t))
             looks = (t + 1) % CHECK_EVERY == 0 or t + 1 == self.steps
             if looks and not self.check(t):
                 break
         return self.done
+
+    def _graph_key(self, t: int) -> Hashable | None:
+        """What fixes step t's kernels where steps replay as graphs (the position is set on
+        the device here): whether </s> is held back and whether some sentence reaches its
+        limit after it. None: the step runs eagerly - every step without graphs, and the
+        first two with (one row a sentence at the first; the scores in the model's dtype
+        from the second on)."""
+        if self.t_dev is None:
+            return None
+        self.t_dev.fill_(t)
+        n, k = self.scores.shape
+        if k != self.K or self.scores.dtype != self._cand_dtype:
+            return None
+        return (n, t < self.options.min_length, t + 1 in self.limit_steps)
+
+
+def graph_refusal(options: SearchOptions) -> str | None:
+    """Why a search with these options cannot replay its steps as CUDA graphs (None: it
+    can): n-gram blocking reads a history as long as the position, and sampling draws from
+    the search's own generator, which a graph replays only once registered with it."""
+    if options.block_ngram_repeat > 0:
+        return "--block-ngram-repeat reads a history as long as the step's position"
+    if options.samples():
+        return "sampling draws from a generator of its own (--seed)"
+    return None
 
 
 def live_order(
@@ -519,13 +608,15 @@ def search(
     src_mask: Tensor | None,
     options: SearchOptions = SearchOptions(),
     lengths: list[int] | None = None,
+    graphs: GraphCache | None = None,
 ) -> list[list[Hypothesis]]:
     """Per sentence of the batch its `options.n_best` hypotheses, best first (`Search`).
 
     src: B x S with <s> .. </s> (right-padded with PAD where `src_mask` is False); `lengths`,
-    its real lengths if the caller knows them (else read from the mask).
+    its real lengths if the caller knows them (else read from the mask); `graphs`, a cache
+    of this batch's step graphs (None: every step eager).
     """
-    return Search(model, src, src_mask, options, lengths).run()
+    return Search(model, src, src_mask, options, lengths, graphs).run()
 
 
 def beam_search(
