@@ -458,6 +458,15 @@ def translate(
             "for it). Scores stay float32, the log-softmax float32 at least.",
         ),
     ] = None,
+    cuda_graphs: Annotated[
+        str,
+        typer.Option(
+            rich_help_panel=cli_help.DEVICE,
+            help="Replay each batch's search steps as CUDA graphs: auto (where the device is "
+            "CUDA), on or off. The same translations; a search that cannot (n-gram blocking, "
+            "sampling) runs eager, with one line.",
+        ),
+    ] = "auto",
     progress: Annotated[
         bool | None,
         typer.Option(
@@ -491,6 +500,7 @@ def translate(
             batch_size=batch_size,
             device=device,
             precision=precision,
+            cuda_graphs=cuda_graphs,
             progress=progress,
             from_model=model_decoding.not_given(decoding),
         )

@@ -26,7 +26,8 @@ same number of steps. Every figure is the median over the repeats:
 - sentences/s: sentences / seconds of decoding, the model already loaded. OpenNMT-py:
   `-report_time`'s average time per sentence x sentences (its translate loop: batching,
   search, writing); nmt: `translate_lines` timed in this process (tokenising, search,
-  detokenising), no warm-up for either.
+  detokenising; on CUDA its steps replayed as graphs, as `nmt translate` runs them by
+  default, their captures in the time), no warm-up for either.
 
 Ratios are nmt / OpenNMT-py. The nmt variants (`--variants`): clones-fused (a new config's
 defaults: the clone executor, fused granularity, train.loss_chunk 8, prealloc all),
@@ -388,13 +389,14 @@ def translate_nmt(
     from nmt.data.reading import read_lines
     from nmt.translate.run import load_model
     from nmt.translate.search import SearchOptions
-    from nmt.translate.translator import translate_lines
+    from nmt.translate.translator import step_graphs, translate_lines
 
     model, src_tok, tgt_tok = load_model(Path(model_path), torch.device(device))
     lines = read_lines(src)
     options = SearchOptions(beam_size=beam, max_length=length, min_length=length)
+    graphs = step_graphs("auto", torch.device(device), options, print)  # as nmt translate
     start = time.perf_counter()
-    out = translate_lines(model, src_tok, tgt_tok, lines, options, batch)
+    out = translate_lines(model, src_tok, tgt_tok, lines, options, batch, graphs)
     seconds = time.perf_counter() - start
     return _translated(len(lines), seconds, out)
 

@@ -64,7 +64,7 @@ from nmt.translate.output_layer import (
 )
 from nmt.translate.ranking import row_topk
 from nmt.translate.run import load_model
-from nmt.translate.translator import SearchOptions, translate_ids
+from nmt.translate.translator import SearchOptions, step_graphs, translate_ids
 
 REPO = Path(__file__).resolve().parents[1]
 GATES = ("loaded", "two-products")  # how the fused LSTM's gates are computed (`--gates`)
@@ -272,6 +272,12 @@ def main() -> None:
     )
     ap.add_argument("--rounds", type=int, default=1, help="times every search runs, alternating")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument(
+        "--cuda-graphs",
+        default="off",
+        help="comma list of nmt translate's --cuda-graphs modes (auto, on, off), each a run: "
+        "the search's steps eager, or replayed as CUDA graphs (CUDA only)",
+    )
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -317,10 +323,11 @@ def main() -> None:
         for o in args.output_layers.split(",")
         for r in rankings
         for k in gates
+        for m in args.cuda_graphs.split(",")
     ]
     outputs: dict[tuple[int, str], list[list[int]]] = {}
     profiles: dict[str, dict[str, float]] = {}
-    for beam, granularity, name, layer, ranking, gate in runs:
+    for beam, granularity, name, layer, ranking, gate, mode in runs:
         search.row_topk = RANKINGS[ranking]  # the name `candidates` calls
         for cell, pack in packs[name]:
             cell.packed_gates = pack if gate == "loaded" else None
@@ -333,11 +340,12 @@ def main() -> None:
             max_length_ratio=args.max_length_ratio,
             min_length=args.min_length,
         )
-        translate_ids(model, sources[:2], options, args.batch_size)  # warm-up
+        graphs = step_graphs(mode, torch.device(args.device), options, print)
+        translate_ids(model, sources[:2], options, args.batch_size, graphs=graphs)  # warm-up
         if args.device.startswith("cuda"):
             torch.cuda.synchronize()
         start = time.perf_counter()
-        found = translate_ids(model, sources, options, args.batch_size)
+        found = translate_ids(model, sources, options, args.batch_size, graphs=graphs)
         if args.device.startswith("cuda"):
             torch.cuda.synchronize()
         seconds = time.perf_counter() - start
@@ -349,6 +357,7 @@ def main() -> None:
         label += f", {layer}" if len(args.output_layers.split(",")) > 1 else ""
         label += f", {ranking}" if len(rankings) > 1 else ""
         label += f", gates {gate}" if len(gates) > 1 else ""
+        label += f", cuda graphs {mode}" if len(args.cuda_graphs.split(",")) > 1 else ""
         if args.profile:
             profiled = functools.partial(
                 translate_ids, model, sources[: args.profile], options, args.batch_size

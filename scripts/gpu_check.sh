@@ -8,7 +8,8 @@
 #   train      nmt train on configs/toy.yaml (data/toy)
 #   repeat     the same training run twice, and once stopped halfway and resumed,
 #              deterministic: bitwise equal parameters
-#   translate  nmt translate of the toy test set with that model: BLEU >= 90
+#   translate  nmt translate of the toy test set with that model: BLEU >= 90; the search's
+#              steps replayed as CUDA graphs write what eager steps write (--cuda-graphs off)
 #   memreport  nmt memreport --device cuda on configs/seed-4x600.yaml: max_memory_allocated
 #              within 10% of the accounted total, per policy
 #   precision  nmt train, translate and memreport in bfloat16 and float16 (loss scaling);
@@ -178,7 +179,14 @@ run_translate() {
     "$py" -m nmt translate --model "$out/toy/model.pt" --src "$out/test.src" \
         --ref "$out/test.tgt" --output "$out/test.hyp" --beam-size "$beam" --device "$device" \
         --no-progress || return 1
-    # sacreBLEU prints its line on stderr, which check() logs with the rest
+    # sacreBLEU prints its line on stderr, which check() logs with the rest; on CUDA the
+    # search's steps replayed as graphs (--cuda-graphs auto): every step eager must write
+    # the same translations
+    "$py" -m nmt translate --model "$out/toy/model.pt" --src "$out/test.src" \
+        --output "$out/test-eager.hyp" --beam-size "$beam" --device "$device" --no-progress \
+        --cuda-graphs off || return 1
+    cmp "$out/test.hyp" "$out/test-eager.hyp" ||
+        { echo "translations with --cuda-graphs off differ from the default's"; return 1; }
 }
 run_memreport() {
     "$py" -m nmt memreport "${mem_args[@]}" --json "$out/memreport.json"

@@ -50,7 +50,7 @@ from nmt.translate.metrics import bleu_line, chrf_line
 from nmt.translate.output_layer import prepare_for_search
 from nmt.translate.scoring import GoldScores, gold_scores
 from nmt.translate.search import Hypothesis
-from nmt.translate.translator import SearchOptions, translate_ids
+from nmt.translate.translator import GRAPH_MODES, SearchOptions, step_graphs, translate_ids
 
 STDIN = "-"
 CHUNK_BATCHES = 50  # batches per chunk of a file: bounds memory, keeps sorting effective
@@ -76,6 +76,7 @@ class TranslateOptions:
     batch_size: int = 32
     device: str = "auto"
     precision: str | None = None  # the weights' dtype: None, the precision trained in
+    cuda_graphs: str = "auto"  # search steps replayed as CUDA graphs: auto (on CUDA), on, off
     # the progress bar and the lines beside it (decoding, threads, precision): None, the bar
     # on a terminal only (a redirected stderr gets no carriage-return frames), the lines shown
     progress: bool | None = None
@@ -120,6 +121,10 @@ class TranslateOptions:
             )
         if self.batch_size < 1:
             raise NmtError(f"--batch-size must be >= 1, got {self.batch_size}")
+        if self.cuda_graphs not in GRAPH_MODES:
+            raise NmtError(
+                f"--cuda-graphs must be one of {', '.join(GRAPH_MODES)}, got {self.cuda_graphs!r}"
+            )
         if self.max_src_length < 0:
             raise NmtError(
                 f"--max-src-length must be >= 0 (0: no limit), got {self.max_src_length}"
@@ -306,6 +311,8 @@ class Translator:
         table = options.phrase_table
         self.table = unk.load_phrase_table(table) if table is not None else None
         self.need_words = options.replace_unk or options.attention is not None
+        device = next(model.parameters()).device
+        self.graphs = step_graphs(options.cuda_graphs, device, options.search, warn)
 
     def translate(
         self,
@@ -346,7 +353,9 @@ class Translator:
         search, batch_size = self.options.search, self.options.batch_size
         device = next(self.model.parameters()).device
         with reported(partial(_out_of_memory, device, ids, start, search, batch_size)):
-            found = translate_ids(self.model, ids, search, batch_size, on_batch=on_batch)
+            found = translate_ids(
+                self.model, ids, search, batch_size, on_batch=on_batch, graphs=self.graphs
+            )
         return [
             self._render(start + positions[k], ids[k], words[k], hyps)
             for k, hyps in enumerate(found)

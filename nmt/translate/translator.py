@@ -14,9 +14,10 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 from torch import Tensor
 
+from nmt.cuda_graphs import GraphCache
 from nmt.data.vocab import BOS, EOS, PAD
 from nmt.errors import NmtError
-from nmt.translate.search import Hypothesis, SearchOptions, search
+from nmt.translate.search import Hypothesis, SearchOptions, graph_refusal, search
 
 if TYPE_CHECKING:
     from nmt.translate.ensemble import Decodable
@@ -53,6 +54,33 @@ def evaluating(model: Decodable) -> Iterator[None]:
         model.train(was_training)
 
 
+GRAPH_MODES = ("auto", "on", "off")
+StepGraphs = Callable[[], GraphCache]  # a new cache of step graphs for each batch
+
+
+def step_graphs(
+    mode: str, device: torch.device, options: SearchOptions, log: Callable[[str], None]
+) -> StepGraphs | None:
+    """Whether each batch's search steps replay as CUDA graphs (`--cuda-graphs`: auto, on
+    where CUDA is; on; off): a maker of each batch's graph cache, or None - every step
+    eager, with one line through `log` where graphs were asked for or CUDA would take them
+    and cannot serve."""
+    if mode == "off" or (mode == "auto" and device.type != "cuda"):
+        return None
+    why = graph_refusal(options)
+    if why is None and device.type != "cuda":
+        why = f"no CUDA device ({device})"
+    if why is not None:
+        log(f"--cuda-graphs {mode}: every search step runs eager: {why}")
+        return None
+    return lambda: GraphCache(device, SEARCH_GRAPHS, log)
+
+
+# graphs a batch's search holds: one per key of its steps (`Search._graph_key`: whether </s>
+# is held back, whether a sentence reaches its limit), four at most
+SEARCH_GRAPHS = 4
+
+
 def length_batches(lengths: list[int], batch_size: int) -> list[list[int]]:
     """Indices sorted by length (longest first, stable) and cut into batches."""
     if batch_size < 1:
@@ -67,11 +95,13 @@ def translate_ids(
     options: SearchOptions = SearchOptions(),
     batch_size: int = 32,
     on_batch: Callable[[int], None] | None = None,
+    graphs: StepGraphs | None = None,
 ) -> list[list[Hypothesis]]:
     """Translate id sequences (without specials); per source its n-best list, in input order.
 
     `on_batch(n)` is called after each batch of n sentences (a progress bar's update).
-    Beam size 1 is greedy search: the same loop (`search.Search`).
+    Beam size 1 is greedy search: the same loop (`search.Search`). `graphs`: each batch's
+    steps replayed as CUDA graphs from a cache it makes (`step_graphs`).
     """
     options.check()
     device = next(model.parameters()).device
@@ -82,7 +112,7 @@ def translate_ids(
             src, mask = pad_sources([sources[i] for i in batch], device)
             if len(set(lengths)) == 1:  # no padding (one sentence, or equal lengths): nothing
                 mask = None  # to mask, and the encoder and attention skip their masking ops
-            found = search(model, src, mask, options, lengths)
+            found = search(model, src, mask, options, lengths, graphs() if graphs else None)
             for i, hyps in zip(batch, found, strict=True):
                 results[i] = hyps
             if on_batch is not None:
@@ -97,8 +127,9 @@ def translate_lines(
     lines: list[str],
     options: SearchOptions = SearchOptions(),
     batch_size: int = 32,
+    graphs: StepGraphs | None = None,
 ) -> list[str]:
     """Translate text lines: the best hypothesis of each, decoded by the target tokenizer."""
     sources = [src_tokenizer.encode(line) for line in lines]
-    found = translate_ids(model, sources, options, batch_size)
+    found = translate_ids(model, sources, options, batch_size, graphs=graphs)
     return [tgt_tokenizer.decode(hyps[0].tokens) for hyps in found]
