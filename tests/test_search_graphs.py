@@ -155,10 +155,8 @@ def hypotheses(found: list) -> list:
     return [[(h.tokens, h.score, h.attention.tolist(), h.finished) for h in hs] for hs in found]
 
 
-GRAPHED = {
-    "beam": {"beam_size": 5},
-    "greedy": {"beam_size": 1},
-    "length-penalty": {"beam_size": 5, "length_penalty": 1.0},
+GRAPHED = {  # the options whose steps replay (`graph_refusal`), and two more
+    **{k: v for k, v in OPTIONS.items() if k not in ("ngram-blocking", "sampling")},
     "n-best": {"beam_size": 4, "n_best": 3},
     "ratio-limits": {"beam_size": 3, "max_length_ratio": 1.5},
 }

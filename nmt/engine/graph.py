@@ -242,30 +242,33 @@ class Graph:
         self.sums.append(acc)
         return lambda: acc.accumulate([f() for f in srcs])
 
+    def _sole_reader(self, name: str) -> tuple[Node, int] | None:
+        """The node that reads input `name` and its place among that node's inputs, where
+        it is the only reader (None: several readers, or the input is a graph output)."""
+        users = self._input_users[name]
+        if len(users) != 1 or users[0][0] is None:
+            return None
+        return users[0]
+
     def accumulate_input_grad(self, name: str, into: Tensor) -> bool:
         """Have input `name`'s gradient added into `into` (a buffer of the caller's, for
         good: decided before any buffer is shared) by the one node that reads the input,
         where it can (`Node.ACCUMULATES_GRAD_INPUTS`): then `input_grads[name]` is `into`,
         the sum so far. False where it cannot: the caller adds the gradient."""
-        users = self._input_users[name]
-        if len(users) != 1 or users[0][0] is None:  # several readers, or a graph output
+        reader = self._sole_reader(name)
+        if reader is None or reader[1] not in reader[0].ACCUMULATES_GRAD_INPUTS:
             return False
-        node, pos = users[0]
-        if pos not in node.ACCUMULATES_GRAD_INPUTS:
-            return False
-        node.accumulate_into(pos, into)
+        reader[0].accumulate_into(reader[1], into)
         return True
 
     def input_grad_addend(self, name: str) -> Callable[[Tensor | None], None] | None:
         """Where the one node that reads input `name` can write its gradient with an addend
         added (`Node.ADDENDS_TO_GRAD_INPUTS`): the setter of the next backward's addend
         (then `input_grads[name]` includes it). None where it cannot: the caller adds it."""
-        users = self._input_users[name]
-        if len(users) != 1 or users[0][0] is None:  # several readers, or a graph output
+        reader = self._sole_reader(name)
+        if reader is None or reader[1] not in reader[0].ADDENDS_TO_GRAD_INPUTS:
             return None
-        node, pos = users[0]
-        if pos not in node.ADDENDS_TO_GRAD_INPUTS:
-            return None
+        node, pos = reader
         return lambda addend: node.set_addend(pos, addend)
 
     # ---- running -------------------------------------------------------------------------
