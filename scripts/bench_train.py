@@ -4,6 +4,8 @@ The variants (`VARIANTS`: a name and the config keys it sets; by default all but
 and autograd-full):
   clones-nngraph    the clone executor with seq2seq-attn's node granularity (prealloc all)
   clones-fused      the clone executor with fused nodes (where model.granularity exists)
+  clones-fused-per-position  clones-fused without weight-gradient windows
+                    (train.weight_grad_chunk 1: they serve the fused CUDA cells only)
   autograd-cells    autograd over the model's LSTM cells, position by position
   autograd-kernel   autograd with the encoders on torch's RNN kernel (cuDNN, oneDNN)
   clones-none       clones-nngraph without sharing (train.prealloc none)
@@ -95,6 +97,13 @@ VARIANTS = (
         "clones-fused",
         {"train.executor": "clones", "model.granularity": "fused"},
         needs="model.granularity",
+    ),
+    # clones-fused with each position adding its cells' weight gradients (no window): on
+    # CUDA, beside clones-fused, what the windows save; on the CPU the same step
+    Variant(
+        "clones-fused-per-position",
+        {"train.executor": "clones", "model.granularity": "fused", "train.weight_grad_chunk": 1},
+        needs="train.weight_grad_chunk",
     ),
     # the seed's nodes, as clones-nngraph's: their ratios to it are the policy's alone
     Variant(

@@ -62,7 +62,8 @@ if [ "$device" = cuda ]; then
     engine_workers=${GPU_CHECK_WORKERS:-8}  # test processes sharing the GPU (0: this one)
     mem_args=(--config configs/seed-4x600.yaml --device cuda)
     bench_args=(--device cuda --steps 30 --set train.loss_chunk=8  # as docs/speed.md's table
-        --variants clones-nngraph,clones-fused,autograd-kernel --precisions float32,bfloat16
+        --variants clones-nngraph,clones-fused,clones-fused-per-position,autograd-kernel
+        --precisions float32,bfloat16
         --determinism on,nofill,off)
     ranks_sets=(--set train.device=cuda --set train.max_steps=100 --set train.valid_every=50)
     repeat_sets=(--set train.device=cuda --set train.valid_bleu_sample=0) repeat_steps=60
