@@ -215,8 +215,9 @@ def test_a_graphed_search_records_one_step_for_every_position():
             cache = GraphCache(torch.device("cpu"), 8, lambda line: None)
             search = Search(model, src, mask, options, graphs=cache)
             for t in range(position):
-                search._graph_key(t)  # sets the position on the device
+                search.t_dev.fill_(t)  # the position, as `run` sets it
                 search.step(t)
+            search.t_dev.fill_(position)
             key = search._graph_key(position)
             trace = PlaceTrace(graphed_buffers(search))
             with trace:

@@ -169,8 +169,11 @@ class Finished:
             self.count += torch.isfinite(scores).sum(1)
 
     def select(self, sentences: Tensor) -> Finished:
-        tensors = [getattr(self, f.name) for f in dataclasses.fields(self)][:3]
-        return Finished(*(t.index_select(0, sentences) for t in tensors))
+        return Finished(
+            self.scores.index_select(0, sentences),
+            self.paths.index_select(0, sentences),
+            self.count.index_select(0, sentences),
+        )
 
 
 def hypothesis_length(tokens: list[int]) -> tuple[int, bool]:
@@ -438,6 +441,8 @@ class Search:
         """Every step, the host looking every `CHECK_EVERY` steps and after the last; per
         sentence its n-best list, best first."""
         for t in range(self.steps):
+            if self.t_dev is not None:  # the position, where the step reads it
+                self.t_dev.fill_(t)
             key = self._graph_key(t)
             if key is None:
                 self.step(t)
@@ -449,14 +454,13 @@ class Search:
         return self.done
 
     def _graph_key(self, t: int) -> Hashable | None:
-        """What fixes step t's kernels where steps replay as graphs (the position is set on
-        the device here): whether </s> is held back and whether some sentence reaches its
-        limit after it. None: the step runs eagerly - every step without graphs, and the
-        first two with (one row a sentence at the first; the scores in the model's dtype
-        from the second on)."""
+        """What fixes step t's kernels where steps replay as graphs (its position is read on
+        the device): the rows, whether </s> is held back and whether some sentence reaches
+        its limit after it. None: the step runs eagerly - every step without graphs, and
+        with them the first (one row a sentence) and any whose scores are not yet in the
+        candidates' dtype."""
         if self.t_dev is None:
             return None
-        self.t_dev.fill_(t)
         n, k = self.scores.shape
         if k != self.K or self.scores.dtype != self._cand_dtype:
             return None
