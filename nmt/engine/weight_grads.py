@@ -98,12 +98,11 @@ class WeightGradWindows:
             windows: dict[str, GradWindow] = {}
             for g in graphs:
                 for node in g.all_nodes():
-                    parts = getattr(getattr(node, "facts", None), "window_parts", ())
-                    if not (isinstance(node, FusedLayer) and parts):
+                    if not isinstance(node, FusedLayer) or not node.facts.window_parts:
                         continue
                     if node.name not in windows:
                         tensors = []
-                        for part in parts:
+                        for part in node.facts.window_parts:
                             role = f"weight_grad_window:{node.name}:{part}"
                             loop.setdefault(role, torch.empty(0, device=device, dtype=dtype))
                             tensors.append(loop[role])
