@@ -12,7 +12,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from nmt import policies
+from nmt import kernels, policies
 from nmt.cli import app
 from nmt.config import ModelConfig, load_config
 from nmt.errors import NmtError
@@ -139,6 +139,34 @@ def test_auto_takes_the_cheapest_plan_that_fits_in_order() -> None:
     assert "micro-batches" in choice.reason
     c, choice = chosen(1000)
     assert c is None and list(choice.frontiers) == [1, 2, 3]
+
+
+@pytest.mark.parametrize("forms", ["cuda", "cpu"])
+def test_a_refusal_names_the_weight_gradient_windows_where_giving_them_up_fits(forms) -> None:
+    """With the fused CUDA cells (their CPU emulation) a step keeps windows of the weight
+    gradients (`train.weight_grad_chunk` 0: all positions); under a budget that recompute
+    fits only without them, the refusal says so, with the peak of that run - which does
+    fit. With the CPU's forms there is no window, and nothing is said of them."""
+    setting = tiny_setting(num_layers=2, granularity="fused").replace(weight_grad_chunk=0)
+    shape = Shape(batch_size=3, min_accum=1, max_accum=1)
+    with kernels.using(lstm_cell="cuda_fused" if forms == "cuda" else "reference"):
+        windows = measure(shape.setting(setting, 1), "recompute").peak_bytes
+        each = measure(shape.setting(setting.replace(weight_grad_chunk=1), 1), "recompute")
+        assert (each.peak_bytes < windows) == (forms == "cuda")
+        budget = Budget("SIZE", smallest_budget(each.peak_bytes), "test")
+        choice = choose(setting, shape, budget.usable)
+        fitting = choice.candidate is not None
+        message = "" if fitting else str(refusal(setting, shape, budget, choice))
+    if forms == "cpu":
+        assert fitting  # the same peak: it fits, as the budget was made for it
+        return
+    assert not fitting and "\n" not in message
+    said = re.search(
+        r"train.weight_grad_chunk 1 \(not 0\) fits it: recompute peaks at ([\d,.]+)", message
+    )
+    assert said and float(said.group(1).replace(",", "")) * MIB == pytest.approx(
+        each.peak_bytes, abs=0.1 * MIB
+    )
 
 
 def test_a_refusal_names_the_smallest_budget_and_the_largest_batch() -> None:

@@ -16,6 +16,7 @@ from nmt import kernels, policies
 from nmt.cli import app
 from nmt.config import ModelConfig, load_config
 from nmt.engine.spec import ExecutorSpec
+from nmt.engine.weight_grads import WINDOW_ROLE
 from nmt.errors import NmtError
 from nmt.memreport.budget import largest_fitting, parse_size
 from nmt.memreport.live import real_step
@@ -113,7 +114,7 @@ def test_the_cuda_cell_forms_are_accounted_exactly(tiny_config: Path, policy: st
         accounted = measure(fused, policy)
         live = real_step(fused, policy, accounted, "cpu")
     assert accounted.parts["weights"] > 0  # the swap's scratch
-    windows = [r for r in accounted.records if r.role.startswith("weight_grad_window:")]
+    windows = [r for r in accounted.records if r.role.startswith(WINDOW_ROLE)]
     assert windows and all(r.bytes > 0 for r in windows)  # the weight gradients' windows
     assert live.error == "" and live.ok
     assert live.live_bytes == live.accounted_bytes > 0

@@ -31,6 +31,9 @@ from torch import Tensor
 from nmt.engine.graph import Graph
 from nmt.nodes.fused import FusedLayer
 
+WINDOW_ROLE = "weight_grad_window:"  # the loop roles of the windows' tensors begin so
+ONES = WINDOW_ROLE + "ones"  # the bias gradients' ones
+
 
 class GradWindow:
     """One layer's window over the clones of one kind: `open` for a loop of that many
@@ -103,7 +106,7 @@ class WeightGradWindows:
                     if node.name not in windows:
                         tensors = []
                         for part in node.facts.window_parts:
-                            role = f"weight_grad_window:{node.name}:{part}"
+                            role = f"{WINDOW_ROLE}{node.name}:{part}"
                             loop.setdefault(role, torch.empty(0, device=device, dtype=dtype))
                             tensors.append(loop[role])
                         windows[node.name] = GradWindow(node.layer, tensors, chunk)
@@ -111,14 +114,14 @@ class WeightGradWindows:
             if windows:
                 self.windows[kind] = list(windows.values())
         if self.windows:
-            loop["weight_grad_window:ones"] = torch.empty(0, device=device, dtype=dtype)
+            loop[ONES] = torch.empty(0, device=device, dtype=dtype)
 
     def begin_step(self, rows: int, positions: int) -> None:
         """Ones for the bias gradients of the largest window of a step of `rows` x
         `positions` (one fill a step)."""
         if self.windows:
             chunk = next(iter(self.windows.values()))[0].chunk
-            ones = self.loop["weight_grad_window:ones"]
+            ones = self.loop[ONES]
             n = rows * min(chunk or positions, positions)
             if ones.numel() < n:
                 ones.resize_(n)
@@ -132,9 +135,9 @@ class WeightGradWindows:
         """A clone of `kind` is done: flush the windows it filled."""
         for w in self.windows.get(kind, ()):
             if w.full:
-                w.flush(self.loop["weight_grad_window:ones"])
+                w.flush(self.loop[ONES])
 
     def close(self, kind: str) -> None:
         """The clones of `kind` are done: flush what their windows hold."""
         for w in self.windows.get(kind, ()):
-            w.flush(self.loop["weight_grad_window:ones"])
+            w.flush(self.loop[ONES])

@@ -38,6 +38,7 @@ from nmt.config import Config, batch_rows
 from nmt.devices import resolve_device
 from nmt.engine import planner
 from nmt.engine.spec import micro_batch_size
+from nmt.engine.weight_grads import WINDOW_ROLE
 from nmt.errors import NmtError
 from nmt.memreport.budget import BATCH_CAP, largest_fitting
 from nmt.memreport.flops import recompute_fraction
@@ -434,8 +435,9 @@ def refusal(base: Setting, shape: Shape, budget: Budget, choice: Choice) -> NmtE
             f"optimizer state alone take {mib(fixed)})"
         )
     micro = f" in {most} micro-batches of {least.micro_batch}" if most > 1 else ""
-    fits += _one_position(base, shape, most, choice.usable, opt)
     d = places_apart(least.peak_bytes, choice.usable, needed, budget.bytes)
+    fits += _one_position(base, shape, most, choice.usable, opt)
+    fits += _no_windows(base, shape, most, choice.usable, opt, d)
     room = (
         f"plans may peak at {mib(choice.usable, d)}"
         if choice.usable > 0
@@ -459,6 +461,25 @@ def _one_position(base: Setting, shape: Shape, accum: int, usable: int, opt: int
     return (
         f"; train.loss_chunk 1 (not {base.loss_chunk}) fits it: recompute peaks at "
         f"{mib(one.peak_bytes)} with one target position's output layer at a time"
+    )
+
+
+def _no_windows(base: Setting, shape: Shape, accum: int, usable: int, opt: int, places: int) -> str:
+    """The refusal's last words when the fused CUDA cells' weight gradients take windows of
+    positions (`train.weight_grad_chunk`, loop buffers of positions x batch x (gates +
+    inputs) a layer) and each position adding its own would fit."""
+    if usable <= 0 or base.spec.weight_grad_chunk == 1:
+        return ""
+    now = measure(shape.setting(base, accum), RECOMPUTE, opt)
+    if not any(r.role.startswith(WINDOW_ROLE) for r in now.records):
+        return ""  # these forms keep no window
+    one = measure(shape.setting(base.replace(weight_grad_chunk=1), accum), RECOMPUTE, opt)
+    if one.peak_bytes > usable:
+        return ""
+    return (
+        f"; train.weight_grad_chunk 1 (not {base.spec.weight_grad_chunk}) fits it: recompute "
+        f"peaks at {mib(one.peak_bytes, places)} with each position adding its cells' weight "
+        "gradients (more kernels a step on CUDA)"
     )
 
 
