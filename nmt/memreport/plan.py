@@ -38,7 +38,6 @@ from nmt.config import Config, batch_rows
 from nmt.devices import resolve_device
 from nmt.engine import planner
 from nmt.engine.spec import micro_batch_size
-from nmt.engine.weight_grads import WINDOW_ROLE
 from nmt.errors import NmtError
 from nmt.memreport.budget import BATCH_CAP, largest_fitting
 from nmt.memreport.flops import recompute_fraction
@@ -48,7 +47,6 @@ from nmt.memreport.measure import (
     Setting,
     measure,
     optimizer_bytes,
-    row_loss_chunk,
 )
 from nmt.memreport.translation import Translation
 from nmt.train.memory import Budget, MemoryPlan, Plan, mib, places_apart, smallest_budget
@@ -436,8 +434,14 @@ def refusal(base: Setting, shape: Shape, budget: Budget, choice: Choice) -> NmtE
         )
     micro = f" in {most} micro-batches of {least.micro_batch}" if most > 1 else ""
     d = places_apart(least.peak_bytes, choice.usable, needed, budget.bytes)
-    fits += _one_position(base, shape, most, choice.usable, opt)
-    fits += _no_windows(base, shape, most, choice.usable, opt, d)
+    for key, why in (
+        ("loss_chunk", "one target position's output layer at a time"),
+        (
+            "weight_grad_chunk",
+            "each position adding its cells' weight gradients (more kernels a step on CUDA)",
+        ),
+    ):
+        fits += _one_instead(base, shape, most, choice.usable, opt, d, key, why)
     room = (
         f"plans may peak at {mib(choice.usable, d)}"
         if choice.usable > 0
@@ -450,36 +454,22 @@ def refusal(base: Setting, shape: Shape, budget: Budget, choice: Choice) -> NmtE
     )
 
 
-def _one_position(base: Setting, shape: Shape, accum: int, usable: int, opt: int) -> str:
-    """The refusal's last words when the output layer runs several target positions at once
-    (`train.loss_chunk`: k x batch x vocabulary floats) and one at a time would fit."""
-    if usable <= 0 or row_loss_chunk(base, RECOMPUTE) == 1:
+def _one_instead(
+    base: Setting, shape: Shape, accum: int, usable: int, opt: int, places: int, key: str, why: str
+) -> str:
+    """The refusal's last words where train.KEY 1 instead of its value would fit: the output
+    layer one target position at a time (`loss_chunk`: k x batch x vocabulary floats), each
+    position adding its cells' weight gradients (`weight_grad_chunk`: no windows). Where 1
+    changes no buffer (the CPU's forms keep no window) its peak is the one that did not fit."""
+    value = getattr(base.spec, key)
+    if usable <= 0 or value == 1:
         return ""
-    one = measure(shape.setting(base.replace(loss_chunk=1), accum), RECOMPUTE, opt)
+    one = measure(shape.setting(base.replace(**{key: 1}), accum), RECOMPUTE, opt)
     if one.peak_bytes > usable:
         return ""
     return (
-        f"; train.loss_chunk 1 (not {base.loss_chunk}) fits it: recompute peaks at "
-        f"{mib(one.peak_bytes)} with one target position's output layer at a time"
-    )
-
-
-def _no_windows(base: Setting, shape: Shape, accum: int, usable: int, opt: int, places: int) -> str:
-    """The refusal's last words when the fused CUDA cells' weight gradients take windows of
-    positions (`train.weight_grad_chunk`, loop buffers of positions x batch x (gates +
-    inputs) a layer) and each position adding its own would fit."""
-    if usable <= 0 or base.spec.weight_grad_chunk == 1:
-        return ""
-    now = measure(shape.setting(base, accum), RECOMPUTE, opt)
-    if not any(r.role.startswith(WINDOW_ROLE) for r in now.records):
-        return ""  # these forms keep no window
-    one = measure(shape.setting(base.replace(weight_grad_chunk=1), accum), RECOMPUTE, opt)
-    if one.peak_bytes > usable:
-        return ""
-    return (
-        f"; train.weight_grad_chunk 1 (not {base.spec.weight_grad_chunk}) fits it: recompute "
-        f"peaks at {mib(one.peak_bytes, places)} with each position adding its cells' weight "
-        "gradients (more kernels a step on CUDA)"
+        f"; train.{key} 1 (not {value}) fits it: recompute peaks at "
+        f"{mib(one.peak_bytes, max(places, places_apart(one.peak_bytes, usable)))} with {why}"
     )
 
 
