@@ -94,7 +94,7 @@ class WeightGradWindows:
         dtype: torch.dtype,
     ):
         self.windows: dict[str, list[GradWindow]] = {}
-        self.loop = loop
+        self.loop, self.chunk = loop, chunk
         if chunk == 1:
             return
         for kind, graphs in clones.items():
@@ -120,9 +120,8 @@ class WeightGradWindows:
         """Ones for the bias gradients of the largest window of a step of `rows` x
         `positions` (one fill a step)."""
         if self.windows:
-            chunk = next(iter(self.windows.values()))[0].chunk
             ones = self.loop[ONES]
-            n = rows * min(chunk or positions, positions)
+            n = rows * min(self.chunk or positions, positions)
             if ones.numel() < n:
                 ones.resize_(n)
             ones.fill_(1)
