@@ -195,3 +195,21 @@ def test_a_shard_keeps_the_leading_pad_rows_that_fall_in_it() -> None:
         assert part is not None
         assert part.pad_rows == leading_pad_rows(part.tgt_out)
         assert len(part.pad_rows) == part.tgt_out.size(1)
+
+
+def test_each_rank_validates_batches_of_its_share_of_the_rows():
+    """Validation batches, and the generator's rows at once, are one rank's share of a batch
+    (as its training step), so `nmt memreport --set train.batch_size=B/N` accounts a rank's
+    validation pass too; the ranks take every world_size-th batch (`perplexity`)."""
+    from types import SimpleNamespace
+
+    from nmt.config import Config, TrainConfig
+    from nmt.train.builders import build_validation
+
+    cfg = Config(train=TrainConfig(batch_size=33, loss_chunk=3, valid_bleu_sample=0))
+    pairs = [([4 + i % 7] * (1 + i % 5), [5] * (1 + i % 3)) for i in range(100)]
+    corpus = SimpleNamespace(valid=pairs, valid_text=None, src_tokenizer=None)
+    one, two = build_validation(cfg, corpus), build_validation(cfg, corpus, world_size=2)
+    assert (one.batch_size, one.rows) == (33, 99)
+    assert (two.batch_size, two.rows) == (17, 51)
+    assert [b.size for b in two.batches] == [17] * 5 + [15]

@@ -211,14 +211,15 @@ def build_cuts(cfg: Config, corpus: Corpus, out_dir: Path) -> EpochCuts | None:
     return EpochCuts(cfg.data, tokenizers, cfg.train.seed, cfg.train.epochs, out_dir)
 
 
-def build_validation(cfg: Config, corpus: Corpus) -> Validation:
+def build_validation(cfg: Config, corpus: Corpus, world_size: int = 1) -> Validation:
     """Validation as memreport accounts it: padded batches of train.batch_size pairs (with
     train.batch_type tokens, of a full batch's rows; with train.accum_steps, of one
-    micro-batch's), the generator over one training loss chunk's rows at a time (all
+    micro-batch's; with several ranks, of one rank's share, each rank scoring every
+    world_size-th batch), the generator over one training loss chunk's rows at a time (all
     positions: chunk 0); perplexity on train.valid_sample pairs (a fixed sample; 0: all);
     BLEU greedy, at most min(2 x data.max_tgt_len, 3 x source tokens) tokens a sentence."""
     t = cfg.train
-    batch_size = micro_batch_size(batch_rows(cfg), 1, t.accum_steps)
+    batch_size = micro_batch_size(batch_rows(cfg), world_size, t.accum_steps)
     chunk = t.loss_chunk or cfg.data.max_tgt_len + 1
     bleu_set = None
     if t.valid_bleu_sample and corpus.valid_text:
@@ -363,7 +364,7 @@ def build_run(
         update=DeviceUpdate(params, optimizer, t.max_grad_norm, loss_scale, average),
         batching=TrainingBatches(corpus.train, batch_rule(cfg)),
         cuts=build_cuts(cfg, corpus, out_dir),
-        validation=build_validation(cfg, corpus),
+        validation=build_validation(cfg, corpus, dist.world_size),
         stopping=EarlyStopping(t.early_stopping_metric, t.early_stopping),
         checkpoint=checkpoint,
         resume=resume,
