@@ -15,13 +15,16 @@ import typing
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from nmt import cli_help, policies
 from nmt.errors import NmtError
 from nmt.terminal import shows_bar
+
+if TYPE_CHECKING:
+    from nmt.config import Config
 
 
 class Command(typer.core.TyperCommand):
@@ -132,13 +135,17 @@ def set_option(panel: str) -> Any:
     )
 
 
-def _train_command(config: Path | None, sets: list[str], preallocate: bool | None) -> list[str]:
+def _train_command(
+    config: Path | None, sets: list[str], preallocate: bool | None, nproc_per_node: int = 1
+) -> list[str]:
     """The `nmt train` options that gave this run its config: what a resume hint repeats;
     under torchrun, as torchrun starts it (its rendezvous options for several machines are
     not known here: the hint names the node count only)."""
     command = ["nmt", "train"]
     world, local = int(os.environ.get("WORLD_SIZE", "1")), os.environ.get("LOCAL_WORLD_SIZE")
-    if world > 1:
+    if nproc_per_node > 1:
+        command += ["--nproc-per-node", str(nproc_per_node)]
+    elif world > 1:
         per_node = int(local or world)
         command = ["torchrun", "--nproc_per_node", str(per_node), "-m", *command]
         if world > per_node:
@@ -196,6 +203,18 @@ def train(
             help="Overwrite a run directory that holds a run.",
         ),
     ] = False,
+    nproc_per_node: Annotated[
+        int,
+        typer.Option(
+            "--nproc-per-node",
+            min=1,
+            metavar="N",
+            rich_help_panel=cli_help.DEVICE,
+            help="Train data-parallel as N ranks on this machine (each GPU its own rank, or "
+            "CPU ranks on Gloo), as torchrun --nproc_per_node N would start them, but forked "
+            "from this process: the ranks share its imported torch and the corpus's pages.",
+        ),
+    ] = 1,
     progress: Annotated[
         bool | None,
         typer.Option(
@@ -210,50 +229,87 @@ def train(
     validation by train.early_stopping_metric)."""
     from nmt.checkpoint import saved_config
     from nmt.config import load_config
-    from nmt.memreport.plan import plan_memory
-    from nmt.train.runlog import log_failure, prepare_run_dir, remove_if_empty
-    from nmt.train.trainer import TrainingInterrupted
-    from nmt.train.trainer import train as run_training
+    from nmt.train import local_ranks
+    from nmt.train.distributed import launched_by_torchrun
 
-    made: list[Path] = []
     sets = list(set_ or [])
-    started, out_dir = time.time(), None
-    speaks = os.environ.get("RANK", "0") == "0"  # under torchrun, rank 0 speaks and logs
     try:
         if config is None and resume is None:
             raise NmtError(
                 "--config is required (or --resume CKPT: continue a run with the config "
                 "saved in its checkpoint)"
             )
+        if nproc_per_node > 1 and launched_by_torchrun() and not local_ranks.started_here():
+            raise NmtError(
+                "--nproc-per-node: torchrun starts this command's ranks; leave one of them out"
+            )
         cfg = load_config(config, sets) if config is not None else saved_config(resume, sets)
         cfg.train.prealloc = policies.with_flag(cfg.train.prealloc, preallocate)
-        # a resumed run continues in its own directory unless told otherwise
-        out_dir = out or (resume.parent if resume else Path("runs") / config.stem)
+    except NmtError as exc:
+        raise _fail(exc) from None
+    except KeyboardInterrupt:
+        _err("interrupted: no checkpoint")
+        raise typer.Exit(code=130) from None
+    command = _train_command(config, sets, preallocate, nproc_per_node)
+    source = str(config) if config is not None else f"saved in {resume}"
+    # a resumed run continues in its own directory unless told otherwise
+    out_dir = out or (resume.parent if resume else Path("runs") / config.stem)
+
+    def run_rank() -> int:
+        try:
+            _train_rank(cfg, source, out_dir, resume, force, shows_bar(progress), command)
+        except typer.Exit as stop:
+            return stop.exit_code
+        return 0
+
+    if nproc_per_node > 1 and not local_ranks.started_here():
+        code = local_ranks.run_ranks(nproc_per_node, run_rank, _err)
+    else:
+        code = run_rank()
+    if code:
+        raise typer.Exit(code=code)
+
+
+def _train_rank(
+    cfg: Config,
+    source: str,
+    out_dir: Path,
+    resume: Path | None,
+    force: bool,
+    progress: bool,
+    command: list[str],
+) -> None:
+    """One rank's `nmt train` (every rank under torchrun): the run directory, the training,
+    and what a failure or an interruption says and leaves."""
+    from nmt.memreport.plan import plan_memory
+    from nmt.train.runlog import log_failure, prepare_run_dir, remove_if_empty
+    from nmt.train.trainer import TrainingInterrupted
+    from nmt.train.trainer import train as run_training
+
+    made: list[Path] = []
+    started = time.time()
+    speaks = os.environ.get("RANK", "0") == "0"  # with several ranks, rank 0 speaks and logs
+    try:
         made = prepare_run_dir(out_dir, resume=resume, force=force)
         if speaks:
-            print(f"config {config or f'saved in {resume}'}:\n{cfg.dump()}", flush=True)
-        command = _train_command(config, sets, preallocate)
+            print(f"config {source}:\n{cfg.dump()}", flush=True)
         run_training(
-            cfg,
-            out_dir,
-            resume=resume,
-            progress=shows_bar(progress),
-            command=command,
-            planner=plan_memory,
+            cfg, out_dir, resume=resume, progress=progress, command=command, planner=plan_memory
         )
         made = []
     except NmtError as exc:
-        if out_dir is not None and speaks:
+        if speaks:
             log_failure(out_dir, started, f"error: {exc}")  # the run's log says why it ended
         raise _fail(exc) from None
     except TrainingInterrupted as exc:
-        _err(str(exc))
+        if speaks:  # every rank stopped at the same step; rank 0 saved it
+            _err(str(exc))
         raise typer.Exit(code=128 + exc.signum) from None
     except KeyboardInterrupt:  # before training began, or a second Ctrl-C during it
-        last = out_dir / "last.pt" if out_dir is not None else None
-        kept = f"{last} is kept" if last is not None and last.is_file() else "no checkpoint"
+        last = out_dir / "last.pt"
+        kept = f"{last} is kept" if last.is_file() else "no checkpoint"
         message = f"interrupted: {kept}"
-        if out_dir is not None and speaks:
+        if speaks:
             log_failure(out_dir, started, message)
         _err(message)
         raise typer.Exit(code=130) from None

@@ -98,22 +98,33 @@ def sample_other_use(
     return OtherUse(cores=max(0.0, others / elapsed), cpus=after.cpus, seconds=seconds)
 
 
+def local_ranks() -> int:
+    """The ranks on this machine (LOCAL_WORLD_SIZE, as torchrun and `nmt train
+    --nproc-per-node` set it; 1 without)."""
+    return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+
+
 def limit_threads() -> str:
-    """Cap torch's intra-op threads at `allowed_cores()`, unless a thread variable of the
-    environment chose them; returns how many there are and why, e.g. `2 (the cores this
-    process may run on)`, and `busy_hint`'s warning when it applies."""
+    """Cap torch's intra-op threads at `allowed_cores()` (with several ranks on this machine,
+    at their share of them), unless a thread variable of the environment chose them; returns
+    how many there are and why, e.g. `2 (the cores this process may run on)`, and
+    `busy_hint`'s warning when it applies."""
     current = torch.get_num_threads()
     chosen = [f"{name}={os.environ[name]}" for name in THREAD_VARIABLES if name in os.environ]
-    cores = allowed_cores()
+    ranks = local_ranks()
+    cores = max(1, allowed_cores() // ranks)
+    allowed = "the cores this process may run on" + (
+        f", shared by {ranks} ranks" if ranks > 1 else ""
+    )
     if chosen:
         line = f"{current} ({', '.join(chosen)})"
     elif current > cores:
         torch.set_num_threads(cores)
-        line = f"{cores} (the cores this process may run on; torch would start {current})"
+        line = f"{cores} ({allowed}; torch would start {current})"
     elif current < cores:
         line = f"{current} (set in this process; {cores} cores available)"
     else:
-        line = f"{current} (the cores this process may run on)"
+        line = f"{current} ({allowed})"
     hint = busy_hint(torch.get_num_threads())
     return line if hint is None else f"{line}; {hint}"
 

@@ -1,5 +1,5 @@
-"""Data-parallel training with torchrun: 2 CPU ranks on Gloo equal one process, and a dead
-rank makes the others fail instead of hanging."""
+"""Data-parallel training with torchrun and with `nmt train --nproc-per-node`: 2 CPU ranks on
+Gloo equal one process, and a dead rank makes the others fail instead of hanging."""
 
 from __future__ import annotations
 
@@ -32,6 +32,11 @@ def config(tmp_path: Path, executor: str, max_steps: int = 10) -> Path:
 
 def one_process(*args: str) -> list[str]:
     return [sys.executable, "-m", "nmt", "train", "--no-progress", *args]
+
+
+def forked(*args: str) -> list[str]:
+    """2 ranks forked by `nmt train` itself."""
+    return one_process("--nproc-per-node", "2", *args)
 
 
 def torchrun(*args: str) -> list[str]:
@@ -195,6 +200,118 @@ def test_a_shard_keeps_the_leading_pad_rows_that_fall_in_it() -> None:
         assert part is not None
         assert part.pad_rows == leading_pad_rows(part.tgt_out)
         assert len(part.pad_rows) == part.tgt_out.size(1)
+
+
+SPAWNING = (  # the command line run in a process where another Python thread runs
+    "import sys, threading, time; threading.Thread(target=time.sleep, args=(600,), "
+    "daemon=True).start(); sys.argv = ['nmt', *sys.argv[1:]]; from nmt.launch import main; "
+    "main()"
+)
+
+
+@pytest.mark.parametrize("start", ["fork", "spawn"])
+def test_nproc_per_node_ranks_equal_one_process(tmp_path, start):
+    """`--nproc-per-node 2` forks rank 1 from the command's process, or, where another thread
+    runs there, starts it as a fresh process and says why: either way two ranks train to the
+    parameters of one process, and only rank 0 speaks."""
+    cfg = config(tmp_path, "clones")
+    sets = ["--set", "model.granularity=fused", "--set", "train.loss_chunk=3"]
+    run_ok(one_process("--config", str(cfg), "--out", str(tmp_path / "one"), *sets))
+    command = forked("--config", str(cfg), "--out", str(tmp_path / "two"), *sets)
+    if start == "spawn":
+        command = [sys.executable, "-c", SPAWNING, *command[3:]]
+    multi = run_ok(command)
+    assert multi.stdout.count("done: 10 steps") == 1
+    says = "rank 1 start as fresh processes, not forks: 1 other Python thread(s) running"
+    assert (says in multi.stderr) == (start == "spawn"), multi.stderr
+    a = torch.load(tmp_path / "one" / "last.pt", weights_only=True)
+    b = torch.load(tmp_path / "two" / "last.pt", weights_only=True)
+    assert b["world_size"] == 2 and len(b["rng_per_rank"]) == 2 and b["step"] == 10
+    for key, value in a["model"].items():
+        rel = (value - b["model"][key]).abs().max() / value.abs().max()
+        assert rel < 1e-8, (key, float(rel))
+    assert a["valid_ppl"] == pytest.approx(b["valid_ppl"], rel=1e-10)
+
+
+def children(pid: int) -> list[int]:
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True)
+    return [int(p) for p in out.stdout.split()]
+
+
+def shared_anonymous_bytes(pid: int) -> int:
+    """Pages of `pid` written since its start and shared with another process: a fork's."""
+    rollup = Path(f"/proc/{pid}/smaps_rollup").read_text(encoding="ascii")
+    return int(rollup.split("Shared_Dirty:")[1].split()[0]) * 1024
+
+
+def test_nproc_per_node_ranks_share_their_imports_stop_together_and_resume(tmp_path):
+    """The forked rank shares the command's written pages (torch's import: a process
+    torchrun starts shares none); Ctrl-C stops both ranks at one step with rank 0's one line
+    naming `--nproc-per-node 2`, and that command resumes the run."""
+    cfg = config(tmp_path, "clones", max_steps=100000)
+    run = tmp_path / "run"
+    proc = subprocess.Popen(
+        forked("--config", str(cfg), "--out", str(run)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=ENV,
+        start_new_session=True,  # its own process group, as a terminal's Ctrl-C reaches
+    )
+    try:
+        for line in proc.stdout:
+            if line.startswith("step 5 "):
+                break
+        (rank1,) = children(proc.pid)
+        assert shared_anonymous_bytes(rank1) > 32 * 2**20
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    stopped = [line for line in err.splitlines() if "continue with:" in line]
+    assert len(stopped) == 1 and "Traceback" not in err, err
+    again = stopped[0].split("continue with: ")[1].split()
+    assert again[:4] == ["nmt", "train", "--nproc-per-node", "2"], again
+    step = torch.load(run / "last.pt", weights_only=True)["step"]
+    resumed = run_ok(one_process(*again[2:], "--set", f"train.max_steps={step + 2}"))
+    assert f"done: {step + 2} steps" in resumed.stdout
+
+
+def test_a_dead_forked_rank_stops_rank_zero_with_one_line(tmp_path):
+    cfg = config(tmp_path, "clones", max_steps=100000)
+    proc = subprocess.Popen(
+        forked("--config", str(cfg), "--out", str(tmp_path / "run")),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=ENV,
+    )
+    try:
+        for line in proc.stdout:
+            if line.startswith("step 5 "):
+                break
+        (rank1,) = children(proc.pid)
+        os.kill(rank1, signal.SIGKILL)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + signal.SIGKILL
+    assert err.strip() == "rank 1 ended with signal SIGKILL; stopping the other ranks", err
+
+
+def test_nproc_per_node_under_torchrun_is_refused(tmp_path):
+    cfg = config(tmp_path, "clones")
+    env = {**ENV, "WORLD_SIZE": "2"}
+    proc = subprocess.run(
+        forked("--config", str(cfg)), capture_output=True, text=True, env=env, timeout=120
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip() == (
+        "error: --nproc-per-node: torchrun starts this command's ranks; leave one of them out"
+    )
 
 
 def test_each_rank_validates_batches_of_its_share_of_the_rows():

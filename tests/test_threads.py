@@ -32,7 +32,7 @@ from tests.conftest import write_toy_config
 def threads(monkeypatch):
     """Torch's thread count restored after the test; no thread variable set; one allowed
     core; a quiet machine."""
-    for name in THREAD_VARIABLES:
+    for name in (*THREAD_VARIABLES, "LOCAL_WORLD_SIZE"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
     monkeypatch.setattr(nmt.threads, "sample_other_use", lambda: OtherUse(0.0, 2, 0.2))
@@ -46,6 +46,22 @@ def test_threads_are_capped_at_the_allowed_cores(threads):
     assert limit_threads() == "1 (the cores this process may run on; torch would start 3)"
     assert torch.get_num_threads() == 1
     assert limit_threads() == "1 (the cores this process may run on)"
+
+
+def test_ranks_on_one_machine_share_its_cores(threads, monkeypatch):
+    """torchrun and `nmt train --nproc-per-node` set LOCAL_WORLD_SIZE: each rank takes its
+    share of the allowed cores (at least one), not all of them."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4})
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    torch.set_num_threads(5)
+    assert limit_threads() == (
+        "2 (the cores this process may run on, shared by 2 ranks; torch would start 5)"
+    )
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    assert (
+        limit_threads()
+        == "1 (the cores this process may run on, shared by 8 ranks; torch would start 2)"
+    )
 
 
 def test_a_thread_count_the_user_chose_is_kept(threads, monkeypatch):
