@@ -15,32 +15,40 @@ each one's log as it arrives:
 - first: a new run directory, the corpus prepared (and sentencepiece trained);
 - later: a new run in the same directory (--force), the prepared corpus reused;
 - resume: `--resume last.pt` of that run;
-- 2 ranks: torchrun, two Gloo ranks, first and later start (word vocabulary only).
+- 2 ranks (word vocabulary only), first and later start, started by torchrun (two fresh
+  processes, Gloo) and by `nmt train --nproc-per-node 2` (rank 1 forked from the command's
+  process after its imports).
 
 `prepared MiB` is the size of the prepared corpus on disk: what a whole epoch maps (shared
 page cache, counted in RSS once touched; a start touches only its first batches).
 
 Each row gives the seconds from process start to the first step's log line and the peak RSS
-of the process (of both ranks together for 2 ranks; `resource.getrusage`, recorded by this
-script as the child's wrapper). The child processes' column is what a first start holds
-beside it in processes of its own (the encoding workers, one per core over 64 MiB of text,
-and their pool's helper), read from /proc every 0.1 s by the wrapper: the largest one's own
-peak (`VmHWM`), the largest sum of those alive at once (`VmRSS`), and the largest sum of
-theirs and the process's own at one look: what the start held in all. RSS counts
-shared pages (torch's libraries, the mapped corpus) in every process that maps them, so the
-ranks' sum counts them twice; the last column adds the ranks' proportional set sizes at exit
-instead, which count them once.
+of the process (`resource.getrusage`, recorded by this script as the child's wrapper). The
+child processes' column is what a first start holds beside it in processes of its own (the
+encoding workers, one per core over 64 MiB of text, and their pool's helper), read from
+/proc every 0.1 s by the wrapper: the largest one's own peak (`VmHWM`), the largest sum of
+those alive at once (`VmRSS`), and the largest sum of theirs and the process's own at one
+look: what the start held in all.
+
+The ranks table compares what the ranks hold together with what one process holds, each
+read by this script every 0.1 s over the whole process tree of the command (torchrun's own
+agent process included): the largest sum of the processes' RSS, which counts a page shared
+by two processes (torch's libraries, the mapped corpus, a fork's unwritten pages) in each,
+and the largest sum of their proportional set sizes (PSS), which counts it once: what the
+processes take from the machine together.
 `import` is the RSS of a process that has only imported
 torch and the trainer: what any start costs before reading data.
 
     python scripts/bench_corpus.py --sizes 2000,8000           # a rehearsal, a minute
     python scripts/bench_corpus.py                              # 0.1M, 0.4M, 1.6M, 4.5M pairs
     python scripts/bench_corpus.py --sizes 100000 --vocab word --json out.json
+    python scripts/bench_corpus.py --sizes 100000 --vocab word --ranks-by nproc
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -122,14 +130,22 @@ def write_config(path: Path, train: Path, valid: Path, vocab: str) -> Path:
     return path
 
 
-def run(args: list[str], rss_file: Path, ranks: int = 1) -> dict:
-    """Run `nmt ARGS` (under torchrun with `ranks` > 1) through this script's wrapper: the
-    seconds to the first step's log line, the summed peak RSS of its processes."""
+LAUNCHERS = ("torchrun", "nproc")  # how the ranks start: torchrun, `nmt train --nproc-per-node`
+
+
+def run(args: list[str], rss_file: Path, ranks: int = 1, launcher: str = "torchrun") -> dict:
+    """Run `nmt ARGS` (with `ranks` > 1: under torchrun, or as `--nproc-per-node` ranks)
+    through this script's wrapper: the seconds to the first step's log line, the summed peak
+    RSS of its processes, and the process tree's peak RSS and PSS sums (`TreePeaks`). The
+    `nproc` ranks run without the wrapper, whose watcher thread would keep `nmt train` from
+    forking them: their wrapper figures are None."""
     rss_file.unlink(missing_ok=True)
     wrapper = [str(Path(__file__).resolve()), "--child", str(rss_file), "--"]
-    if ranks > 1:
+    if ranks > 1 and launcher == "torchrun":
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
         command += ["--nproc_per_node", str(ranks), *wrapper, *args]
+    elif ranks > 1:
+        command = [sys.executable, "-m", "nmt", *args, "--nproc-per-node", str(ranks)]
     else:
         command = [sys.executable, *wrapper, *args]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
@@ -139,22 +155,101 @@ def run(args: list[str], rss_file: Path, ranks: int = 1) -> dict:
     with subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO
     ) as proc:
+        tree = TreePeaks(proc.pid)
+        tree.start()
         for line in proc.stdout:
             lines.append(line)
             if first is None and line.startswith(FIRST_STEP):
                 first = time.perf_counter() - start
+    tree_rss, tree_pss = tree.stop()
     if proc.returncode != 0 or first is None:
         sys.exit(f"bench_corpus: {' '.join(args)} failed:\n{''.join(lines[-20:])}")
-    rows = [[int(x) for x in line.split()] for line in rss_file.read_text().splitlines()]
-    return {
+    record = {
         "seconds_to_first_step": round(first, 2),
-        "peak_rss_bytes": sum(row[0] for row in rows),
-        "pss_at_exit_bytes": sum(row[1] for row in rows),
-        "largest_child_peak_rss_bytes": max(row[2] for row in rows),
-        "children_at_once_rss_bytes": sum(row[3] for row in rows),
-        "with_children_rss_bytes": sum(row[4] for row in rows),
+        "tree_peak_rss_bytes": tree_rss,
+        "tree_peak_pss_bytes": tree_pss,
         "ranks": ranks,
+        "launcher": launcher if ranks > 1 else None,
     }
+    rows = (
+        [[int(x) for x in line.split()] for line in rss_file.read_text().splitlines()]
+        if (rss_file.is_file())
+        else []
+    )
+    names = (
+        "peak_rss_bytes",
+        "pss_at_exit_bytes",
+        "largest_child_peak_rss_bytes",
+        "children_at_once_rss_bytes",
+        "with_children_rss_bytes",
+    )
+    for i, name in enumerate(names):
+        values = [row[i] for row in rows]
+        record[name] = (
+            (max if name == "largest_child_peak_rss_bytes" else sum)(values) if rows else None
+        )
+    return record
+
+
+class TreePeaks:
+    """The largest sums of RSS and of PSS over a process and all its descendants, read from
+    /proc every `EVERY` seconds until `stop` (each sum's own largest moment)."""
+
+    EVERY = 0.1
+
+    def __init__(self, root: int) -> None:
+        import threading
+
+        self.root, self.rss, self.pss = root, 0, 0
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> tuple[int, int]:
+        self._stopped.set()
+        self._thread.join()
+        return self.rss, self.pss
+
+    def _watch(self) -> None:
+        while not self._stopped.wait(self.EVERY):
+            rss = pss = 0
+            for pid in self.tree():
+                rss += status_bytes(pid, "VmRSS")
+                pss += rollup_bytes(pid, "Pss")
+            self.rss, self.pss = max(self.rss, rss), max(self.pss, pss)
+
+    def tree(self) -> list[int]:
+        """The root and its descendants alive now."""
+        parents = {}
+        for entry in os.scandir("/proc"):
+            if entry.name.isdigit():
+                with contextlib.suppress(OSError, IndexError, ValueError):
+                    stat = Path(entry.path, "stat").read_text(encoding="ascii")
+                    parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+        found, todo = [], [self.root]
+        while todo:
+            pid = todo.pop()
+            found.append(pid)
+            todo += [child for child, parent in parents.items() if parent == pid]
+        return found
+
+
+def status_bytes(pid: int | str, field: str) -> int:
+    """A `VmXXX` field of /proc/PID/status in bytes (0: gone)."""
+    with contextlib.suppress(OSError, IndexError):
+        text = Path(f"/proc/{pid}/status").read_text(encoding="ascii")
+        return int(text.split(f"{field}:")[1].split()[0]) * 1024
+    return 0
+
+
+def rollup_bytes(pid: int | str, field: str) -> int:
+    """A field of /proc/PID/smaps_rollup in bytes (0: gone, or not readable)."""
+    with contextlib.suppress(OSError, IndexError):
+        text = Path(f"/proc/{pid}/smaps_rollup").read_text(encoding="ascii")
+        return int(text.split(f"\n{field}:")[1].split()[0]) * 1024
+    return 0
 
 
 def child(rss_file: str, args: list[str]) -> None:
@@ -247,14 +342,7 @@ def pss() -> int:
     """This process's proportional set size now (bytes; 0 where /proc cannot say): pages
     shared with other processes (a library, a memory-mapped corpus) count as their share,
     so the ranks' values add up to what they hold together."""
-    try:
-        with open("/proc/self/smaps_rollup", encoding="ascii") as handle:
-            for line in handle:
-                if line.startswith("Pss:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
+    return rollup_bytes("self", "Pss")
 
 
 def import_rss(work: Path) -> int:
@@ -281,12 +369,20 @@ def main() -> None:
     parser.add_argument("--sizes", default=DEFAULT_SIZES, help="pairs, comma-separated")
     parser.add_argument("--vocab", default="word,spm", help="word, spm or both")
     parser.add_argument("--ranks", type=int, default=2, help="the distributed rows (0: none)")
+    parser.add_argument(
+        "--ranks-by",
+        default=",".join(LAUNCHERS),
+        help="how the ranks start: torchrun, nproc (nmt train --nproc-per-node), or both",
+    )
     parser.add_argument("--corpora", type=Path, default=REPO.parent / "shared" / "corpora")
     parser.add_argument("--work", type=Path, help="corpora and runs (default: a temporary folder)")
     parser.add_argument("--json", type=Path, help="also write the records here")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",") if s]
     vocabs = [v for v in args.vocab.split(",") if v]
+    launchers = [w for w in args.ranks_by.split(",") if w]
+    if unknown := set(launchers) - set(LAUNCHERS):
+        sys.exit(f"bench_corpus: --ranks-by {','.join(sorted(unknown))}: not one of {LAUNCHERS}")
     work = args.work or Path(tempfile.mkdtemp(prefix="nmt-bench-corpus-"))
     work.mkdir(parents=True, exist_ok=True)
     pool = source_pairs(args.corpora)
@@ -312,35 +408,32 @@ def main() -> None:
                 record["prepared_bytes"] = folder_bytes(out / "prepared")
                 records.append({"pairs": n, "vocab": vocab, "phase": phase, **record})
                 print(json.dumps(records[-1]), flush=True)
-            if args.ranks > 1 and vocab == "word":
-                out2 = work / f"run-{vocab}{n}-ranks"
+            for launcher in launchers if args.ranks > 1 and vocab == "word" else ():
+                out2 = work / f"run-{vocab}{n}-{launcher}"
                 shutil.rmtree(out2, ignore_errors=True)
                 train2 = ["train", "--config", str(cfg), "--out", str(out2), "--no-progress"]
                 for phase, command in (("first", train2), ("later", [*train2, "--force"])):
-                    record = run(command, rss, ranks=args.ranks)
+                    record = run(command, rss, args.ranks, launcher)
                     records.append({"pairs": n, "vocab": vocab, "phase": phase, **record})
                     print(json.dumps(records[-1]), flush=True)
-    table(records, base, args.ranks)
+    table(records, base)
+    if args.ranks > 1:
+        ranks_table(records)
     if args.json:
         args.json.write_text(json.dumps({**base, "records": records}, indent=1) + "\n")
     if args.work is None:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def table(records: list[dict], base: dict, ranks: int) -> None:
+def table(records: list[dict], base: dict) -> None:
     """One row per size: seconds to the first step and peak RSS (GiB) of each start."""
     print(f"\nimport only: peak RSS {gib(base['import_rss_bytes'])} GiB")
-    head = (
+    print(
         "| pairs | vocab | prepared MiB | first s | later s | resume s "
         "| peak RSS GiB (first/later/resume) "
         "| first: child processes GiB (largest/at once/with the process) |"
     )
-    extra = (
-        f" {ranks} ranks first s | {ranks} ranks later s | {ranks} ranks RSS / 1 rank "
-        f"| {ranks} ranks PSS / 1 rank |"
-    )
-    print(head + (extra if ranks > 1 else ""))
-    print("|---" * (8 + 4 * (ranks > 1)) + "|")
+    print("|---" * 8 + "|")
     keys = sorted({(r["pairs"], r["vocab"]) for r in records}, key=lambda k: (k[0], k[1] != "word"))
     for n, vocab in keys:
         one = {
@@ -359,25 +452,37 @@ def table(records: list[dict], base: dict, ranks: int) -> None:
                 "with_children_rss_bytes",
             )
         )
-        row += " | " + "/".join(gib(n) for n in children)
-        many = {
-            r["phase"]: r
-            for r in records
-            if (r["pairs"], r["vocab"]) == (n, vocab) and r["ranks"] > 1
-        }
-        if ranks > 1:
-            if many:
-                ratio = many["later"]["peak_rss_bytes"] / one["later"]["peak_rss_bytes"]
-                shared = many["later"]["pss_at_exit_bytes"] / max(
-                    one["later"]["pss_at_exit_bytes"], 1
-                )
-                row += f" | {many['first']['seconds_to_first_step']:.1f}"
-                row += (
-                    f" | {many['later']['seconds_to_first_step']:.1f} | {ratio:.2f} | {shared:.2f}"
-                )
-            else:
-                row += " | - | - | - | -"
-        print(row + " |")
+        print(row + " | " + "/".join(gib(n) for n in children) + " |")
+
+
+def ranks_table(records: list[dict]) -> None:
+    """Per size, one process against the ranks of each launcher: seconds to the first step
+    and the process tree's peak RSS and PSS sums, later starts (the corpus prepared)."""
+    print(
+        "\n| pairs | started by | first s | later s | peak RSS sum GiB | peak PSS GiB "
+        "| RSS sum / one process | PSS / one process |"
+    )
+    print("|---" * 8 + "|")
+    for n in sorted({r["pairs"] for r in records if r["ranks"] > 1}):
+        mine = [r for r in records if r["pairs"] == n and r["vocab"] == "word"]
+        one = {r["phase"]: r for r in mine if r["ranks"] == 1}
+        base = one["later"]
+        ranks = max(r["ranks"] for r in mine)
+        label = {"torchrun": "torchrun", "nproc": "--nproc-per-node"}
+        rows = [("one process", one)] + [
+            (f"{ranks} ranks, {label[by]}", {x["phase"]: x for x in mine if x["launcher"] == by})
+            for by in LAUNCHERS
+            if any(x["launcher"] == by for x in mine)
+        ]
+        for name, phases in rows:
+            later = phases["later"]
+            print(
+                f"| {n} | {name} | {phases['first']['seconds_to_first_step']:.1f} "
+                f"| {later['seconds_to_first_step']:.1f} | {gib(later['tree_peak_rss_bytes'])} "
+                f"| {gib(later['tree_peak_pss_bytes'])} "
+                f"| {later['tree_peak_rss_bytes'] / base['tree_peak_rss_bytes']:.2f} "
+                f"| {later['tree_peak_pss_bytes'] / base['tree_peak_pss_bytes']:.2f} |"
+            )
 
 
 if __name__ == "__main__":

@@ -49,27 +49,36 @@ def test_a_measured_run_reports_its_first_step_and_peak_rss(tmp_path):
     assert record["ranks"] == 1 and record["seconds_to_first_step"] > 0
     assert 10**8 < record["peak_rss_bytes"] < 2**33  # torch alone takes ~200 MB
     assert 0 < record["pss_at_exit_bytes"] <= record["peak_rss_bytes"]
+    # the tree's sums, read from outside: the wrapper and the trainer are one process here
+    assert 10**8 < record["tree_peak_pss_bytes"] <= record["tree_peak_rss_bytes"]
+    assert record["tree_peak_rss_bytes"] <= record["peak_rss_bytes"] * 1.05
     assert (tmp_path / "run" / "prepared" / "key.json").is_file()
     assert 0 < bench.folder_bytes(tmp_path / "run" / "prepared") < 2**20  # 200 short pairs
 
 
-def test_the_table_has_a_row_per_size_and_vocabulary(capsys):
+def test_the_tables_have_a_row_per_size_vocabulary_and_launcher(capsys):
     bench = bench_module()
     records = [
-        {"pairs": n, "vocab": v, "phase": p, "ranks": r, "seconds_to_first_step": 1.0,
+        {"pairs": n, "vocab": v, "phase": p, "ranks": r, "launcher": by,
+         "seconds_to_first_step": 1.0 + (by == "nproc"),
          "peak_rss_bytes": 2**30 * r, "pss_at_exit_bytes": 2**29 * (r + 1),
+         "tree_peak_rss_bytes": 2**30 * r, "tree_peak_pss_bytes": 2**30 * (1 + (r - 1) / 4),
          "prepared_bytes": 3 * 2**20, "largest_child_peak_rss_bytes": 2**28,
          "children_at_once_rss_bytes": 2**29, "with_children_rss_bytes": 2**31}
         for n in (10, 20)
         for v in ("word", "spm")
-        for p, r in (("first", 1), ("later", 1), ("resume", 1), ("first", 2), ("later", 2))
+        for p, r, by in (("first", 1, None), ("later", 1, None), ("resume", 1, None),
+                         ("first", 2, "torchrun"), ("later", 2, "torchrun"),
+                         ("first", 2, "nproc"), ("later", 2, "nproc"))
         if r == 1 or v == "word"
     ]  # fmt: skip
-    bench.table(records, {"import_rss_bytes": 2**28}, 2)
+    bench.table(records, {"import_rss_bytes": 2**28})
+    bench.ranks_table(records)
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
-    assert len(rows) == 1 + 4
-    assert rows[1].startswith(
-        "| 10 | word | 3 | 1.0 | 1.0 | 1.0 | 1.00/1.00/1.00 | 0.25/0.50/2.00 "
-        "| 1.0 | 1.0 | 2.00 | 1.50 |"
-    )
-    assert rows[2].endswith("| - | - | - | - |")
+    assert len(rows) == 1 + 4 + 1 + 2 * 3
+    assert rows[1] == ("| 10 | word | 3 | 1.0 | 1.0 | 1.0 | 1.00/1.00/1.00 | 0.25/0.50/2.00 |")
+    assert rows[6:9] == [
+        "| 10 | one process | 1.0 | 1.0 | 1.00 | 1.00 | 1.00 | 1.00 |",
+        "| 10 | 2 ranks, torchrun | 1.0 | 1.0 | 2.00 | 1.25 | 2.00 | 1.25 |",
+        "| 10 | 2 ranks, --nproc-per-node | 2.0 | 2.0 | 2.00 | 1.25 | 2.00 | 1.25 |",
+    ]
