@@ -268,3 +268,50 @@ def test_training_from_a_file_learns_the_iterators_model_byte_for_byte():
     assert b"lines.txt" not in proto
     assert without_input_files(from_iterator.getvalue()) == from_iterator.getvalue()
     assert len(SentencePieceTokenizer(proto)) == 200
+
+
+EDGE_LINES = [
+    "",
+    "   ",
+    "  spaces  at  ends  ",
+    "tab\there\tand\u00a0nbsp\u3000ideographic",
+    "ä ß é Ǆ ﬁ ① ｆｕｌｌ",  # NFKC: ligature, circled, full width
+    "a´b ¨c x\u0301y \u0301start",  # spacing accents NFKC-decompose to a space + a mark
+    "literal \u2581 mark \u2581\u2581 twice\u2581",
+    "zero\u200bwidth ctrl\x07char \x1cseparator",
+    "日本語の文 😀 emoji",
+    "ein Mann in einem blauen Hemd .",
+]
+
+
+@pytest.mark.parametrize("model_type", ["bpe", "unigram"])
+def test_sentencepiece_word_lookups_equal_whole_lines(model_type, tmp_path):
+    """The encoding workers' `piece_encoder` (each distinct word encoded once, lines cut at
+    their normalised spaces) gives sentencepiece's own ids for every line: the toy corpus's
+    both sides and lines where normalisation moves spaces; a model whose pieces cross words
+    is encoded whole."""
+    import sentencepiece as spm
+
+    from nmt.data.encoding_workers import piece_encoder
+
+    lines = toy_lines("train.src", 3000) + toy_lines("train.tgt", 3000) + EDGE_LINES
+    tok = SentencePieceTokenizer.train(lines[::2], 300, log=lambda _: None, model_type=model_type)
+    sp = spm.SentencePieceProcessor()
+    sp.LoadFromSerializedProto(tok.proto)
+    encode = piece_encoder(sp)
+    assert encode.__name__ == "encode"  # the word look-ups, not the whole-line fallback
+    assert encode(lines) == sp.encode(lines)
+    assert encode(lines) == sp.encode(lines)  # every word now remembered
+    crossing = tmp_path / "crossing.model"
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(lines),
+        model_prefix=str(crossing.with_suffix("")),
+        vocab_size=300,
+        model_type=model_type,
+        split_by_whitespace=False,
+        minloglevel=2,
+    )
+    across = spm.SentencePieceProcessor(model_file=str(crossing))
+    assert any("\u2581" in across.id_to_piece(i)[1:] for i in range(across.get_piece_size()))
+    whole = piece_encoder(across)
+    assert whole.__name__ == "whole" and whole(lines) == across.encode(lines)
