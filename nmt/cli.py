@@ -227,10 +227,14 @@ def train(
 ) -> None:
     """Train a model; checkpoints go to OUT/last.pt (the latest) and OUT/model.pt (the best
     validation by train.early_stopping_metric)."""
+    # what a rank runs is imported before the config is read: the command's first seconds
+    # (a Ctrl-C there is one line), and forked ranks share it
     from nmt.checkpoint import saved_config
     from nmt.config import load_config
+    from nmt.memreport.plan import plan_memory
     from nmt.train import local_ranks
     from nmt.train.distributed import launched_by_torchrun
+    from nmt.train.trainer import train as run_training
 
     sets = list(set_ or [])
     try:
@@ -257,7 +261,8 @@ def train(
 
     def run_rank() -> int:
         try:
-            _train_rank(cfg, source, out_dir, resume, force, shows_bar(progress), command)
+            run = partial(run_training, planner=plan_memory, command=command)
+            _train_rank(cfg, source, out_dir, resume, force, shows_bar(progress), run)
         except typer.Exit as stop:
             return stop.exit_code
         return 0
@@ -277,14 +282,13 @@ def _train_rank(
     resume: Path | None,
     force: bool,
     progress: bool,
-    command: list[str],
+    run_training: Callable[..., Any],
 ) -> None:
-    """One rank's `nmt train` (every rank under torchrun): the run directory, the training,
-    and what a failure or an interruption says and leaves."""
-    from nmt.memreport.plan import plan_memory
+    """One rank's `nmt train` (every rank under torchrun): the run directory, the training
+    (`run_training(cfg, out_dir, resume=, progress=)`), and what a failure or an
+    interruption says and leaves."""
     from nmt.train.runlog import log_failure, prepare_run_dir, remove_if_empty
     from nmt.train.trainer import TrainingInterrupted
-    from nmt.train.trainer import train as run_training
 
     made: list[Path] = []
     started = time.time()
@@ -293,9 +297,7 @@ def _train_rank(
         made = prepare_run_dir(out_dir, resume=resume, force=force)
         if speaks:
             print(f"config {source}:\n{cfg.dump()}", flush=True)
-        run_training(
-            cfg, out_dir, resume=resume, progress=progress, command=command, planner=plan_memory
-        )
+        run_training(cfg, out_dir, resume=resume, progress=progress)
         made = []
     except NmtError as exc:
         if speaks:
