@@ -3,12 +3,15 @@ Gloo equal one process, and a dead rank makes the others fail instead of hanging
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -123,19 +126,25 @@ def worker_pids(parent: int) -> dict[int, int]:
     return ranks
 
 
-def test_a_dead_rank_stops_the_others(tmp_path):
-    cfg = config(tmp_path, "clones", max_steps=100000)
-    proc = subprocess.Popen(
-        torchrun("--config", str(cfg), "--out", str(tmp_path / "run")),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        env=ENV,
-    )
+@contextlib.contextmanager
+def at_step_five(command: list[str], **popen: Any) -> Iterator[subprocess.Popen]:
+    """`command` running, once rank 0 reported step 5 (every rank is in the training loop);
+    killed on the way out if it still runs."""
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=ENV, **popen)
     try:
-        for line in proc.stdout:  # rank 0 reports steps: both ranks are in the training loop
+        for line in proc.stdout:
             if line.startswith("step 5 "):
                 break
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_a_dead_rank_stops_the_others(tmp_path):
+    cfg = config(tmp_path, "clones", max_steps=100000)
+    command = torchrun("--config", str(cfg), "--out", str(tmp_path / "run"))
+    with at_step_five(command, stderr=subprocess.DEVNULL) as proc:
         ranks = worker_pids(proc.pid)
         assert set(ranks) == {0, 1}, ranks
         os.kill(ranks[1], signal.SIGKILL)
@@ -145,9 +154,6 @@ def test_a_dead_rank_stops_the_others(tmp_path):
         time.sleep(0.5)
         with pytest.raises(ProcessLookupError):
             os.kill(ranks[0], 0)  # the surviving rank is gone too, not hanging
-    finally:
-        if proc.poll() is None:
-            proc.kill()
 
 
 def run_ok(cmd: list[str]) -> subprocess.CompletedProcess:
@@ -250,25 +256,13 @@ def test_nproc_per_node_ranks_share_their_imports_stop_together_and_resume(tmp_p
     naming `--nproc-per-node 2`, and that command resumes the run."""
     cfg = config(tmp_path, "clones", max_steps=100000)
     run = tmp_path / "run"
-    proc = subprocess.Popen(
-        forked("--config", str(cfg), "--out", str(run)),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=ENV,
-        start_new_session=True,  # its own process group, as a terminal's Ctrl-C reaches
-    )
-    try:
-        for line in proc.stdout:
-            if line.startswith("step 5 "):
-                break
+    command = forked("--config", str(cfg), "--out", str(run))
+    # its own process group, as a terminal's Ctrl-C reaches
+    with at_step_five(command, stderr=subprocess.PIPE, start_new_session=True) as proc:
         (rank1,) = children(proc.pid)
         assert shared_anonymous_bytes(rank1) > 32 * 2**20
         os.killpg(proc.pid, signal.SIGINT)
         _, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     assert proc.returncode == 130, err
     stopped = [line for line in err.splitlines() if "continue with:" in line]
     assert len(stopped) == 1 and "Traceback" not in err, err
@@ -281,23 +275,11 @@ def test_nproc_per_node_ranks_share_their_imports_stop_together_and_resume(tmp_p
 
 def test_a_dead_forked_rank_stops_rank_zero_with_one_line(tmp_path):
     cfg = config(tmp_path, "clones", max_steps=100000)
-    proc = subprocess.Popen(
-        forked("--config", str(cfg), "--out", str(tmp_path / "run")),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=ENV,
-    )
-    try:
-        for line in proc.stdout:
-            if line.startswith("step 5 "):
-                break
+    command = forked("--config", str(cfg), "--out", str(tmp_path / "run"))
+    with at_step_five(command, stderr=subprocess.PIPE) as proc:
         (rank1,) = children(proc.pid)
         os.kill(rank1, signal.SIGKILL)
         _, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     assert proc.returncode == 128 + signal.SIGKILL
     assert err.strip() == "rank 1 ended with signal SIGKILL; stopping the other ranks", err
 
