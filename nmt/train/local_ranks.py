@@ -36,14 +36,10 @@ LAUNCHED = "NMT_LOCAL_RANKS"  # set in the ranks this module starts: they do not
 SETTLE_S = 30.0  # how long a rank's bad end may take to reach rank 0 (Gloo's shutdown wait)
 KILL_WAIT_S = 5.0  # between SIGTERM and SIGKILL for a rank that must stop
 PR_SET_PDEATHSIG = 1  # prctl: the signal a child gets when its parent dies
-# what a rank imports after its start, imported before the fork so that the ranks share it:
-# torch.optim's constructor imports torch._dynamo (with sympy and inductor, ~70 MB a process)
-RANK_IMPORTS = (
-    "torch._dynamo",
-    "torch.distributed.distributed_c10d",
-    "nmt.train.trainer",
-    "nmt.memreport.plan",
-)
+# what a rank imports after its start beyond the command's own imports (nmt train imports
+# the trainer before it reads its config), imported before the fork so that the ranks share
+# it: torch.optim's constructor imports torch._dynamo (with sympy and inductor, ~70 MB)
+RANK_IMPORTS = ("torch._dynamo", "torch.distributed.distributed_c10d")
 
 
 def started_here() -> bool:
