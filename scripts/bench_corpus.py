@@ -367,7 +367,7 @@ def gib(n: int) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default=DEFAULT_SIZES, help="pairs, comma-separated")
-    parser.add_argument("--vocab", default="word,spm", help="word, spm or both")
+    parser.add_argument("--vocab", default="word,spm", help="word, spm or word,spm")
     parser.add_argument("--ranks", type=int, default=2, help="the distributed rows (0: none)")
     parser.add_argument(
         "--ranks-by",
@@ -380,6 +380,8 @@ def main() -> None:
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",") if s]
     vocabs = [v for v in args.vocab.split(",") if v]
+    if unknown := set(vocabs) - set(VOCABS):
+        sys.exit(f"bench_corpus: --vocab {','.join(sorted(unknown))}: not one of {list(VOCABS)}")
     launchers = [w for w in args.ranks_by.split(",") if w]
     if unknown := set(launchers) - set(LAUNCHERS):
         sys.exit(f"bench_corpus: --ranks-by {','.join(sorted(unknown))}: not one of {LAUNCHERS}")

@@ -6,6 +6,7 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -284,15 +285,39 @@ EDGE_LINES = [
 ]
 
 
+@pytest.mark.parametrize("block", [2, 4096])
+def test_packed_pairs_encode_a_target_only_where_its_source_fits(block, monkeypatch):
+    """`packed_pairs` keeps the pairs within both limits, in order, as flat ids and lengths,
+    and never encodes the target of a source over its limit."""
+    from nmt.data import encoding_workers
+    from nmt.data.encoding_workers import packed_pairs, word_encoder
+
+    monkeypatch.setattr(encoding_workers, "PACK_LINES", block)
+    words = word_encoder([*SPECIALS, "a", "b", "c"])
+    asked: list[str] = []
+
+    def target(lines: list[str]):
+        asked.extend(lines)
+        return words(lines)
+
+    pairs = [("a b c", "a"), ("a b c d e", "b"), ("a", "b c a b"), ("b c", "c x")]
+    src_ids, src_lengths, tgt_ids, tgt_lengths = packed_pairs(pairs, words, target, 3, 3)
+    assert asked == ["a", "b c a b", "c x"]  # not the target of the 5-word source
+    assert src_lengths.tolist() == [3, 2] and tgt_lengths.tolist() == [1, 2]
+    assert src_ids.tolist() == [4, 5, 6, 5, 6] and tgt_ids.tolist() == [4, 6, UNK]
+    assert [a.size for a in packed_pairs([], words, target, 3, 3)] == [0, 0, 0, 0]
+
+
 @pytest.mark.parametrize("model_type", ["bpe", "unigram"])
-def test_sentencepiece_word_lookups_equal_whole_lines(model_type, tmp_path):
+def test_sentencepiece_word_lookups_equal_whole_lines(model_type, tmp_path, monkeypatch):
     """The encoding workers' `piece_encoder` (each distinct word encoded once, lines cut at
     their normalised spaces) gives sentencepiece's own ids for every line: the toy corpus's
     both sides and lines where normalisation moves spaces; a model whose pieces cross words
     is encoded whole."""
     import sentencepiece as spm
 
-    from nmt.data.encoding_workers import piece_encoder
+    from nmt.data import encoding_workers
+    from nmt.data.encoding_workers import flattened, piece_encoder
 
     lines = toy_lines("train.src", 3000) + toy_lines("train.tgt", 3000) + EDGE_LINES
     tok = SentencePieceTokenizer.train(lines[::2], 300, log=lambda _: None, model_type=model_type)
@@ -300,8 +325,18 @@ def test_sentencepiece_word_lookups_equal_whole_lines(model_type, tmp_path):
     sp.LoadFromSerializedProto(tok.proto)
     encode = piece_encoder(sp)
     assert encode.__name__ == "encode"  # the word look-ups, not the whole-line fallback
-    assert encode(lines) == sp.encode(lines)
-    assert encode(lines) == sp.encode(lines)  # every word now remembered
+    plain = toy_lines("train.src", 300)  # every line one space before each word
+    assert encoding_workers._words(sp.normalize(plain))[2] == []  # so cut in one split
+    assert all(map(np.array_equal, encode(plain), flattened(sp.encode(plain))))
+    expected = flattened(sp.encode(lines))
+    for _ in range(2):  # every word encoded, then every word remembered
+        assert all(map(np.array_equal, encode(lines), expected))
+    assert all(map(np.array_equal, encode(lines[:1]), flattened(sp.encode(lines[:1]))))
+    assert all(map(np.array_equal, encode([]), flattened([])))
+    monkeypatch.setattr(encoding_workers, "MEMO_ENTRIES", 50)  # started afresh, same ids
+    for start in range(0, len(lines), 700):
+        part = lines[start : start + 700]
+        assert all(map(np.array_equal, encode(part), flattened(sp.encode(part))))
     crossing = tmp_path / "crossing.model"
     spm.SentencePieceTrainer.train(
         sentence_iterator=iter(lines),
@@ -314,4 +349,5 @@ def test_sentencepiece_word_lookups_equal_whole_lines(model_type, tmp_path):
     across = spm.SentencePieceProcessor(model_file=str(crossing))
     assert any("\u2581" in across.id_to_piece(i)[1:] for i in range(across.get_piece_size()))
     whole = piece_encoder(across)
-    assert whole.__name__ == "whole" and whole(lines) == across.encode(lines)
+    assert whole.__name__ == "whole"
+    assert all(map(np.array_equal, whole(lines), flattened(across.encode(lines))))

@@ -24,8 +24,10 @@ from nmt.config import DataConfig, shown_path, training_corpora
 from nmt.cpu_memory import give_back_freed
 from nmt.data.batching import Example
 from nmt.data.encoding_workers import (
+    LineEncoder,
     count_chunk,
     encode_chunk,
+    flattened,
     ordered_map,
     packed_pairs,
     start_encoding,
@@ -309,8 +311,12 @@ def _encode_here(
 ) -> tuple[list[np.ndarray], int]:
     """`encode_chunk` with any tokenizers, in this process."""
     pairs, max_src, max_tgt = job
-    src, tgt = (tok.encode_batch for tok in tokenizers)
+    src, tgt = (_flat(tok) for tok in tokenizers)
     return packed_pairs(pairs, src, tgt, max_src, max_tgt), len(pairs)
+
+
+def _flat(tok: Tokenizer) -> LineEncoder:
+    return lambda lines: flattened(tok.encode_batch(lines))
 
 
 def _filtered(

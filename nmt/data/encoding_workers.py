@@ -22,7 +22,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from itertools import chain
+from itertools import chain, repeat
 from typing import Any
 
 import numpy as np
@@ -32,7 +32,10 @@ from nmt.data.vocab import SPECIALS, UNK
 IN_FLIGHT = 2  # chunks per worker submitted ahead of the one being collected
 Pairs = list[tuple[str, str]]
 
-_encoders: dict[str, Callable[[list[str]], list[list[int]]]] = {}  # a worker's, per side
+Encoded = tuple[np.ndarray, np.ndarray]  # lines' ids one after another; each line's count
+LineEncoder = Callable[[list[str]], Encoded]
+
+_encoders: dict[str, LineEncoder] = {}  # a worker's, per side
 
 
 class _Ids(dict):
@@ -47,6 +50,12 @@ def word_ids(pieces: list[str]) -> dict[str, int]:
     for special in SPECIALS:
         ids[special] = UNK
     return ids
+
+
+def flattened(rows: list[list[int]]) -> Encoded:
+    """Lists of ids, a list a line, as one array of ids and one of lengths (int64)."""
+    lengths = np.fromiter(map(len, rows), np.int64, len(rows))
+    return np.fromiter(chain.from_iterable(rows), np.int64, int(lengths.sum())), lengths
 
 
 def count_chunk(job: tuple[Pairs, int, int]) -> tuple[Counter[str], Counter[str], int, int]:
@@ -70,59 +79,123 @@ def start_encoding(src: list[str] | bytes, tgt: list[str] | bytes) -> None:
         _encoders[side] = _encoder(vocabulary)
 
 
-def _encoder(vocabulary: list[str] | bytes) -> Callable[[list[str]], list[list[int]]]:
+def _encoder(vocabulary: list[str] | bytes) -> LineEncoder:
     if isinstance(vocabulary, bytes):
         import sentencepiece
 
         sp = sentencepiece.SentencePieceProcessor()
         sp.LoadFromSerializedProto(vocabulary)
         return piece_encoder(sp)
+    return word_encoder(vocabulary)
+
+
+def word_encoder(vocabulary: list[str]) -> LineEncoder:
+    """A word vocabulary's ids of lines, looked up by one `map` over all their words."""
     ids = word_ids(vocabulary)
-    return lambda lines: [list(map(ids.__getitem__, line.split())) for line in lines]
+
+    def encode(lines: list[str]) -> Encoded:
+        words = [line.split() for line in lines]
+        lengths = np.fromiter(map(len, words), np.int64, len(words))
+        found = map(ids.__getitem__, chain.from_iterable(words))
+        return np.fromiter(found, np.int64, int(lengths.sum())), lengths
+
+    return encode
 
 
 WHITESPACE = "\u2581"  # sentencepiece's mark of a space in normalised text and in pieces
-MEMO_WORDS = 1 << 20  # the words a worker keeps the pieces of (~150 bytes each at most)
+MEMO_ENTRIES = 1 << 20  # the words a worker keeps the ids of before it starts afresh
 
 
-def piece_encoder(sp: Any) -> Callable[[list[str]], list[list[int]]]:
+def piece_encoder(sp: Any) -> LineEncoder:
     """Sentencepiece's ids of lines, as `sp.encode` gives them, with each distinct word
     encoded once. Where no piece of the model holds a space past its first character (as
     `split_by_whitespace` trains them: BPE merges and unigram segments never cross a word's
     start), a line's ids are its words' ids one after the other: its normalised text
-    (`sp.normalize`, one call for all lines) is cut at its spaces and each word's ids are
-    looked up, encoded the first time (600k synthetic corpus lines on one core of a Zen 4
-    EPYC: 11.5 s against sp.encode's 20.6 s). A line
-    whose normalised text is not one space before each word (a model without the dummy
-    prefix, runs of spaces kept, a literal space mark) is encoded whole, as is every line
-    of a model with pieces across words. Equal to `sp.encode` (tested on BPE and unigram
-    models, real and edge-case lines)."""
+    (`sp.normalize`, one call for all lines) is cut at its spaces and its words' ids are
+    gathered from `WordPieces`. A line whose normalised text is not one space before each
+    word (a model without the dummy prefix, runs of spaces kept, a literal space mark) is
+    encoded whole, as is every line of a model with pieces across words. Equal to
+    `sp.encode` (tested on BPE and unigram models, real and edge-case lines)."""
 
-    def whole(lines: list[str]) -> list[list[int]]:
-        return sp.encode(lines, num_threads=1)  # a process per core already
+    def whole(lines: list[str]) -> Encoded:
+        return flattened(sp.encode(lines, num_threads=1))  # a process per core already
 
     if any(WHITESPACE in sp.id_to_piece(i)[1:] for i in range(sp.get_piece_size())):
         return whole
-    memo: dict[str, list[int]] = {}
+    return WordPieces(sp).encode
 
-    def word(text: str) -> list[int]:
-        ids = memo.get(text)
-        if ids is None:
-            ids = sp.encode(text)
-            if len(memo) < MEMO_WORDS:
-                memo[text] = ids
-        return ids
 
-    def encode(lines: list[str]) -> list[list[int]]:
-        rows = []
-        for line, text in zip(lines, sp.normalize(lines), strict=True):
-            if text[:1] != WHITESPACE or text.endswith(WHITESPACE) or 2 * WHITESPACE in text:
-                rows.append(sp.encode(line))
-            else:
-                rows.append(list(chain.from_iterable(map(word, text[1:].split(WHITESPACE)))))
-        return rows
+class WordPieces:
+    """The ids of each distinct word, encoded once and kept in flat arrays: `entry` numbers
+    a word, and an entry's ids are `ids[starts[e]:starts[e + 1]]`. A line's ids are then
+    gathered by numpy from its words' entries, so that Python touches a word only in one
+    `map` of dictionary look-ups (a function call a word would cost more than
+    sentencepiece's own encoding of the line). After `MEMO_ENTRIES` entries it starts
+    afresh, so that a worker's memory is bounded whatever the corpus's vocabulary."""
 
-    return encode
+    def __init__(self, sp: Any):
+        self.sp = sp
+        self._clear()
+
+    def _clear(self) -> None:
+        self.entry: dict[str | int, int] = {}  # an int key: a line encoded whole (never a word)
+        self.ids, self.starts = array("q"), array("q", [0])
+
+    def _add(self, keys: list[str] | list[int], rows: list[list[int]]) -> None:
+        for key, row in zip(keys, rows, strict=True):
+            self.entry[key] = len(self.starts) - 1
+            self.ids.extend(row)
+            self.starts.append(len(self.ids))
+
+    def encode(self, lines: list[str]) -> Encoded:
+        if len(self.starts) > MEMO_ENTRIES:
+            self._clear()
+        texts = self.sp.normalize(lines)
+        flat, per_line, whole = _words(texts)
+        if whole:
+            self._add(whole, self.sp.encode([lines[-1 - k] for k in whole], num_threads=1))
+        entries = np.fromiter(map(self.entry.get, flat, repeat(-1)), np.int64, len(flat))
+        missing = np.flatnonzero(entries < 0)
+        if missing.size:
+            new = list(dict.fromkeys(flat[i] for i in missing))  # distinct, in order
+            self._add(new, self.sp.encode(new, num_threads=1))
+            entries[missing] = [self.entry[flat[i]] for i in missing]
+        for key in whole:
+            del self.entry[key]
+        starts, ids = np.frombuffer(self.starts, np.int64), np.frombuffer(self.ids, np.int64)
+        first, count = starts[entries], starts[entries + 1] - starts[entries]
+        ends = np.cumsum(count)
+        where = np.repeat(first - (ends - count), count) + np.arange(ends[-1] if flat else 0)
+        line_ends = np.concatenate(([0], ends))[np.cumsum(per_line)]
+        encoded = ids[where], np.diff(line_ends, prepend=0)
+        del starts, ids  # the arrays grow again at the next call
+        return encoded
+
+
+def _words(texts: list[str]) -> tuple[list[str | int], np.ndarray, list[int]]:
+    """The words of normalised lines one after another, each line's count, and the lines to
+    encode whole, numbered -1 - i (each stands for itself among the words). Where every
+    line is one space before each word, as nearly all are, the words come from one split
+    of all the lines joined: a list a line costs more than the look-ups that follow."""
+    joined = "".join(texts)
+    if (
+        all(map(str.startswith, texts, repeat(WHITESPACE)))
+        and 2 * WHITESPACE not in joined  # also a line that ends in a space, but the last
+        and not joined.endswith(WHITESPACE)
+    ):
+        flat: list[str | int] = joined.split(WHITESPACE)
+        del flat[0]
+        return flat, np.fromiter(map(str.count, texts, repeat(WHITESPACE)), np.int64), []
+    words: list[list[str] | list[int]] = []
+    whole: list[int] = []
+    for i, text in enumerate(texts):
+        if text[:1] != WHITESPACE or text.endswith(WHITESPACE) or 2 * WHITESPACE in text:
+            whole.append(-1 - i)
+            words.append([-1 - i])
+        else:
+            words.append(text[1:].split(WHITESPACE))
+    per_line = np.fromiter(map(len, words), np.int64, len(words))
+    return list(chain.from_iterable(words)), per_line, whole
 
 
 def encode_chunk(job: tuple[Pairs, int, int]) -> tuple[list[np.ndarray], int]:
@@ -132,37 +205,36 @@ def encode_chunk(job: tuple[Pairs, int, int]) -> tuple[list[np.ndarray], int]:
     return packed_pairs(pairs, _encoders["src"], _encoders["tgt"], max_src, max_tgt), len(pairs)
 
 
-PACK_LINES = 4096  # lines encoded at a time: their Python lists of ids, all a chunk holds
+PACK_LINES = 4096  # pairs encoded at a time: their Python strings, all a chunk holds
 
 
 def packed_pairs(
-    pairs: Pairs,
-    encode_src: Callable[[list[str]], list[list[int]]],
-    encode_tgt: Callable[[list[str]], list[list[int]]],
-    max_src: int,
-    max_tgt: int,
+    pairs: Pairs, encode_src: LineEncoder, encode_tgt: LineEncoder, max_src: int, max_tgt: int
 ) -> list[np.ndarray]:
     """The pairs encoded and kept within the length limits as [source ids, source lengths,
     target ids, target lengths] (int64): what every encoder of a chunk hands the prepared
-    corpus. `PACK_LINES` lines are encoded at a time and their ids moved at once into flat
-    arrays: a chunk's ids as Python lists of ints would take ~36 bytes a token (a worker
-    encoding 65,536 word pairs held 0.21 GiB), as arrays they take 8."""
-    sides = []
-    for k, encode in enumerate((encode_src, encode_tgt)):
-        ids, lengths = array("q"), array("q")
-        for start in range(0, len(pairs), PACK_LINES):
-            rows = encode([pair[k] for pair in pairs[start : start + PACK_LINES]])
-            lengths.extend(map(len, rows))
-            ids.extend(chain.from_iterable(rows))
-        sides.append((np.frombuffer(ids, dtype=np.int64), np.frombuffer(lengths, dtype=np.int64)))
-    (src_ids, src_lengths), (tgt_ids, tgt_lengths) = sides
-    keep = (src_lengths <= max_src) & (tgt_lengths <= max_tgt)
-    return [
-        src_ids[np.repeat(keep, src_lengths)],
-        src_lengths[keep],
-        tgt_ids[np.repeat(keep, tgt_lengths)],
-        tgt_lengths[keep],
-    ]
+    corpus. `PACK_LINES` pairs are encoded at a time, and a target only where its source
+    is within the limit."""
+    parts = []
+    for start in range(0, len(pairs), PACK_LINES):
+        block = pairs[start : start + PACK_LINES]
+        src_ids, src_lengths = encode_src([s for s, _ in block])
+        fits = np.flatnonzero(src_lengths <= max_src)
+        tgt_ids, tgt_lengths = encode_tgt([block[i][1] for i in fits])
+        tgt_fits = tgt_lengths <= max_tgt
+        keep = np.zeros(len(block), dtype=bool)
+        keep[fits[tgt_fits]] = True
+        parts.append(
+            (
+                src_ids[np.repeat(keep, src_lengths)],
+                src_lengths[keep],
+                tgt_ids[np.repeat(tgt_fits, tgt_lengths)],
+                tgt_lengths[tgt_fits],
+            )
+        )
+    if not parts:
+        return [np.zeros(0, dtype=np.int64) for _ in range(4)]
+    return [np.concatenate(side) for side in zip(*parts, strict=True)]
 
 
 def ordered_map(
