@@ -315,7 +315,7 @@ def main() -> None:
     layers = output_layers(models, args.output_layers.split(","))
     packs = {name: packed_gates(model) for name, model in models.items()}
     runs = [
-        (int(b), g, p, o, r, k)
+        (int(b), g, p, o, r, k, m)
         for _ in range(args.rounds)
         for b in args.beams.split(",")
         for g in args.granularities.split(",")

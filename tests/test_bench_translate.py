@@ -82,3 +82,26 @@ def test_gates_are_the_loaded_pack_and_none(bench, monkeypatch):
     packs = bench.packed_gates(model)
     assert len(packs) == 4 and bench.GATES == ("loaded", "two-products")
     assert all(cell.packed_gates is pack for cell, pack in packs)
+
+
+def test_cuda_graphs_modes_run_side_by_side(bench, tmp_path, monkeypatch, capsys):
+    """`--cuda-graphs off,on` runs each search once per mode (on the CPU `on` says why every
+    step runs eager) and both find the same outputs."""
+    toy = REPO / "data" / "toy"
+    names = {"train": "src-train", "valid": "src-val"}
+    for split, stem in names.items():
+        (tmp_path / f"{stem}.txt").symlink_to(toy / f"{split}.src")
+        (tmp_path / f"{stem.replace('src', 'targ')}.txt").symlink_to(toy / f"{split}.tgt")
+    argv = ["bench_translate.py", "--data", str(tmp_path), "--train-steps", "2", "--layers", "1"]
+    argv += ["--rnn", "16", "--vocab", "200", "--lines", "4", "--batch-size", "2"]
+    argv += ["--beams", "2", "--granularities", "fused", "--cuda-graphs", "off,on"]
+    monkeypatch.setattr(sys, "argv", argv)
+    bench.main()
+    out = capsys.readouterr().out
+    assert "--cuda-graphs on: every search step runs eager: no CUDA device (cpu)" in out
+    rows = [line for line in out.splitlines() if line.startswith("| beam 2, fused")]
+    assert [row.split(" | ")[0] for row in rows] == [
+        "| beam 2, fused, float32, cuda graphs off",
+        "| beam 2, fused, float32, cuda graphs on",
+    ]
+    assert all(row.endswith("| yes |") for row in rows)
