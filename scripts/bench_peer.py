@@ -35,7 +35,9 @@ clones-nngraph (model.granularity nngraph, train.loss_chunk 1: the seed's node s
 autograd-kernel (the autograd executor, its encoder on torch's nn.LSTM kernel).
 
 OpenNMT-py lives in its own virtual environment (it pins torch < 2.3; it runs here on this
-machine's torch, installed with it): `--setup` makes it. Its checkpoints load only with
+machine's torch, installed with it): `--setup` makes it. `--onmt-python PYTHON` runs it with
+another interpreter that imports it instead (a GPU machine's, its wheels carried there:
+scripts/gpu_session.sh). Its checkpoints load only with
 TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1. Both tools read copies of the corpus under `--work` with
 runs of whitespace squeezed to one space (OpenNMT-py splits on single spaces and would count
 an empty token; nmt splits on any whitespace, so it reads the same tokens either way).
@@ -311,8 +313,14 @@ def run_measured(command: list[str], env: dict[str, str], log: Path) -> tuple[in
     return usage.ru_maxrss / 1024, seconds  # Linux: KiB
 
 
-def onmt_bin(venv: Path, name: str) -> str:
-    return str(venv / "bin" / name)
+def onmt_command(python: str, module: str) -> list[str]:
+    """An OpenNMT-py entry point (`onmt.bin.train`, ...) run by `python`."""
+    return [python, "-m", module]
+
+
+def onmt_python(args: argparse.Namespace) -> str:
+    """The interpreter that runs OpenNMT-py: --onmt-python, else the venv's."""
+    return args.onmt_python or str(args.onmt_venv / "bin" / "python")
 
 
 def setup(venv: Path) -> None:
@@ -324,20 +332,19 @@ def setup(venv: Path) -> None:
     subprocess.run([*pip, f"torch=={TORCH_VERSION}"], check=True)
     subprocess.run([*pip, "--no-deps", f"OpenNMT-py=={ONMT_VERSION}"], check=True)
     subprocess.run([*pip, f"torch=={TORCH_VERSION}", *ONMT_DEPS], check=True)
-    check_setup(venv)
+    check_setup(str(venv / "bin" / "python"))
     print(f"OpenNMT-py {ONMT_VERSION} ready in {venv}")
 
 
-def check_setup(venv: Path) -> None:
+def check_setup(python: str) -> None:
     imports = "; ".join(f"import {m}" for m in ONMT_MODULES)
-    done = subprocess.run(
-        [str(venv / "bin" / "python"), "-W", "ignore", "-c", imports],
-        capture_output=True,
-        text=True,
-    )
+    done = subprocess.run([python, "-W", "ignore", "-c", imports], capture_output=True, text=True)
     if done.returncode != 0:
         tail = done.stderr.strip().splitlines()[-1:] or ["?"]
-        raise SystemExit(f"OpenNMT-py in {venv} does not import ({tail[0]}): run --setup")
+        raise SystemExit(
+            f"OpenNMT-py does not import in {python} ({tail[0]}): run --setup, or name an "
+            "interpreter that has it with --onmt-python"
+        )
 
 
 # ---------------------------------------------------------------- the runs
@@ -358,21 +365,22 @@ def train_nmt(raw: dict, run_dir: Path, threads: int) -> dict:
     return {**figures, "rss_mib": rss, "wall_s": wall, "model": str(run_dir / "last.pt")}
 
 
-def train_onmt(config: dict, venv: Path, out: Path, threads: int) -> dict:
+def train_onmt(config: dict, python: str, out: Path, threads: int) -> dict:
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     cfg = out / "train.yaml"
     cfg.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
     env = thread_env(threads)
     run_measured(
-        [onmt_bin(venv, "onmt_build_vocab"), "-config", str(cfg), "-n_sample", "-1"],
+        [*onmt_command(python, "onmt.bin.build_vocab"), "-config", str(cfg), "-n_sample", "-1"],
         env,
         out / "build_vocab.log",
     )
     for side in ("src", "tgt"):
         clean_vocab(out / f"vocab.{side}")
     log = out / "train.log"
-    rss, wall = run_measured([onmt_bin(venv, "onmt_train"), "-config", str(cfg)], env, log)
+    command = [*onmt_command(python, "onmt.bin.train"), "-config", str(cfg)]
+    rss, wall = run_measured(command, env, log)
     windows = onmt_windows(log.read_text(encoding="utf-8"), config["report_every"])
     figures = training_figures(windows)
     model = out / f"model_step_{config['train_steps']}.pt"
@@ -403,7 +411,7 @@ def translate_nmt(
 
 def translate_onmt(
     model: str,
-    venv: Path,
+    python: str,
     src: Path,
     out: Path,
     beam: int,
@@ -413,7 +421,7 @@ def translate_onmt(
     device: str = "cpu",
 ) -> dict:
     pred = out / f"pred-beam{beam}-batch{batch}.txt"
-    command = [onmt_bin(venv, "onmt_translate"), "-model", model, "-src", str(src)]
+    command = [*onmt_command(python, "onmt.bin.translate"), "-model", model, "-src", str(src)]
     command += ["-output", str(pred), "-beam_size", str(beam), "-batch_size", str(batch)]
     command += ["-batch_type", "sents", "-min_length", str(length), "-max_length", str(length)]
     command += ["-max_length_ratio", "0", "-report_time", "-gpu", "0" if device == "cuda" else "-1"]
@@ -509,6 +517,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--setup", action="store_true", help="create OpenNMT-py's venv and exit")
     ap.add_argument("--onmt-venv", type=Path, default=REPO / ".peer" / "onmt-venv")
     ap.add_argument(
+        "--onmt-python",
+        help="run OpenNMT-py with this interpreter instead of --onmt-venv's (one that imports "
+        "it, e.g. a GPU machine's python with OpenNMT-py's wheels on PYTHONPATH)",
+    )
+    ap.add_argument(
         "--data",
         type=Path,
         default=REPO.parent / "shared" / "corpora" / "ende-demo",
@@ -550,7 +563,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.setup:
         setup(args.onmt_venv)
         return
-    check_setup(args.onmt_venv)
+    check_setup(onmt_python(args))
     import torch
 
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -579,11 +592,11 @@ def main(argv: list[str] | None = None) -> None:
             peer = onmt_config(
                 configs[chosen[0].name], data, out, args.steps, args.log_every, args.device
             )
-            run = train_onmt(peer, args.onmt_venv, out, args.threads)
+            run = train_onmt(peer, onmt_python(args), out, args.threads)
             translations = [
                 translate_onmt(
                     run["model"],
-                    args.onmt_venv,
+                    onmt_python(args),
                     src,
                     out,
                     beam,

@@ -73,3 +73,49 @@ def test_skipped_checks_are_listed_as_skipped(tmp_path):
     table = proc.stdout[proc.stdout.index("check      result") :].splitlines()[1:]
     assert [line.split()[:2] for line in table] == [[name, "skip"] for name in CHECKS]
     assert all(line.endswith("in GPU_CHECK_SKIP") for line in table)
+
+
+def gpu_session(tmp_path: Path, device: str, parts: str, **extra: str):
+    """scripts/gpu_session.sh's parts on the toy corpus (under ende-demo's file names)."""
+    data = tmp_path / "data"
+    data.mkdir(exist_ok=True)
+    for split, stem in (("train", "train"), ("valid", "val")):
+        for side, name in (("src", "src"), ("tgt", "targ")):
+            link = data / f"{name}-{stem}.txt"
+            if not link.exists():
+                link.symlink_to(REPO / "data" / "toy" / f"{split}.{side}")
+    env = {**os.environ, "GPU_SESSION_DEVICE": device, "GPU_SESSION_PARTS": parts}
+    env |= {"WORK": str(tmp_path / "work"), "GPU_SESSION_DATA": str(data), **extra}
+    env["PYTHON"] = sys.executable
+    cmd = ["bash", str(REPO / "scripts" / "gpu_session.sh")]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_the_session_scripts_benches_run_on_the_cpu(tmp_path):
+    """The GPU session's translate and train parts, rehearsed at tiny sizes (its peer part
+    needs OpenNMT-py's wheels, its check part is the gpu_check above); with OUT set, the
+    logs come back packed."""
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = gpu_session(tmp_path, "cpu", "translate train", OUT=str(out))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    table = proc.stdout[proc.stdout.index("part       result") :].splitlines()[1:]
+    assert [line.split()[:2] for line in table] == [["translate", "pass"], ["train", "pass"]]
+    searches = [
+        line.split(" | ")
+        for line in (tmp_path / "work" / "translate.log").read_text().splitlines()
+        if line.startswith(("| beam 5, fused", "| greedy, fused"))
+    ]
+    assert [row[0].rsplit(", ", 1)[1] for row in searches] == [
+        "cuda graphs off",
+        "cuda graphs on",
+    ] * 2
+    assert all(row[-1] == "yes |" for row in searches)  # the same outputs either way
+    assert (out / "summary.txt").is_file() and (out / "gpu-session.tgz").is_file()
+
+
+def test_the_session_script_refuses_what_it_cannot_do(tmp_path):
+    proc = gpu_session(tmp_path, "cpu", "translate tarin")
+    assert proc.returncode == 2 and "no part tarin" in proc.stderr
+    proc = gpu_session(tmp_path, "cuda", "translate", CUDA_VISIBLE_DEVICES="")
+    assert proc.returncode == 1 and "no CUDA device visible" in proc.stderr
