@@ -129,9 +129,10 @@ class WordPieces:
     """The ids of each distinct word, encoded once and kept in flat arrays: `entry` numbers
     a word, and an entry's ids are `ids[starts[e]:starts[e + 1]]`. A line's ids are then
     gathered by numpy from its words' entries, so that Python touches a word only in one
-    `map` of dictionary look-ups (a function call a word would cost more than
-    sentencepiece's own encoding of the line). After `MEMO_ENTRIES` entries it starts
-    afresh, so that a worker's memory is bounded whatever the corpus's vocabulary."""
+    `map` of dictionary look-ups (200k pairs of `scripts/bench_corpus.py`'s corpora on one
+    core of a 2-core Xeon: 5.0 s, against 8.8-10.0 s with a Python call a word and a list
+    a line). After `MEMO_ENTRIES` entries it starts afresh, so that a worker's memory is
+    bounded whatever the corpus's vocabulary."""
 
     def __init__(self, sp: Any):
         self.sp = sp
@@ -205,7 +206,7 @@ def encode_chunk(job: tuple[Pairs, int, int]) -> tuple[list[np.ndarray], int]:
     return packed_pairs(pairs, _encoders["src"], _encoders["tgt"], max_src, max_tgt), len(pairs)
 
 
-PACK_LINES = 4096  # pairs encoded at a time: their Python strings, all a chunk holds
+PACK_LINES = 4096  # pairs encoded at a time: their words the only Python objects held
 
 
 def packed_pairs(
