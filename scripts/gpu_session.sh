@@ -27,8 +27,9 @@
 # .gpu-data/ende-demo, a copy of ../shared/corpora/ende-demo (the GPU machine sees nothing
 # outside the repository), and .gpu-data/absent, stand-ins for two packages OpenNMT-py
 # imports and never uses here (below). On the GPU machine the wheels go to a folder of their
-# own on PYTHONPATH, and OpenNMT-py runs on that machine's torch (it pins torch < 2.3 but
-# runs on 2.13; bench_peer's own venv does the same on the CPU). The rehearsal runs the same
+# own on PYTHONPATH, and OpenNMT-py runs on that machine's torch (it pins torch < 2.3; it runs
+# on 2.13 in bench_peer's own venv on the CPU, and has not yet run on the GPU image's
+# 2.11). The rehearsal runs the same
 # path: `GPU_PYTHON_VERSION=3.11 bash scripts/gpu_session.sh prepare` fetches the wheels for
 # this machine's Python instead (prepare again before the GPU run).
 set -uo pipefail
