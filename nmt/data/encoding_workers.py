@@ -164,7 +164,8 @@ class WordPieces:
         for key in whole:
             del self.entry[key]
         starts, ids = np.frombuffer(self.starts, np.int64), np.frombuffer(self.ids, np.int64)
-        first, count = starts[entries], starts[entries + 1] - starts[entries]
+        first = starts[entries]
+        count = starts[entries + 1] - first
         ends = np.cumsum(count)
         where = np.repeat(first - (ends - count), count) + np.arange(ends[-1] if flat else 0)
         line_ends = np.concatenate(([0], ends))[np.cumsum(per_line)]
