@@ -37,7 +37,7 @@ autograd-kernel (the autograd executor, its encoder on torch's nn.LSTM kernel).
 OpenNMT-py lives in its own virtual environment (it pins torch < 2.3; it runs here on this
 machine's torch, installed with it): `--setup` makes it. `--onmt-python PYTHON` runs it with
 another interpreter that imports it instead (a GPU machine's, its wheels carried there:
-scripts/gpu_session.sh). Its checkpoints load only with
+scripts/gpu_lease.sh). Its checkpoints load only with
 TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1. Both tools read copies of the corpus under `--work` with
 runs of whitespace squeezed to one space (OpenNMT-py splits on single spaces and would count
 an empty token; nmt splits on any whitespace, so it reads the same tokens either way).

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# A lent GPU's whole session as one prepared command: what the CPU can only rehearse, in the
-# order a short lease should spend it. Parts (GPU_SESSION_PARTS, in this order by default):
+# Everything a lent GPU should run, as one prepared command: what the CPU can only rehearse, in the
+# order a short lease should spend it. Parts (GPU_LEASE_PARTS, in this order by default):
 #   peer       scripts/bench_peer.py --device cuda: nmt against OpenNMT-py 3.5.1 on the same
 #              GPU in one run (training; beam 5 at batch 16 and 64, greedy at 64), one turn
 #   translate  scripts/bench_translate.py --device cuda --cuda-graphs off,on: the search's
@@ -11,14 +11,14 @@
 #              the parts above measure): every correctness check of CUDA
 #   bleu       the toy model check trained on the GPU, decoded on the CPU too: the two BLEU
 #              scores of its test set within 0.1
-# Each part logs to $WORK/PART.log (default gpu-session/); the end prints one table and, where
-# the device tool's $OUT is set, packs the logs and JSON files into $OUT/gpu-session.tgz
+# Each part logs to $WORK/PART.log (default gpu-lease/); the end prints one table and, where
+# the device tool's $OUT is set, packs the logs and JSON files into $OUT/gpu-lease.tgz
 # (its returned files are few) beside summary.txt. Exit 1 if a part failed.
 #
-#   bash scripts/gpu_session.sh prepare        # here, with the package index: see below
-#   bash scripts/gpu_session.sh                # on the GPU machine, from the repository root
-#   GPU_SESSION_PARTS="check" bash scripts/gpu_session.sh          # one part
-#   GPU_SESSION_DEVICE=cpu bash scripts/gpu_session.sh   # the rehearsal: every part tiny,
+#   bash scripts/gpu_lease.sh prepare        # here, with the package index: see below
+#   bash scripts/gpu_lease.sh                # on the GPU machine, from the repository root
+#   GPU_LEASE_PARTS="check" bash scripts/gpu_lease.sh          # one part
+#   GPU_LEASE_DEVICE=cpu bash scripts/gpu_lease.sh   # the rehearsal: every part tiny,
 #                                                        # on the CPU
 #
 # `prepare` fills two ignored folders that the device call carries (they travel as carried
@@ -30,7 +30,7 @@
 # own on PYTHONPATH, and OpenNMT-py runs on that machine's torch (it pins torch < 2.3; it runs
 # on 2.13 in bench_peer's own venv on the CPU, and has not yet run on the GPU image's
 # 2.11). The rehearsal runs the same
-# path: `GPU_PYTHON_VERSION=3.11 bash scripts/gpu_session.sh prepare` fetches the wheels for
+# path: `GPU_PYTHON_VERSION=3.11 bash scripts/gpu_lease.sh prepare` fetches the wheels for
 # this machine's Python instead (prepare again before the GPU run).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -56,7 +56,7 @@ if [ "${1:-}" = prepare ]; then
     # pass the carry limit, so stand-ins take their names and fail if anything uses them
     for name in spacy fasttext; do
         mkdir -p ".gpu-data/absent/$name"
-        printf 'def __getattr__(name):\n    raise ImportError("%s is not installed here (a stand-in of scripts/gpu_session.sh)")\n' \
+        printf 'def __getattr__(name):\n    raise ImportError("%s is not installed here (a stand-in of scripts/gpu_lease.sh)")\n' \
             "$name" > ".gpu-data/absent/$name/__init__.py"
     done
     rm -rf .gpu-data/ende-demo
@@ -66,25 +66,25 @@ if [ "${1:-}" = prepare ]; then
     exit 0
 fi
 
-device=${GPU_SESSION_DEVICE:-cuda}
-work=${WORK:-gpu-session}
-parts=${GPU_SESSION_PARTS:-peer translate train check bleu}
+device=${GPU_LEASE_DEVICE:-cuda}
+work=${WORK:-gpu-lease}
+parts=${GPU_LEASE_PARTS:-peer translate train check bleu}
 onmt_python=${ONMT_PYTHON:-$py}
 mkdir -p "$work"
 case $device in
 cuda | cpu) ;;
-*) echo "GPU_SESSION_DEVICE must be cuda or cpu, not $device" >&2; exit 2 ;;
+*) echo "GPU_LEASE_DEVICE must be cuda or cpu, not $device" >&2; exit 2 ;;
 esac
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # nmt from this checkout, installed or not
 if compgen -G ".whl/*.whl" > /dev/null; then
-    site=/tmp/nmt-gpu-session-site
+    site=/tmp/nmt-gpu-lease-site
     "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
         --target "$site" .whl/*.whl || exit 1
     export PYTHONPATH="$PYTHONPATH:$site"
 fi
 [ -d .gpu-data/absent ] && export PYTHONPATH="$PYTHONPATH:$PWD/.gpu-data/absent"  # last: a
 # real spacy or fasttext, where one is installed, comes first
-data=${GPU_SESSION_DATA:-.gpu-data/ende-demo}  # the ende-demo file names (bench_peer's)
+data=${GPU_LEASE_DATA:-.gpu-data/ende-demo}  # the ende-demo file names (bench_peer's)
 [ -d "$data" ] || data=../shared/corpora/ende-demo
 
 if [ "$device" = cuda ]; then
@@ -106,7 +106,7 @@ fi
 for name in $parts; do
     case $name in
     peer | translate | train | check | bleu) ;;
-    *) echo "GPU_SESSION_PARTS: no part $name (peer translate train check bleu)" >&2; exit 2 ;;
+    *) echo "GPU_LEASE_PARTS: no part $name (peer translate train check bleu)" >&2; exit 2 ;;
     esac
 done
 
@@ -137,7 +137,7 @@ same_bleu() {  # the check's toy model and test lines, decoded here on the CPU a
 "$py" - "$device" <<'PY' | tee "$work/device.txt" || exit 1
 import sys, torch
 if sys.argv[1] == "cuda" and not torch.cuda.is_available():
-    sys.exit("no CUDA device visible: run on a GPU machine, or GPU_SESSION_DEVICE=cpu")
+    sys.exit("no CUDA device visible: run on a GPU machine, or GPU_LEASE_DEVICE=cpu")
 gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
 print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, {gpu}")
 PY
@@ -155,7 +155,7 @@ for name in $parts; do
 done
 
 {
-    echo "gpu_session on $device: $(cat "$work/device.txt")"
+    echo "gpu_lease on $device: $(cat "$work/device.txt")"
     printf '%-10s %-6s %8s\n' part result seconds
     for i in "${!names[@]}"; do
         printf '%-10s %-6s %8s\n' "${names[$i]}" "${results[$i]}" "${times[$i]}"
@@ -163,7 +163,7 @@ done
 } | tee "$work/summary.txt"
 if [ -n "${OUT:-}" ]; then
     cp "$work/summary.txt" "$OUT/" 2>/dev/null
-    tar czf "$OUT/gpu-session.tgz" --exclude='*.pt' --exclude='prepared' --exclude='data' \
+    tar czf "$OUT/gpu-lease.tgz" --exclude='*.pt' --exclude='prepared' --exclude='data' \
         -C "$work" . 2>/dev/null
 fi
 exit $failed

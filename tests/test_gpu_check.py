@@ -75,8 +75,8 @@ def test_skipped_checks_are_listed_as_skipped(tmp_path):
     assert all(line.endswith("in GPU_CHECK_SKIP") for line in table)
 
 
-def gpu_session(tmp_path: Path, device: str, parts: str, **extra: str):
-    """scripts/gpu_session.sh's parts on the toy corpus (under ende-demo's file names)."""
+def gpu_lease(tmp_path: Path, device: str, parts: str, **extra: str):
+    """scripts/gpu_lease.sh's parts on the toy corpus (under ende-demo's file names)."""
     data = tmp_path / "data"
     data.mkdir(exist_ok=True)
     for split, stem in (("train", "train"), ("valid", "val")):
@@ -84,20 +84,20 @@ def gpu_session(tmp_path: Path, device: str, parts: str, **extra: str):
             link = data / f"{name}-{stem}.txt"
             if not link.exists():
                 link.symlink_to(REPO / "data" / "toy" / f"{split}.{side}")
-    env = {**os.environ, "GPU_SESSION_DEVICE": device, "GPU_SESSION_PARTS": parts}
-    env |= {"WORK": str(tmp_path / "work"), "GPU_SESSION_DATA": str(data), **extra}
+    env = {**os.environ, "GPU_LEASE_DEVICE": device, "GPU_LEASE_PARTS": parts}
+    env |= {"WORK": str(tmp_path / "work"), "GPU_LEASE_DATA": str(data), **extra}
     env["PYTHON"] = sys.executable
-    cmd = ["bash", str(REPO / "scripts" / "gpu_session.sh")]
+    cmd = ["bash", str(REPO / "scripts" / "gpu_lease.sh")]
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
 
 
-def test_the_session_scripts_benches_run_on_the_cpu(tmp_path):
-    """The GPU session's translate and train parts, rehearsed at tiny sizes (its peer part
+def test_the_lease_scripts_benches_run_on_the_cpu(tmp_path):
+    """The GPU lease script's translate and train parts, rehearsed at tiny sizes (its peer part
     needs OpenNMT-py's wheels, its check part is the gpu_check above); with OUT set, the
     logs come back packed."""
     out = tmp_path / "out"
     out.mkdir()
-    proc = gpu_session(tmp_path, "cpu", "translate train", OUT=str(out))
+    proc = gpu_lease(tmp_path, "cpu", "translate train", OUT=str(out))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     table = proc.stdout[proc.stdout.index("part       result") :].splitlines()[1:]
     assert [line.split()[:2] for line in table] == [["translate", "pass"], ["train", "pass"]]
@@ -111,11 +111,11 @@ def test_the_session_scripts_benches_run_on_the_cpu(tmp_path):
         "cuda graphs on",
     ] * 2
     assert all(row[-1] == "yes |" for row in searches)  # the same outputs either way
-    assert (out / "summary.txt").is_file() and (out / "gpu-session.tgz").is_file()
+    assert (out / "summary.txt").is_file() and (out / "gpu-lease.tgz").is_file()
 
 
-def test_the_session_script_refuses_what_it_cannot_do(tmp_path):
-    proc = gpu_session(tmp_path, "cpu", "translate tarin")
+def test_the_lease_script_refuses_what_it_cannot_do(tmp_path):
+    proc = gpu_lease(tmp_path, "cpu", "translate tarin")
     assert proc.returncode == 2 and "no part tarin" in proc.stderr
-    proc = gpu_session(tmp_path, "cuda", "translate", CUDA_VISIBLE_DEVICES="")
+    proc = gpu_lease(tmp_path, "cuda", "translate", CUDA_VISIBLE_DEVICES="")
     assert proc.returncode == 1 and "no CUDA device visible" in proc.stderr
