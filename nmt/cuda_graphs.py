@@ -92,6 +92,15 @@ class GraphCache:
         graph.replay()  # type: ignore[attr-defined]
         self.counts.replays += 1
 
+    def drop(self, which: Callable[[Hashable], bool]) -> None:
+        """Forget the keys `which` picks: their graphs (freed with their last reference),
+        warm-ups and eager marks. For keys that never recur, such as those of buffers that
+        are let go (`nmt.translate.search_graphs`)."""
+        for key in [k for k in self.graphs if which(k)]:
+            del self.graphs[key]
+        self.warmed = {k for k in self.warmed if not which(k)}
+        self.eager_keys = {k for k in self.eager_keys if not which(k)}
+
     def _side_stream(self) -> object:
         if self._stream is None:
             self._stream = torch.cuda.Stream(self.device)

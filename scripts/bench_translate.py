@@ -358,6 +358,8 @@ def main() -> None:
         label += f", {ranking}" if len(rankings) > 1 else ""
         label += f", gates {gate}" if len(gates) > 1 else ""
         label += f", cuda graphs {mode}" if len(args.cuda_graphs.split(",")) > 1 else ""
+        if graphs is not None:  # warm-up and timed run together
+            print(f"{label}: {graphs.summary()}")
         if args.profile:
             profiled = functools.partial(
                 translate_ids, model, sources[: args.profile], options, args.batch_size

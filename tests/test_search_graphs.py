@@ -14,10 +14,11 @@ import re
 import pytest
 import torch
 
-from nmt.cuda_graphs import GraphCache
 from nmt.opcount import count_syncs
+from nmt.translate import translator
 from nmt.translate.ensemble import Ensemble
 from nmt.translate.search import Search, _never, _tensors
+from nmt.translate.search_graphs import SOURCE_MULTIPLE, SearchGraphs
 from nmt.translate.translator import SearchOptions, pad_sources, step_graphs, translate_ids
 from tests.test_search import random_model, random_sources
 from tests.test_step_graphs import Trace, graphs_check
@@ -178,13 +179,14 @@ def test_steps_replayed_as_graphs_find_what_eager_steps_find(which: str, dtype) 
     lines: list[str] = []
     with torch.inference_mode():
         eager = Search(model, src, mask, options).run()
-        cache = GraphCache(torch.device("cpu"), 8, lines.append)
-        search = Search(model, src, mask, options, graphs=cache)
+        graphs = SearchGraphs(torch.device("cpu"), lines.append)
+        search = Search(model, src, mask, options, graphs=graphs)
         with graphs_check().emulated_cuda_graphs(lambda: graphed_buffers(search)) as made:
             graphed = search.run()
+    counts = graphs.cache.counts
     assert hypotheses(graphed) == hypotheses(eager)
-    assert lines == [] and made and cache.counts.replays > cache.counts.captured > 0
-    assert cache.counts.replays + cache.counts.warmups + 2 >= search.steps - 1
+    assert lines == [] and made and counts.replays > counts.captured > 0
+    assert counts.replays + counts.warmups + 2 >= search.steps - 1
 
 
 @pytest.mark.parametrize("which", ["ngram-blocking", "sampling"])
@@ -192,13 +194,13 @@ def test_a_search_that_cannot_replay_its_steps_runs_them_eagerly(which: str) -> 
     """n-gram blocking (a history as long as the position) and sampling (its generator)
     keep every step eager: the cache is never asked."""
     options = SearchOptions(max_length=12, min_length=6, **OPTIONS[which])
-    cache = GraphCache(torch.device("cpu"), 8, lambda line: None)
+    graphs = SearchGraphs(torch.device("cpu"), lambda line: None)
     src, mask = pad_sources(random_sources(LENGTHS, seed=2), "cpu")
     with torch.inference_mode():
-        search = Search(random_model(), src, mask, options, graphs=cache)
+        search = Search(random_model(), src, mask, options, graphs=graphs)
         search.run()
     assert search.graphs is None and search.t_dev is None
-    assert cache.counts == type(cache.counts)()
+    assert graphs.cache.counts == type(graphs.cache.counts)() and not graphs.workspaces
 
 
 def test_a_graphed_search_records_one_step_for_every_position():
@@ -212,8 +214,8 @@ def test_a_graphed_search_records_one_step_for_every_position():
     with torch.inference_mode():
         for position in (2, 3):
             src, mask = pad_sources(random_sources(LENGTHS, seed=2), "cpu")
-            cache = GraphCache(torch.device("cpu"), 8, lambda line: None)
-            search = Search(model, src, mask, options, graphs=cache)
+            graphs = SearchGraphs(torch.device("cpu"), lambda line: None)
+            search = Search(model, src, mask, options, graphs=graphs)
             for t in range(position):
                 search.t_dev.fill_(t)  # the position, as `run` sets it
                 search.step(t)
@@ -243,21 +245,10 @@ def test_which_searches_replay_their_steps_and_the_line_when_none_can():
     assert "--block-ngram-repeat" in lines[1] and len(lines) == 2
 
 
-def test_translate_ids_with_step_graphs_translates_as_without(monkeypatch):
-    """Batches of several source lengths, each with a graph cache of its own (a batch's
-    buffers are its own): the same n-best lists as eager batches."""
-    model = random_model(dtype=torch.float32)
-    sources = random_sources([3 + i % 9 for i in range(20)], seed=4)
-    options = SearchOptions(beam_size=4, n_best=2, max_length=10)
-    caches: list[GraphCache] = []
-    lines: list[str] = []
-
-    def graphs() -> GraphCache:
-        caches.append(GraphCache(torch.device("cpu"), 4, lines.append))
-        return caches[-1]
-
-    eager = translate_ids(model, sources, options, batch_size=8)
-    searches: list[Search] = []  # whose buffers the emulation restores after a capture
+def graphed_translation(monkeypatch, model, sources, options, batch_size, graphs):
+    """`translate_ids` with `graphs`, the graphs emulated (the buffers a capture restores:
+    those of the search running)."""
+    searches: list[Search] = []
     real = Search.__init__
 
     def remember(self, *args, **kwargs) -> None:
@@ -266,6 +257,94 @@ def test_translate_ids_with_step_graphs_translates_as_without(monkeypatch):
 
     monkeypatch.setattr(Search, "__init__", remember)
     with graphs_check().emulated_cuda_graphs(lambda: graphed_buffers(searches[-1])):
-        graphed = translate_ids(model, sources, options, batch_size=8, graphs=graphs)
+        found = translate_ids(model, sources, options, batch_size, graphs=graphs)
+    monkeypatch.setattr(Search, "__init__", real)
+    return found, searches
+
+
+def padded_translation(monkeypatch, model, sources, options, batch_size):
+    """`translate_ids` with every step eager, each batch's sources padded (and masked) as
+    where its steps replay: to a multiple of `SOURCE_MULTIPLE` positions. (Padding moves
+    the last bits of the attention: tests/test_search.py holds a padded batch's search
+    equal to each sentence's alone to rounding.)"""
+    real = translator.pad_sources
+    monkeypatch.setattr(
+        translator,
+        "pad_sources",
+        lambda seqs, device, multiple=1: real(seqs, device, SOURCE_MULTIPLE),
+    )
+    found = translate_ids(model, sources, options, batch_size)
+    monkeypatch.setattr(translator, "pad_sources", real)
+    return found
+
+
+@pytest.mark.parametrize(
+    "which",
+    [
+        {"max_length": 10},
+        {"max_length": 30, "max_length_ratio": 1.5},
+        {"max_length": 12, "min_length": 3},
+    ],
+)
+def test_translate_ids_with_step_graphs_translates_as_without(monkeypatch, which):
+    """Batches of several source lengths sharing graphs and workspaces by shape (sources
+    padded to a multiple of 8 positions, histories' width rounded up to one of 8): the same
+    n-best lists, scores and attention as eager batches, bit for bit. A workspace is made
+    for each shape, not each batch, and a later batch of a shape replays the graphs the
+    first captured: captures and warm-ups are those of the shapes' keys only (three at most
+    here: </s> held back or not, a sentence at its limit or not)."""
+    model = random_model(dtype=torch.float32)
+    sources = random_sources([3 + i % 13 for i in range(40)], seed=4)
+    options = SearchOptions(beam_size=4, n_best=2, **which)
+    lines: list[str] = []
+    eager = padded_translation(monkeypatch, model, sources, options, 8)
+    graphs = SearchGraphs(torch.device("cpu"), lines.append)
+    graphed, searches = graphed_translation(monkeypatch, model, sources, options, 8, graphs)
     assert hypotheses(graphed) == hypotheses(eager)
-    assert len(caches) == 3 and all(c.counts.replays > 0 for c in caches) and lines == []
+    counts = graphs.cache.counts
+    shapes = {(s.src_mask.size(1), s.width) for s in searches}
+    assert len(searches) == 5 and graphs.made == len(graphs.workspaces) == len(shapes) < 5
+    assert all(s.settled for s in searches) and lines == []
+    assert counts.captured <= counts.warmups <= 3 * len(shapes) and counts.eager == 0
+    assert counts.replays > counts.captured
+
+
+def test_a_workspace_dropped_at_the_cap_takes_its_graphs_along(monkeypatch):
+    """At most `capacity` workspaces: a new shape takes the place of the least recently used,
+    whose graphs are forgotten (a later batch of that shape makes a new workspace and
+    captures anew), and the translations stay those of eager batches."""
+    model = random_model(dtype=torch.float32)
+    sources = random_sources([3 + i % 13 for i in range(40)], seed=4)
+    options = SearchOptions(beam_size=3, max_length=10)
+    eager = padded_translation(monkeypatch, model, sources, options, 8)
+    lines: list[str] = []
+    graphs = SearchGraphs(torch.device("cpu"), lines.append, capacity=1)
+    first, _ = graphed_translation(monkeypatch, model, sources, options, 8, graphs)
+    made, captured = graphs.made, graphs.cache.counts.captured
+    again, _ = graphed_translation(monkeypatch, model, sources, options, 8, graphs)
+    assert hypotheses(first) == hypotheses(again) == hypotheses(eager)
+    assert made >= 2 and graphs.made == 2 * made and len(graphs.workspaces) == 1
+    assert graphs.cache.counts.captured == 2 * captured and lines == []
+    assert {key[0] for key in graphs.cache.graphs} == {graphs.made - 1}
+
+
+def test_a_batch_whose_tensors_do_not_fit_its_workspace_runs_eager_with_one_line(monkeypatch):
+    """A workspace whose tensor differs from the batch's in dtype (never by its shape's
+    making: the key fixes them; here changed by hand) is not written into: the batch's
+    steps run eagerly, with one line, and find what eager steps find."""
+    model = random_model(dtype=torch.float32)
+    sources = random_sources([5] * 4, seed=3)  # padded to 8
+    options = SearchOptions(beam_size=3, max_length=8)
+    eager = padded_translation(monkeypatch, model, sources, options, 4)
+    lines: list[str] = []
+    graphs = SearchGraphs(torch.device("cpu"), lines.append)
+    graphed_translation(monkeypatch, model, sources, options, 4, graphs)
+    (workspace,) = graphs.workspaces.values()
+    workspace.tensors["scores"] = workspace.tensors["scores"].double()
+    replays = graphs.cache.counts.replays
+    again, (search,) = graphed_translation(monkeypatch, model, sources, options, 4, graphs)
+    assert hypotheses(again) == hypotheses(eager) and search.settled is False
+    assert lines == [
+        "cuda graphs: this batch's scores differs from its workspace's; its search steps run eager"
+    ]
+    assert graphs.cache.counts.replays == replays

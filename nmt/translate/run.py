@@ -579,6 +579,8 @@ def translate_file(
                 for writer in writers:
                     _write(writer, done)
                 best.extend(t.best for t in done)
+        if translator.graphs is not None and options.progress is not False:
+            _stderr(translator.graphs.summary())  # what the search's graphs cost and saved
         if report is not None:
             report.finish()  # a reference count that does not match keeps the old outputs
         _close(files, [p for p in (options.output, options.attention) if p is not None])

@@ -26,10 +26,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from nmt.cuda_graphs import GraphCache
 from nmt.data.vocab import BOS, EOS, PAD
 from nmt.translate.options import SearchOptions
 from nmt.translate.ranking import row_topk
+from nmt.translate.search_graphs import (
+    WIDTH_MULTIPLE,
+    SearchGraphs,
+    rounded_up,
+    shape_of,
+)
 
 if TYPE_CHECKING:
     from nmt.translate.ensemble import Decodable
@@ -208,16 +213,24 @@ class Search:
         src_mask: Tensor | None,
         options: SearchOptions,
         lengths: list[int] | None = None,
-        graphs: GraphCache | None = None,
+        graphs: SearchGraphs | None = None,
     ):
         options.check()
         self.model, self.options = model, options
         self.K = 1 if options.samples() else options.beam_size  # a draw: a beam of one
         B, S = src.shape
         device = src.device
+        # steps replayed as CUDA graphs (`graphs`, where the options allow: `graph_refusal`)
+        # read a mask always: a later batch of the same shape may be padded
+        self.graphs = graphs if graphs is not None and graph_refusal(options) is None else None
+        if self.graphs is not None and src_mask is None:
+            src_mask = torch.ones_like(src, dtype=torch.bool)
         self.lengths = _source_lengths(src, src_mask) if lengths is None else lengths
         self.limits = _limits(options, self.lengths)
         self.steps = max(self.limits, default=0)
+        # the histories' width: the longest limit, rounded up where graphs are kept for
+        # batches of nearby limits (`nmt.translate.search_graphs`)
+        self.width = rounded_up(self.steps, WIDTH_MULTIPLE) if self.graphs else self.steps
         self.limit_steps = set(self.limits)  # the steps after which some sentence is cut
         self.alive = list(range(B))  # original index of each sentence of the batch
         self.context, final = model.encode(src, src_mask)
@@ -227,8 +240,8 @@ class Search:
         self.y = src.new_full((B,), BOS)
         self.scores = torch.zeros(B, 1, dtype=SCORES, device=device)  # n x k
         self.offsets = torch.arange(B, device=device).unsqueeze(1) * self.K  # n x 1: first rows
-        self.paths = src.new_zeros(B, 2, self.steps)  # nk x 2 x T
-        self.attention_history = self.context.new_empty(B, self.K, self.steps, S)
+        self.paths = src.new_zeros(B, 2, self.width)  # nk x 2 x T
+        self.attention_history = self.context.new_empty(B, self.K, self.width, S)
         self.limit = _device_limits(options, src, src_mask)
         # Without a length penalty a live score only falls, so it bounds what it can reach
         # and the search is exact; with one, a longer hypothesis may still rise up to
@@ -245,26 +258,29 @@ class Search:
         dtype = torch.float64 if alpha > 0 else SCORES  # divided as the host divided
         self.generator = _generator(options, device)
         self.done: list[list[Hypothesis]] = [[] for _ in range(B)]
-        # steps replayed as CUDA graphs (`graphs`, where the options allow: `graph_refusal`):
-        # the step's position is then a device scalar it reads (`t_dev`), the length
-        # penalty's divisors a table on the device, the next tokens a fixed buffer, and the
-        # rows stay where they are for the whole batch (a done sentence is masked and
-        # collected at a look, not cut), so that every step reads the same buffers
-        self.graphs = graphs if graphs is not None and graph_refusal(options) is None else None
+        # steps replayed as CUDA graphs: the step's position is then a device scalar it reads
+        # (`t_dev`), the length penalty's divisors a table on the device, the next tokens a
+        # fixed buffer, and the rows stay where they are for the whole batch (a done sentence
+        # is masked and collected at a look, not cut), so that every step reads the same
+        # buffers - and, once settled into the workspace of the batch's shape, the same
+        # ones as the batches of that shape before it (`_settle`)
         self.t_dev: Tensor | None = None
+        self.workspace = None
+        self.settled: bool | None = None  # None: not yet (at the first step that replays)
         if self.graphs is not None:
+            self.workspace = self.graphs.workspace(shape_of(model, options, B, S, self.width))
             self.t_dev = torch.zeros(1, dtype=torch.long, device=device)
             self.y_col = src.new_full((B * self.K, 1), BOS)
             # the length penalty's divisors of each position; on CUDA their reciprocals, as
             # CUDA divides by a host scalar (a product with its reciprocal): the same bits
             self.lp_product = device.type == "cuda"
-            factors = [length_penalty_factor(t + 1, alpha) for t in range(self.steps)]
+            factors = [length_penalty_factor(t + 1, alpha) for t in range(self.width)]
             factors = [1.0 / f for f in factors] if self.lp_product else factors
             self.lp_table = torch.tensor(factors, dtype=torch.float64, device=device)
             self.collected = [False] * B
             self._cand_dtype: torch.dtype | None = None
         self.finished = Finished.empty(
-            B, options.n_best, self.steps, src, dtype, in_place=self.graphs is not None
+            B, options.n_best, self.width, src, dtype, in_place=self.graphs is not None
         )
 
     # ---- the step: device only ---------------------------------------------------------
@@ -290,7 +306,7 @@ class Search:
             cand_scores, cand_beams, cand_tokens = candidates(self.scores, logp, 2 * K)
         cand_rows = cand_beams + (self.offsets if static else self.offsets // K)
         # each candidate's history: its parent's, with its token and its parent's beam
-        ext = self.paths.index_select(0, cand_rows.reshape(-1)).view(n, -1, 2, self.steps)
+        ext = self.paths.index_select(0, cand_rows.reshape(-1)).view(n, -1, 2, self.width)
         if at is None:
             ext[:, :, 0, t] = cand_tokens
             ext[:, :, 1, t] = cand_beams
@@ -305,9 +321,9 @@ class Search:
         # step before (fixed addresses from one look to the next), read by nothing after
         same = static and self.scores.dtype == cand_scores.dtype  # float64 models: at step 1
         live_scores, order = live_order(cand_scores, is_eos, K, self.scores if same else None)
-        history = order[:, :, None, None].expand(-1, -1, 2, self.steps)
-        into = self.paths.view(n, K, 2, self.steps) if static else None
-        self.paths = torch.gather(ext, 1, history, out=into).view(n * K, 2, self.steps)
+        history = order[:, :, None, None].expand(-1, -1, 2, self.width)
+        into = self.paths.view(n, K, 2, self.width) if static else None
+        self.paths = torch.gather(ext, 1, history, out=into).view(n * K, 2, self.width)
         rows = cand_rows.gather(1, order).reshape(-1)
         off = self._done(live_scores[:, 0]) if self.done_every_step else None
         if t + 1 in self.limit_steps:  # sentences at their limit: the live ones count as they are
@@ -417,7 +433,7 @@ class Search:
         S = self.attention_history.size(-1)
         beams = f.paths[:, :, 1, :T]  # m x N x T
         at = torch.arange(T, device=beams.device)
-        index = (sentences[:, None, None] * self.K + beams) * self.steps + at
+        index = (sentences[:, None, None] * self.K + beams) * self.width + at
         attention = self.attention_history.view(-1, S).index_select(0, index.reshape(-1))
         return f.scores, f.paths[:, :, 0, :T], attention.view(m, N, T, S)
 
@@ -444,14 +460,73 @@ class Search:
             if self.t_dev is not None:  # the position, where the step reads it
                 self.t_dev.fill_(t)
             key = self._graph_key(t)
-            if key is None:
+            if key is None or not self._settle():
                 self.step(t)
             else:  # replayed as the graph of its key (warmed up, captured: nmt.cuda_graphs)
-                self.graphs.run(key, functools.partial(self.step, t))
+                self.graphs.run(self.workspace, key, functools.partial(self.step, t))
             looks = (t + 1) % CHECK_EVERY == 0 or t + 1 == self.steps
             if looks and not self.check(t):
                 break
         return self.done
+
+    def _settle(self) -> bool:
+        """Before the first step that replays, once: the tensors that live from step to step
+        (the eager steps before made some of them anew) into the workspace of the batch's
+        shape, where its graphs read them - this batch's own if it is the first of its
+        shape, else copied into the first's. False (with one line): the workspace's differ
+        in shape or dtype, and this batch's steps run eagerly."""
+        if self.settled is not None:
+            return self.settled
+        f, ws = self.finished, self.workspace
+        own = {
+            "position": self.t_dev,
+            "next tokens": self.y_col,
+            "length penalty": self.lp_table,
+            "scores": self.scores,
+            "first rows": self.offsets,
+            "paths": self.paths,
+            "attention": self.attention_history,
+            "context": self.context,
+            "source mask": self.src_mask,
+            "limits": self.limit,
+            "max length penalty": self.max_lp,
+            "finished scores": f.scores,
+            "finished paths": f.paths,
+            "finished count": f.count,
+        }
+        state = [self.stacked] if self.stacked is not None else _tensors(self.state)
+        own.update((f"state {i}", t) for i, t in enumerate(state))
+        kept = {name: ws.hold(name, t) for name, t in own.items()}
+        unfit = [name for name, t in kept.items() if t is None]
+        if unfit:
+            self.graphs.log(
+                f"cuda graphs: this batch's {unfit[0]} differs from its workspace's; "
+                "its search steps run eager"
+            )
+            self.settled = False
+            return False
+        self.t_dev, self.y_col, self.lp_table = (
+            kept[k] for k in ("position", "next tokens", "length penalty")
+        )
+        self.y = self.y_col.view(-1)  # every row, as after the first step
+        self.scores, self.offsets, self.paths = kept["scores"], kept["first rows"], kept["paths"]
+        self.attention_history, self.context = kept["attention"], kept["context"]
+        self.src_mask, self.limit, self.max_lp = (
+            kept[k] for k in ("source mask", "limits", "max length penalty")
+        )
+        self.finished = dataclasses.replace(
+            f,
+            scores=kept["finished scores"],
+            paths=kept["finished paths"],
+            count=kept["finished count"],
+        )
+        held = [kept[f"state {i}"] for i in range(len(state))]
+        if self.stacked is not None:
+            self.stacked = held[0]
+            held = list(self.stacked.unbind(0))
+        self.state = _rebuilt(self.state, iter(held))
+        self.settled = True
+        return True
 
     def _graph_key(self, t: int) -> Hashable | None:
         """What fixes step t's kernels where steps replay as graphs (its position is read on
@@ -612,13 +687,13 @@ def search(
     src_mask: Tensor | None,
     options: SearchOptions = SearchOptions(),
     lengths: list[int] | None = None,
-    graphs: GraphCache | None = None,
+    graphs: SearchGraphs | None = None,
 ) -> list[list[Hypothesis]]:
     """Per sentence of the batch its `options.n_best` hypotheses, best first (`Search`).
 
     src: B x S with <s> .. </s> (right-padded with PAD where `src_mask` is False); `lengths`,
-    its real lengths if the caller knows them (else read from the mask); `graphs`, a cache
-    of this batch's step graphs (None: every step eager).
+    its real lengths if the caller knows them (else read from the mask); `graphs`, the step
+    graphs and workspaces kept across batches (None: every step eager).
     """
     return Search(model, src, src_mask, options, lengths, graphs).run()
 

@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 from torch import Tensor
 
-from nmt.cuda_graphs import GraphCache
 from nmt.data.vocab import BOS, EOS, PAD
 from nmt.errors import NmtError
 from nmt.translate.search import Hypothesis, SearchOptions, graph_refusal, search
+from nmt.translate.search_graphs import SOURCE_MULTIPLE, SearchGraphs, rounded_up
 
 if TYPE_CHECKING:
     from nmt.translate.ensemble import Decodable
@@ -31,9 +31,12 @@ class TextTokenizer(Protocol):
     def decode(self, ids: list[int]) -> str: ...
 
 
-def pad_sources(seqs: list[list[int]], device: torch.device | str) -> tuple[Tensor, Tensor]:
-    """Ids without specials -> src B x S (<s> ids </s>, right-padded with PAD) and its mask."""
-    S = max((len(s) for s in seqs), default=0) + 2
+def pad_sources(
+    seqs: list[list[int]], device: torch.device | str, multiple: int = 1
+) -> tuple[Tensor, Tensor]:
+    """Ids without specials -> src B x S (<s> ids </s>, right-padded with PAD) and its mask;
+    S the longest rounded up to a `multiple`."""
+    S = rounded_up(max((len(s) for s in seqs), default=0) + 2, multiple)
     src = torch.full((len(seqs), S), PAD, dtype=torch.long)
     for i, ids in enumerate(seqs):
         src[i, : len(ids) + 2] = torch.tensor([BOS, *ids, EOS], dtype=torch.long)
@@ -55,14 +58,13 @@ def evaluating(model: Decodable) -> Iterator[None]:
 
 
 GRAPH_MODES = ("auto", "on", "off")
-StepGraphs = Callable[[], GraphCache]  # a new cache of step graphs for each batch
 
 
 def step_graphs(
     mode: str, device: torch.device, options: SearchOptions, log: Callable[[str], None]
-) -> StepGraphs | None:
-    """Whether each batch's search steps replay as CUDA graphs (`--cuda-graphs`: auto, on
-    where CUDA is; on; off): a maker of each batch's graph cache, or None - every step
+) -> SearchGraphs | None:
+    """Whether the search steps replay as CUDA graphs (`--cuda-graphs`: auto, on where CUDA
+    is; on; off): the graphs and workspaces to keep across batches, or None - every step
     eager, with one line through `log` where graphs were asked for or CUDA would take them
     and cannot serve."""
     if mode == "off" or (mode == "auto" and device.type != "cuda"):
@@ -73,12 +75,7 @@ def step_graphs(
     if why is not None:
         log(f"--cuda-graphs {mode}: every search step runs eager: {why}")
         return None
-    return lambda: GraphCache(device, SEARCH_GRAPHS, log)
-
-
-# graphs a batch's search holds: one per key of its steps (`Search._graph_key`: whether </s>
-# is held back, whether a sentence reaches its limit), four at most
-SEARCH_GRAPHS = 4
+    return SearchGraphs(device, log)
 
 
 def length_batches(lengths: list[int], batch_size: int) -> list[list[int]]:
@@ -95,13 +92,14 @@ def translate_ids(
     options: SearchOptions = SearchOptions(),
     batch_size: int = 32,
     on_batch: Callable[[int], None] | None = None,
-    graphs: StepGraphs | None = None,
+    graphs: SearchGraphs | None = None,
 ) -> list[list[Hypothesis]]:
     """Translate id sequences (without specials); per source its n-best list, in input order.
 
     `on_batch(n)` is called after each batch of n sentences (a progress bar's update).
-    Beam size 1 is greedy search: the same loop (`search.Search`). `graphs`: each batch's
-    steps replayed as CUDA graphs from a cache it makes (`step_graphs`).
+    Beam size 1 is greedy search: the same loop (`search.Search`). `graphs`: the steps
+    replayed as CUDA graphs (`step_graphs`), each batch's sources padded to a multiple of
+    `SOURCE_MULTIPLE` positions so that batches of nearby lengths share their graphs.
     """
     options.check()
     device = next(model.parameters()).device
@@ -109,10 +107,11 @@ def translate_ids(
     with evaluating(model):
         for batch in length_batches([len(s) for s in sources], batch_size):
             lengths = [len(sources[i]) + 2 for i in batch]  # <s> and </s>
-            src, mask = pad_sources([sources[i] for i in batch], device)
-            if len(set(lengths)) == 1:  # no padding (one sentence, or equal lengths): nothing
-                mask = None  # to mask, and the encoder and attention skip their masking ops
-            found = search(model, src, mask, options, lengths, graphs() if graphs else None)
+            multiple = SOURCE_MULTIPLE if graphs is not None else 1
+            src, mask = pad_sources([sources[i] for i in batch], device, multiple)
+            if graphs is None and min(lengths) == src.size(1):  # no padding (one sentence,
+                mask = None  # or equal lengths): the encoder and attention skip their masking
+            found = search(model, src, mask, options, lengths, graphs)
             for i, hyps in zip(batch, found, strict=True):
                 results[i] = hyps
             if on_batch is not None:
@@ -127,7 +126,7 @@ def translate_lines(
     lines: list[str],
     options: SearchOptions = SearchOptions(),
     batch_size: int = 32,
-    graphs: StepGraphs | None = None,
+    graphs: SearchGraphs | None = None,
 ) -> list[str]:
     """Translate text lines: the best hypothesis of each, decoded by the target tokenizer."""
     sources = [src_tokenizer.encode(line) for line in lines]
