@@ -11,6 +11,10 @@
 #              the parts above measure): every correctness check of CUDA
 #   bleu       the toy model check trained on the GPU, decoded on the CPU too: the two BLEU
 #              scores of its test set within 0.1
+#   multi30k   configs/multi30k.yaml trained on the GPU for GPU_LEASE_MULTI30K_EPOCHS (3) in
+#              float32, its test set (test_2016_flickr) decoded there and on the CPU: the two
+#              BLEU scores within 0.1 (not in the default parts: after them, where a lease
+#              has time left)
 # Each part logs to $WORK/PART.log (default gpu-lease/); the end prints one table and, where
 # the device tool's $OUT is set, packs the logs and JSON files into $OUT/gpu-lease.tgz
 # (its returned files are few) beside summary.txt. Exit 1 if a part failed.
@@ -24,8 +28,8 @@
 # `prepare` fills two ignored folders that the device call carries (they travel as carried
 # paths, 64 MiB at most with the tree): .whl/, the wheels of OpenNMT-py and of those of its
 # imports the GPU image lacks, for its Python (GPU_PYTHON_VERSION, default 3.12); and
-# .gpu-data/ende-demo, a copy of ../shared/corpora/ende-demo (the GPU machine sees nothing
-# outside the repository), and .gpu-data/absent, stand-ins for two packages OpenNMT-py
+# .gpu-data/ende-demo and .gpu-data/multi30k, copies of ../shared/corpora's (the GPU machine
+# sees nothing outside the repository), and .gpu-data/absent, stand-ins for two packages OpenNMT-py
 # imports and never uses here (below). On the GPU machine the wheels go to a folder of their
 # own on PYTHONPATH, and OpenNMT-py runs on that machine's torch (it pins torch < 2.3; it runs
 # on 2.13 in bench_peer's own venv on the CPU, and has not yet run on the GPU image's
@@ -59,8 +63,10 @@ if [ "${1:-}" = prepare ]; then
         printf 'def __getattr__(name):\n    raise ImportError("%s is not installed here (a stand-in of scripts/gpu_lease.sh)")\n' \
             "$name" > ".gpu-data/absent/$name/__init__.py"
     done
-    rm -rf .gpu-data/ende-demo
+    rm -rf .gpu-data/ende-demo .gpu-data/multi30k
     cp -r ../shared/corpora/ende-demo .gpu-data/ende-demo || exit 1
+    mkdir -p .gpu-data/multi30k
+    cp -r ../shared/corpora/multi30k/tok .gpu-data/multi30k/tok || exit 1
     du -sh .whl .gpu-data
     echo "carry: .whl .gpu-data"
     exit 0
@@ -93,6 +99,7 @@ if [ "$device" = cuda ]; then
         --beams 5,1 --granularities fused --cuda-graphs off,on)
     train_args=(--device cuda --steps 30 --set train.loss_chunk=8 --graphs
         --variants clones-fused,autograd-kernel --precisions float32,bfloat16)
+    multi30k_sets=(--set "train.epochs=${GPU_LEASE_MULTI30K_EPOCHS:-3}")
 else
     export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
     peer_args=(--device cpu --threads 1 --repeats 1 --variants clones-fused --steps 4
@@ -101,12 +108,16 @@ else
         --batch-size 4 --beams 5,1 --granularities fused --cuda-graphs off,on)
     train_args=(--device cpu --steps 2 --layers 1 --rnn 32 --batch 16 --graphs
         --variants clones-fused --precisions float32)
+    multi30k_sets=(--set train.max_steps=3 --set model.rnn_size=32 --set model.word_vec_size=32
+        --set model.num_layers=1 --set translate.max_length=10 --set data.src_vocab_size=100
+        --set data.tgt_vocab_size=100)
 fi
 
 for name in $parts; do
     case $name in
-    peer | translate | train | check | bleu) ;;
-    *) echo "GPU_LEASE_PARTS: no part $name (peer translate train check bleu)" >&2; exit 2 ;;
+    peer | translate | train | check | bleu | multi30k) ;;
+    *) echo "GPU_LEASE_PARTS: no part $name (peer translate train check bleu multi30k)" >&2
+        exit 2 ;;
     esac
 done
 
@@ -123,15 +134,40 @@ part() {  # part NAME COMMAND...: run, log to $work/NAME.log, record
 }
 
 same_bleu() {  # the check's toy model and test lines, decoded here on the CPU as there
-    local c=$work/check b_dev b_cpu
+    local c=$work/check
     [ -f "$c/toy/model.pt" ] || { echo "no $c/toy/model.pt: run the check part first"; return 1; }
-    b_dev=$(grep -o '^BLEU = [0-9.]*' "$c/translate.log" | head -n 1 | grep -o '[0-9.]*$')
     "$py" -m nmt translate --model "$c/toy/model.pt" --src "$c/test.src" --ref "$c/test.tgt" \
         --output "$work/test-cpu.hyp" --beam-size 5 --device cpu --no-progress \
         2> "$work/bleu-cpu.log" || return 1
-    b_cpu=$(grep -o '^BLEU = [0-9.]*' "$work/bleu-cpu.log" | grep -o '[0-9.]*$')
-    echo "BLEU $device $b_dev, cpu $b_cpu"
-    awk -v a="$b_dev" -v b="$b_cpu" 'BEGIN { d = a - b; exit !(a != "" && b != "" && d <= 0.1 && d >= -0.1) }'
+    within_01 "$(bleu_of "$c/translate.log")" "$(bleu_of "$work/bleu-cpu.log")"
+}
+
+bleu_of() {  # bleu_of LOG: the score of the first sacreBLEU line of nmt translate's stderr
+    grep -o '^BLEU = [0-9.]*' "$1" | head -n 1 | grep -o '[0-9.]*$'
+}
+
+within_01() {  # within_01 A B: both scores there, and at most 0.1 apart
+    echo "BLEU $device $1, cpu $2"
+    awk -v a="$1" -v b="$2" 'BEGIN { d = a - b; exit !(a != "" && b != "" && d <= 0.1 && d >= -0.1) }'
+}
+
+multi30k_bleu() {  # configs/multi30k.yaml trained here, its test set decoded here and on the CPU
+    local m=$work/multi30k d=${GPU_LEASE_MULTI30K:-.gpu-data/multi30k}/tok where
+    [ -d "$d" ] || d=../shared/corpora/multi30k/tok
+    "$py" -m nmt train --config configs/multi30k.yaml --out "$m" --force \
+        --set "data.train_src=$d/train.lc.norm.tok.en" \
+        --set "data.train_tgt=$d/train.lc.norm.tok.de" \
+        --set "data.valid_src=$d/val.lc.norm.tok.en" --set "data.valid_tgt=$d/val.lc.norm.tok.de" \
+        --set train.precision=float32 --set train.early_stopping=0 \
+        --set train.early_stopping_metric=ppl \
+        --set train.valid_bleu_sample=0 --set "train.device=$device" "${multi30k_sets[@]}" \
+        || return 1
+    for where in "$device" cpu; do
+        "$py" -m nmt translate --model "$m/model.pt" --src "$d/test_2016_flickr.lc.norm.tok.en" \
+            --ref "$d/test_2016_flickr.lc.norm.tok.de" --output "$m/test-$where.hyp" \
+            --device "$where" --no-progress 2> "$m/translate-$where.log" || return 1
+    done
+    within_01 "$(bleu_of "$m/translate-$device.log")" "$(bleu_of "$m/translate-cpu.log")"
 }
 
 "$py" - "$device" <<'PY' | tee "$work/device.txt" || exit 1
@@ -151,6 +187,7 @@ for name in $parts; do
     check) part check env OUT="$work/check" GPU_CHECK_DEVICE="$device" PYTHON="$py" \
         GPU_CHECK_SKIP="${GPU_CHECK_SKIP:-bench}" bash scripts/gpu_check.sh ;;
     bleu) part bleu same_bleu ;;
+    multi30k) part multi30k multi30k_bleu ;;
     esac
 done
 

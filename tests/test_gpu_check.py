@@ -4,6 +4,7 @@ every check here, and its CUDA form refuses to pretend on a machine without a GP
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -112,6 +113,23 @@ def test_the_lease_scripts_benches_run_on_the_cpu(tmp_path):
     ] * 2
     assert all(row[-1] == "yes |" for row in searches)  # the same outputs either way
     assert (out / "summary.txt").is_file() and (out / "gpu-lease.tgz").is_file()
+
+
+def test_the_lease_scripts_multi30k_part_runs_on_the_cpu(tmp_path):
+    """The multi30k part, rehearsed on the toy corpus under Multi30k's file names: it trains,
+    decodes the test set on its device and on the CPU, and compares the two BLEU scores."""
+    tok = tmp_path / "multi30k" / "tok"
+    tok.mkdir(parents=True)
+    for split, stem in (("train", "train"), ("valid", "val"), ("test", "test_2016_flickr")):
+        for side, lang in (("src", "en"), ("tgt", "de")):
+            (tok / f"{stem}.lc.norm.tok.{lang}").symlink_to(
+                REPO / "data" / "toy" / f"{split}.{side}"
+            )
+    proc = gpu_lease(tmp_path, "cpu", "multi30k", GPU_LEASE_MULTI30K=str(tok.parent))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert re.search(r"^BLEU cpu [0-9.]+, cpu [0-9.]+$", proc.stdout, re.M)
+    table = proc.stdout[proc.stdout.index("part       result") :].splitlines()[1:]
+    assert [line.split()[:2] for line in table] == [["multi30k", "pass"]]
 
 
 def test_the_lease_script_refuses_what_it_cannot_do(tmp_path):
