@@ -34,7 +34,7 @@ from nmt.cuda_graphs import GraphCache
 GRAPHS_PER_WORKSPACE = 4
 # Shapes kept at once. Sources sorted by length (`length_batches`) meet their shapes in
 # turn, each for a run of batches; a workspace holds a batch's histories and attention
-# (rows x width x source positions: 64 x 5 x 256 x 64 floats are 21 MiB).
+# (rows x width x source positions: 64 x 5 x 256 x 64 floats are 20 MiB).
 MAX_WORKSPACES = 8
 SOURCE_MULTIPLE = 8  # source positions of a batch whose steps replay, padded up to this
 WIDTH_MULTIPLE = 8  # a history's width (its longest limit), rounded up to this
