@@ -9,7 +9,8 @@
 #   repeat     the same training run twice, and once stopped halfway and resumed,
 #              deterministic: bitwise equal parameters
 #   translate  nmt translate of the toy test set with that model: BLEU >= 90; the search's
-#              steps replayed as CUDA graphs write what eager steps write (--cuda-graphs off)
+#              steps replayed as CUDA graphs write what eager steps write (--cuda-graphs off),
+#              with and without --block-ngram-repeat 2
 #   memreport  nmt memreport --device cuda on configs/seed-4x600.yaml: max_memory_allocated
 #              within 10% of the accounted total, per policy
 #   precision  nmt train, translate and memreport in bfloat16 and float16 (loss scaling);
@@ -188,6 +189,16 @@ run_translate() {
         --cuda-graphs off || return 1
     cmp "$out/test.hyp" "$out/test-eager.hyp" ||
         { echo "translations with --cuda-graphs off differ from the default's"; return 1; }
+    # n-gram blocking replays too (its step reads the whole history buffer, masked by the
+    # position on the device): the same pair with --block-ngram-repeat 2
+    local ngram
+    for ngram in auto off; do
+        "$py" -m nmt translate --model "$out/toy/model.pt" --src "$out/test.src" \
+            --output "$out/test-ngram-$ngram.hyp" --beam-size "$beam" --device "$device" \
+            --no-progress --block-ngram-repeat 2 --cuda-graphs "$ngram" || return 1
+    done
+    cmp "$out/test-ngram-auto.hyp" "$out/test-ngram-off.hyp" ||
+        { echo "--block-ngram-repeat 2: --cuda-graphs off differs from the default"; return 1; }
 }
 run_memreport() {
     "$py" -m nmt memreport "${mem_args[@]}" --json "$out/memreport.json"

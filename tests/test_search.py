@@ -23,6 +23,7 @@ from nmt.translate.search import (
     Hypothesis,
     beam_search,
     best_distinct,
+    block_repeats,
     candidates,
     greedy_search,
     length_penalty_factor,
@@ -585,6 +586,24 @@ def test_a_blocked_ngram_never_appears(n):
         blocked = run(beam_search, model, SOURCES, block_ngram_repeat=n, **kwargs)
         assert not any(repeats(h.tokens) for hyps in blocked for h in hyps)
         assert all(len(hyps) == kwargs["n_best"] for hyps in blocked)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_ngram_blocking_at_a_device_position_forbids_what_the_eager_rule_forbids(n):
+    """Where steps replay as graphs the position is a device scalar and the whole history
+    buffer is compared (later positions hold stale tokens): at every position the same
+    tokens are forbidden as by the eager rule on the history cut at the position."""
+    gen = torch.Generator().manual_seed(n)
+    history = torch.randint(3, 7, (6, 10), generator=gen)  # few words: many repeats
+    forbidden = 0
+    for t in range(history.size(1) + 1):
+        eager = torch.zeros(6, 8).index_fill_(1, torch.tensor([PAD]), -math.inf)  # never output
+        graphed = eager.clone()
+        block_repeats(eager, history, n, t, None)
+        block_repeats(graphed, history, n, t, torch.tensor([t]))
+        assert torch.equal(torch.isinf(eager), torch.isinf(graphed)), t
+        forbidden += int(torch.isinf(eager[:, 3:]).sum())
+    assert forbidden > 0  # the rule acts
 
 
 # ---- sampling -------------------------------------------------------------------------------

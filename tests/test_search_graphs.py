@@ -156,8 +156,9 @@ def hypotheses(found: list) -> list:
     return [[(h.tokens, h.score, h.attention.tolist(), h.finished) for h in hs] for hs in found]
 
 
-GRAPHED = {  # the options whose steps replay (`graph_refusal`), and two more
-    **{k: v for k, v in OPTIONS.items() if k not in ("ngram-blocking", "sampling")},
+GRAPHED = {  # the options whose steps replay (`graph_refusal`), and three more
+    **{k: v for k, v in OPTIONS.items() if k != "sampling"},
+    "trigram-blocking": {"beam_size": 3, "block_ngram_repeat": 3},
     "n-best": {"beam_size": 4, "n_best": 3},
     "ratio-limits": {"beam_size": 3, "max_length_ratio": 1.5},
 }
@@ -189,11 +190,9 @@ def test_steps_replayed_as_graphs_find_what_eager_steps_find(which: str, dtype) 
     assert counts.replays + counts.warmups + 2 >= search.steps - 1
 
 
-@pytest.mark.parametrize("which", ["ngram-blocking", "sampling"])
-def test_a_search_that_cannot_replay_its_steps_runs_them_eagerly(which: str) -> None:
-    """n-gram blocking (a history as long as the position) and sampling (its generator)
-    keep every step eager: the cache is never asked."""
-    options = SearchOptions(max_length=12, min_length=6, **OPTIONS[which])
+def test_a_search_that_cannot_replay_its_steps_runs_them_eagerly() -> None:
+    """Sampling (its own generator) keeps every step eager: the cache is never asked."""
+    options = SearchOptions(max_length=12, min_length=6, **OPTIONS["sampling"])
     graphs = SearchGraphs(torch.device("cpu"), lambda line: None)
     src, mask = pad_sources(random_sources(LENGTHS, seed=2), "cpu")
     with torch.inference_mode():
@@ -240,9 +239,9 @@ def test_which_searches_replay_their_steps_and_the_line_when_none_can():
     assert step_graphs("auto", cpu, plain, lines.append) is None and lines == []
     assert step_graphs("on", cpu, plain, lines.append) is None
     assert lines == ["--cuda-graphs on: every search step runs eager: no CUDA device (cpu)"]
-    blocked = SearchOptions(beam_size=5, block_ngram_repeat=2)
-    assert step_graphs("on", cpu, blocked, lines.append) is None
-    assert "--block-ngram-repeat" in lines[1] and len(lines) == 2
+    sampled = SearchOptions(random_sampling_topk=5)
+    assert step_graphs("on", cpu, sampled, lines.append) is None
+    assert "sampling" in lines[1] and len(lines) == 2
 
 
 def graphed_translation(monkeypatch, model, sources, options, batch_size, graphs):
@@ -284,6 +283,7 @@ def padded_translation(monkeypatch, model, sources, options, batch_size):
         {"max_length": 10},
         {"max_length": 30, "max_length_ratio": 1.5},
         {"max_length": 12, "min_length": 3},
+        {"max_length": 12, "block_ngram_repeat": 2},  # later batches: stale histories
     ],
 )
 def test_translate_ids_with_step_graphs_translates_as_without(monkeypatch, which):

@@ -299,7 +299,7 @@ class Search:
             self.attention_history[:, :k].index_copy_(2, at, attn.view(n, k, 1, -1))
         logp = next_log_probs(self.model, out, forbid_eos=t < o.min_length)
         if o.block_ngram_repeat > 0:
-            block_repeats(logp, self.paths[:, 0, :t], o.block_ngram_repeat)
+            block_repeats(logp, self.paths[:, 0], o.block_ngram_repeat, t, at)
         if self.generator is not None:
             cand_scores, cand_beams, cand_tokens = draw(self.scores, logp, o, self.generator)
         else:
@@ -544,10 +544,8 @@ class Search:
 
 def graph_refusal(options: SearchOptions) -> str | None:
     """Why a search with these options cannot replay its steps as CUDA graphs (None: it
-    can): n-gram blocking reads a history as long as the position, and sampling draws from
-    the search's own generator, which a graph replays only once registered with it."""
-    if options.block_ngram_repeat > 0:
-        return "--block-ngram-repeat reads a history as long as the step's position"
+    can): sampling draws from the search's own generator, which a graph replays only once
+    registered with it."""
     if options.samples():
         return "sampling draws from a generator of its own (--seed)"
     return None
@@ -669,15 +667,28 @@ def draw(
     return cand_scores, beams, torch.cat([token, torch.full_like(token, PAD)], 1)
 
 
-def block_repeats(logp: Tensor, history: Tensor, n: int) -> None:
-    """Forbid (-inf) each row's tokens that would repeat an n-gram of its history (rows x t
-    tokens): the tokens that followed an earlier occurrence of its last n - 1 tokens."""
-    t = history.size(1)
-    if t < n:  # no earlier n-gram yet
+def block_repeats(logp: Tensor, history: Tensor, n: int, t: int, at: Tensor | None) -> None:
+    """Forbid (-inf) each row's tokens that would repeat an n-gram of its history (rows x
+    width tokens, positions 0 .. t - 1 written): the tokens that followed an earlier
+    occurrence of its last n - 1 tokens.
+
+    Eager (`at` None), the n-grams of positions before t are compared. Where steps replay
+    as graphs the position is `at`, on the device: every n-gram of the buffer is compared
+    and those not wholly before it are masked, so that the ops do not depend on t - the
+    same tokens forbidden."""
+    if at is None:
+        history = history[:, :t]
+    if history.size(1) < n or (at is None and t < n):  # no earlier n-gram yet
         return
-    windows = history.unfold(1, n, 1)  # rows x (t - n + 1) x n: every n-gram so far
-    suffix = history[:, t - n + 1 :]  # rows x (n - 1)
-    match = (windows[:, :, : n - 1] == suffix.unsqueeze(1)).all(dim=2)
+    windows = history.unfold(1, n, 1)  # rows x (width - n + 1) x n: every n-gram
+    if at is None:
+        suffix = history[:, t - n + 1 :]  # rows x (n - 1)
+        match = (windows[:, :, : n - 1] == suffix.unsqueeze(1)).all(dim=2)
+    else:  # the last n - 1 positions read at `at`; the n-grams starting after t - n masked
+        back = (at - torch.arange(n - 1, 0, -1, device=at.device)).clamp_min_(0)
+        suffix = history.index_select(1, back)
+        match = (windows[:, :, : n - 1] == suffix.unsqueeze(1)).all(dim=2)
+        match &= torch.arange(windows.size(1), device=at.device) <= at - n
     logp.scatter_(1, torch.where(match, windows[:, :, n - 1], PAD), NEG_INF)
 
 
