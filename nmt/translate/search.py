@@ -683,11 +683,11 @@ def block_repeats(logp: Tensor, history: Tensor, n: int, t: int, at: Tensor | No
     windows = history.unfold(1, n, 1)  # rows x (width - n + 1) x n: every n-gram
     if at is None:
         suffix = history[:, t - n + 1 :]  # rows x (n - 1)
-        match = (windows[:, :, : n - 1] == suffix.unsqueeze(1)).all(dim=2)
-    else:  # the last n - 1 positions read at `at`; the n-grams starting after t - n masked
+    else:  # the n - 1 positions before `at`
         back = (at - torch.arange(n - 1, 0, -1, device=at.device)).clamp_min_(0)
         suffix = history.index_select(1, back)
-        match = (windows[:, :, : n - 1] == suffix.unsqueeze(1)).all(dim=2)
+    match = (windows[:, :, : n - 1] == suffix.unsqueeze(1)).all(dim=2)
+    if at is not None:  # the n-grams not wholly before `at` (not yet written, or stale)
         match &= torch.arange(windows.size(1), device=at.device) <= at - n
     logp.scatter_(1, torch.where(match, windows[:, :, n - 1], PAD), NEG_INF)
 
