@@ -31,7 +31,8 @@ import sys
 import time
 from pathlib import Path
 
-DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared/corpora/ende-demo"
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_DATA = REPO.parent / "shared" / "corpora" / "ende-demo"  # as bench_translate.py
 
 
 def refuse(message: str) -> None:

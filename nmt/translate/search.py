@@ -678,7 +678,7 @@ def block_repeats(logp: Tensor, history: Tensor, n: int, t: int, at: Tensor | No
     same tokens forbidden."""
     if at is None:
         history = history[:, :t]
-    if history.size(1) < n or (at is None and t < n):  # no earlier n-gram yet
+    if history.size(1) < n:  # no earlier n-gram yet (no n-gram fits the buffer)
         return
     windows = history.unfold(1, n, 1)  # rows x (width - n + 1) x n: every n-gram
     if at is None:
