@@ -13,6 +13,7 @@ geometric mean of the two runs' median ratios.
 
     python scripts/bench_checkouts.py --checkouts ../old,. --model M --lines 100 \\
         --batch-sizes 16,1 --rounds 10
+    python scripts/bench_checkouts.py ... --random-sampling-topk -1   # sampling, not beam
 
 Each output is `--length` tokens (`--min-length` and `--max-length` alike, no ratio), as
 bench_peer.py forces, so that both run the same steps. Both checkouts must have
@@ -49,6 +50,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lines", type=int, default=100)
     p.add_argument("--batch-sizes", default="16,1", help="comma list")
     p.add_argument("--beam", type=int, default=5)
+    p.add_argument(
+        "--random-sampling-topk",
+        type=int,
+        default=0,
+        help="draw each token from the K most likely instead of searching (-1: all; 0: off)",
+    )
     p.add_argument("--length", type=int, default=25, help="every output this many tokens")
     p.add_argument("--rounds", type=int, default=10, help="timed runs of each, alternating")
     p.add_argument("--threads", type=int, default=2)
@@ -70,7 +77,15 @@ def load(root: Path, args: argparse.Namespace):  # noqa: ANN201 (a checkout's ow
         refuse(f"{root}: not an nmt checkout with load_model and translate_ids ({exc})")
     model, src_tok, _ = load_model(Path(args.model), torch.device("cpu"), "float32")
     n = args.length
-    options = SearchOptions(beam_size=args.beam, max_length=n, max_length_ratio=0, min_length=n)
+    options = SearchOptions(
+        beam_size=args.beam,
+        max_length=n,
+        max_length_ratio=0,
+        min_length=n,
+        **(
+            {"random_sampling_topk": args.random_sampling_topk} if args.random_sampling_topk else {}
+        ),
+    )
     lines = Path(args.src).read_text(encoding="utf-8").splitlines()[: args.lines]
     sources = [src_tok.encode(line) for line in lines]
     sys.path.remove(str(root))
@@ -129,7 +144,9 @@ def main(argv: list[str] | None = None) -> None:
             refuse(lines[-1])
         runs[order] = json.loads(proc.stdout.strip().splitlines()[-1])
     a, b = roots
-    print(f"A = {a}, B = {b}; {args.lines} lines of {args.src}, beam {args.beam}, every output")
+    k = args.random_sampling_topk
+    how = f"beam {args.beam}" if k == 0 else f"sampling top-k {k}"
+    print(f"A = {a}, B = {b}; {args.lines} lines of {args.src}, {how}, every output")
     print(f"{args.length} tokens, {args.threads} threads, {args.rounds} rounds alternating\n")
     print(
         "| batch | A sent/s | B sent/s | B / A, A loaded first | B / A, B loaded first "

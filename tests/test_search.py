@@ -653,6 +653,49 @@ def test_top_k_and_temperature_shape_the_draws():
     assert len(set(hot)) > len(set(cold))
 
 
+def nucleus(probs: torch.Tensor, p: float) -> torch.Tensor:
+    """`probs` cut to the smallest set of the most likely tokens of mass >= p, renormalised."""
+    ranked, order = probs.sort(descending=True)
+    keep = ranked.cumsum(0) - ranked < p
+    return torch.zeros_like(probs).index_put_((order[keep],), ranked[keep]) / ranked[keep].sum()
+
+
+@pytest.mark.parametrize(
+    "cut",
+    [
+        {"random_sampling_topk": -1},
+        {"random_sampling_topk": 5},
+        {"random_sampling_topp": 0.6, "random_sampling_temp": 0.7},
+    ],
+)
+def test_each_token_is_drawn_as_often_as_the_distribution_says(cut):
+    """20,000 sentences of one source drawn at the first step: each token's frequency is its
+    probability under the model at the temperature, cut to the top k or the nucleus - the
+    total variation within three times what sampling noise gives on average (a draw that
+    took its neighbour's token, or cut in the wrong place, is off by several times more)."""
+    model = random_model(eos_bias=0.5)
+    n = 20_000
+    src, mask = pad_sources([SOURCES[0]] * n, "cpu")
+    options = SearchOptions(beam_size=1, max_length=1, seed=5, **cut)
+    with torch.inference_mode():
+        found = beam_search(model, src, mask, options)
+        context, final = model.encode(src[:1], mask[:1])
+        out, _, _ = model.decode_step(src[:1, 0], model.init_decoder_state(final), context)
+        logp = next_log_probs(model, out, forbid_eos=False)[0]
+    probs = (logp / options.random_sampling_temp).softmax(0)
+    if options.random_sampling_topk > 0:
+        kth = probs.topk(options.random_sampling_topk).values[-1]
+        probs = torch.where(probs >= kth, probs, 0.0)
+        probs = probs / probs.sum()
+    if options.random_sampling_topp > 0:
+        probs = nucleus(probs, options.random_sampling_topp)
+    drawn = torch.tensor([h[0].tokens[0] if h[0].tokens else EOS for h in found])
+    seen = torch.bincount(drawn, minlength=probs.numel()).double() / n
+    noise = (2 * probs * (1 - probs) / (math.pi * n)).sqrt().sum() / 2  # E|seen - p| summed
+    assert (seen - probs).abs().sum() / 2 < 3 * noise
+    assert int((probs > 0).sum()) > 2  # a distribution, not a token
+
+
 @pytest.mark.parametrize(
     "kwargs",
     [

@@ -256,7 +256,12 @@ class Search:
         # with one, each step (what it finds after may rank higher once divided).
         self.done_every_step = alpha > 0
         dtype = torch.float64 if alpha > 0 else SCORES  # divided as the host divided
+        # sampling: one uniform number a step for each sentence of the batch as it came, done
+        # or not (`_uniforms`), so that what a sentence draws does not depend on whether
+        # the others were cut from the batch (eager) or masked in it (graphs)
         self.generator = _generator(options, device)
+        self.batch_rows = B
+        self.draw_rows: Tensor | None = None  # each row's sentence of the batch; None: row i
         self.done: list[list[Hypothesis]] = [[] for _ in range(B)]
         # steps replayed as CUDA graphs: the step's position is then a device scalar it reads
         # (`t_dev`), the length penalty's divisors a table on the device, the next tokens a
@@ -301,7 +306,7 @@ class Search:
         if o.block_ngram_repeat > 0:
             block_repeats(logp, self.paths[:, 0], o.block_ngram_repeat, t, at)
         if self.generator is not None:
-            cand_scores, cand_beams, cand_tokens = draw(self.scores, logp, o, self.generator)
+            cand_scores, cand_beams, cand_tokens = draw(self.scores, logp, o, self._uniforms())
         else:
             cand_scores, cand_beams, cand_tokens = candidates(self.scores, logp, 2 * K)
         cand_rows = cand_beams + (self.offsets if static else self.offsets // K)
@@ -348,6 +353,14 @@ class Search:
             self.context = self.context.repeat_interleave(K, dim=0)
             if self.src_mask is not None:
                 self.src_mask = self.src_mask.repeat_interleave(K, dim=0)
+
+    def _uniforms(self) -> Tensor:
+        """A step's uniform numbers of sampling, one for each row: drawn for every sentence
+        of the batch as it came, and those of the sentences still in it taken."""
+        u = torch.rand(
+            self.batch_rows, 1, dtype=torch.float64, device=self.y.device, generator=self.generator
+        )
+        return u if self.draw_rows is None else u.index_select(0, self.draw_rows)
 
     def _divided(self, scores: Tensor, t: int) -> Tensor:
         """Scores of hypotheses of t + 1 positions, divided by the length penalty (in
@@ -396,6 +409,7 @@ class Search:
         K = self.K
         rows = (on[:, None] * K + torch.arange(K, device=on.device)).reshape(-1)
         self.alive = [a for a, f in zip(self.alive, flags, strict=True) if f]
+        self.draw_rows = on if self.draw_rows is None else self.draw_rows.index_select(0, on)
         self.finished = self.finished.select(on)
         self.scores = self.scores.index_select(0, on)
         self.offsets = self.offsets[:n_on]  # the first rows of sentences 0 .. n_on - 1
@@ -639,27 +653,32 @@ def _generator(options: SearchOptions, device: torch.device) -> torch.Generator 
 
 
 def draw(
-    scores: Tensor, logp: Tensor, options: SearchOptions, generator: torch.Generator
+    scores: Tensor, logp: Tensor, options: SearchOptions, uniforms: Tensor
 ) -> tuple[Tensor, Tensor, Tensor]:
     """One token drawn for each of the n rows (a beam of one), in the form `candidates`
     gives: n x 2, the draw and a filler at -inf (so that a drawn </s> leaves no live
     hypothesis), both of parent beam 0. The distribution is softmax(logp / temperature),
     cut to the top-k tokens and to the top-p nucleus where asked; the score added is the
-    model's own log-probability. The draw is an exponential race (argmax of p / E,
-    E ~ Exp(1)): no host read."""
-    logits = logp / options.random_sampling_temp
+    model's own log-probability. The draw inverts the distribution's running sum at one
+    uniform number in [0, 1) per row (`uniforms`, n x 1, float64): one number a row, not
+    one a token (drawing a row's worth costs several times the output layer's product on
+    a CPU), and no host read."""
+    logits, tokens = logp / options.random_sampling_temp, None  # tokens: each column's
     k = options.random_sampling_topk
-    if k > 0 and k < logits.size(1):
-        kth = logits.topk(k, dim=1).values[:, -1:]
-        logits = logits.masked_fill(logits < kth, NEG_INF)
+    if 0 < k < logits.size(1):  # the k most likely, best first
+        logits, tokens = logits.topk(k, dim=1)
     p = options.random_sampling_topp
-    if 0 < p < 1:
-        sorted_logits, order = logits.sort(dim=1, descending=True)
-        probs = sorted_logits.softmax(dim=1)
-        outside = probs.cumsum(dim=1) - probs >= p  # the mass before it already reaches p
-        logits = logits.scatter(1, order, sorted_logits.masked_fill(outside, NEG_INF))
-    race = logits.softmax(dim=1) / torch.empty_like(logits).exponential_(generator=generator)
-    token = race.argmax(dim=1, keepdim=True)
+    if 0 < p < 1:  # the nucleus: the most likely, best first, while the mass before is < p
+        if tokens is None:
+            logits, tokens = logits.sort(dim=1, descending=True)
+        probs = logits.softmax(dim=1)
+        logits = logits.masked_fill(probs.cumsum(dim=1) - probs >= p, NEG_INF)
+    # the first column whose running sum passes u x the total: a column of probability 0
+    # adds nothing to the sum, so it is never the first to pass
+    running = logits.softmax(dim=1).cumsum(dim=1, dtype=torch.float64)
+    pick = torch.searchsorted(running, uniforms * running[:, -1:], right=True)
+    pick = pick.clamp_max_(logits.size(1) - 1)  # u x total rounded up to the total
+    token = pick if tokens is None else tokens.gather(1, pick)
     n = logp.size(0)
     drawn = scores.reshape(-1, 1) + logp.gather(1, token)
     cand_scores = torch.cat([drawn, torch.full_like(drawn, NEG_INF)], 1)
