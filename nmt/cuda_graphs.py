@@ -17,19 +17,33 @@ graph was so dropped runs eagerly from then on (no key is captured twice: keys t
 through a full cache never cost a capture per call). A capture that fails leaves its key
 eager, with one line saying why. Nothing here knows what the callable computes: training
 (`nmt.train.step`) and decoding can both use it.
+
+Random numbers: a graph's kernels draw from the device's default generator as eager ones
+would (torch advances it by the graph's draws at each replay). A callable that draws from a
+generator of its own names it (`generators`): the graph is told of it before its capture
+(`CUDAGraph.register_generator_state`, where this torch has it: `replays_generators`), and
+each replay then reads that generator's state as it is at the replay - the same numbers as
+eager calls, in the same order.
 """
 
 from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
 import torch
 
 Log = Callable[[str], None]
 MIB = 2**20
+
+
+def replays_generators() -> bool:
+    """Whether this torch's CUDA graphs replay draws from a generator other than the
+    default (`CUDAGraph.register_generator_state`); without it a capture of such draws
+    fails."""
+    return hasattr(torch.cuda.CUDAGraph, "register_generator_state")
 
 
 @dataclass
@@ -58,9 +72,12 @@ class GraphCache:
         self._pool: object | None = None
         self._stream: object | None = None
 
-    def run(self, key: Hashable, fn: Callable[[], object]) -> None:
+    def run(
+        self, key: Hashable, fn: Callable[[], object], generators: Sequence[torch.Generator] = ()
+    ) -> None:
         """`fn()` for inputs of shape `key`: replayed, captured or run eagerly (see the
-        module docstring); its effects are the same either way."""
+        module docstring); its effects are the same either way. `generators`: those `fn`
+        draws from besides the default (told to its graph at the capture)."""
         graph = self.graphs.get(key)
         if graph is not None:
             self.graphs.move_to_end(key)
@@ -84,7 +101,7 @@ class GraphCache:
                     f"cuda graphs: {self.capacity} graphs held (the cap): the least recently "
                     "used gives way to a new shape and its shape runs eager from then on"
                 )
-        graph = self._capture(key, fn)
+        graph = self._capture(key, fn, generators)
         if graph is None:
             fn()
             return
@@ -115,15 +132,19 @@ class GraphCache:
             fn()
         current.wait_stream(stream)
 
-    def _capture(self, key: Hashable, fn: Callable[[], object]) -> object | None:
-        """A graph of `fn` in the shared pool (None: it could not be captured; the key runs
-        eagerly from then on, as one line says)."""
+    def _capture(
+        self, key: Hashable, fn: Callable[[], object], generators: Sequence[torch.Generator]
+    ) -> object | None:
+        """A graph of `fn` in the shared pool, told of `generators` (None: it could not be
+        captured; the key runs eagerly from then on, as one line says)."""
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         torch.cuda.synchronize(self.device)
         reserved, start = torch.cuda.memory_reserved(self.device), time.perf_counter()
         graph = torch.cuda.CUDAGraph()
         try:
+            for generator in generators:  # before the capture begins, as torch asks
+                graph.register_generator_state(generator)  # type: ignore[attr-defined]
             with torch.cuda.graph(graph, pool=self._pool, stream=self._side_stream()):
                 fn()
         except Exception as exc:  # noqa: BLE001 - any failure: this key runs eagerly

@@ -10,7 +10,7 @@
 #              deterministic: bitwise equal parameters
 #   translate  nmt translate of the toy test set with that model: BLEU >= 90; the search's
 #              steps replayed as CUDA graphs write what eager steps write (--cuda-graphs off),
-#              with and without --block-ngram-repeat 2
+#              with and without --block-ngram-repeat 2, and sampled with a seed
 #   memreport  nmt memreport --device cuda on configs/seed-4x600.yaml: max_memory_allocated
 #              within 10% of the accounted total, per policy
 #   precision  nmt train, translate and memreport in bfloat16 and float16 (loss scaling);
@@ -199,6 +199,19 @@ run_translate() {
     done
     cmp "$out/test-ngram-auto.hyp" "$out/test-ngram-off.hyp" ||
         { echo "--block-ngram-repeat 2: --cuda-graphs off differs from the default"; return 1; }
+    # sampling replays too, its graphs told of the search's generator: the same seed draws
+    # the same translations replayed and eager, and another seed other ones
+    local draws
+    for draws in auto:3 off:3 auto:4; do
+        "$py" -m nmt translate --model "$out/toy/model.pt" --src "$out/test.src" \
+            --output "$out/test-sample-${draws/:/-}.hyp" --device "$device" --no-progress \
+            --random-sampling-topk -1 --random-sampling-temp 1.5 --seed "${draws#*:}" \
+            --cuda-graphs "${draws%:*}" || return 1
+    done
+    cmp "$out/test-sample-auto-3.hyp" "$out/test-sample-off-3.hyp" ||
+        { echo "sampling: --cuda-graphs off draws other translations than the default"; return 1; }
+    ! cmp -s "$out/test-sample-auto-3.hyp" "$out/test-sample-auto-4.hyp" ||
+        { echo "sampling: seeds 3 and 4 drew the same translations"; return 1; }
 }
 run_memreport() {
     "$py" -m nmt memreport "${mem_args[@]}" --json "$out/memreport.json"

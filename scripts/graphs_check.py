@@ -14,9 +14,11 @@ the loss scale and the step's counts must be bitwise equal.
     python scripts/graphs_check.py --device cpu --kernels-of cuda # ... of CUDA's cell forms
 
 On the CPU a graph is emulated (`emulated_cuda_graphs`): capturing records the aten ops
-the step dispatches with their arguments (and, as a real capture, leaves every buffer as it
-was), and a replay runs those ops again on the same tensors, writing each result where the
-recorded one lives. A step that bakes a host value into a kernel argument, reads a tensor
+the step dispatches with their arguments (and, as a real capture, leaves every buffer and
+generator as it was), and a replay runs those ops again on the same tensors, writing each
+result where the recorded one lives, drawing from the generators as they are then. A draw
+from a generator the graph was not told of (`register_generator_state`) fails the capture,
+as on CUDA. A step that bakes a host value into a kernel argument, reads a tensor
 that is not fixed or moves a buffer fails this as it would fail on a GPU; the rehearsal runs
 nothing on CUDA. `--kernels-of cuda` runs it with the forms CUDA runs (`nmt.kernels`: the
 fused cells' emulation, their weights in the kernel's gate order, the weight-gradient
@@ -58,6 +60,14 @@ class RecordedGraph:
     def __init__(self) -> None:
         self.ops: list[tuple[Any, tuple, dict, list[torch.Tensor]]] = []
         self.replays = 0
+        self.generators: list[torch.Generator] = []  # those it was told of (and the default)
+
+    def register_generator_state(self, generator: torch.Generator) -> None:
+        """As CUDA's: a generator of the caller's whose draws the graph replays, from its
+        state at each replay; told before the capture begins."""
+        if self.ops:
+            raise RuntimeError("register_generator_state after the capture began")
+        self.generators.append(generator)
 
     @torch.no_grad()  # the recorded ops are kernels, below autograd
     def replay(self) -> None:
@@ -80,6 +90,11 @@ class _Recorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         kwargs = kwargs or {}
+        told = {r._cdata for r in [torch.default_generator, *self.graph.generators]}
+        for g in tree_flatten((args, kwargs))[0]:  # CUDA refuses the draw's capture too
+            # (dispatch hands a generator over as a new Python object of the same one)
+            if isinstance(g, torch.Generator) and g._cdata not in told:
+                raise RuntimeError(f"{func}: a draw from a generator the graph was not told of")
         out = func(*args, **kwargs)
         if not func.is_view:  # a view aliases a recorded tensor: replays see its new data
             # each tensor as the kernel saw it (address, sizes, strides): a kernel of a
@@ -110,27 +125,33 @@ def emulated_cuda_graphs(fixed: Callable[[], list[torch.Tensor]]) -> Iterator[li
     (which runs nothing) leaves them. Yields the graphs made."""
     made: list[RecordedGraph] = []
 
-    def new_graph() -> RecordedGraph:
-        made.append(RecordedGraph())
-        return made[-1]
+    class NewGraph(RecordedGraph):  # torch.cuda.CUDAGraph: each made is kept in `made`
+        def __init__(self) -> None:
+            super().__init__()
+            made.append(self)
 
     @contextmanager
     def graph(g: RecordedGraph, pool: object = None, stream: object = None) -> Iterator[None]:
         storages = {t.untyped_storage().data_ptr(): t.untyped_storage() for t in fixed()}
         kept = [(s, s.clone()) for s in storages.values()]
         rng = torch.get_rng_state()
-        with _Recorder(g):
-            yield
-        for storage, before in kept:  # the data as it was; the metadata stays as the host set it
-            storage.copy_(before)
-        torch.set_rng_state(rng)
+        told = [(r, r.get_state()) for r in g.generators]  # a capture draws nothing from them
+        try:
+            with _Recorder(g):
+                yield
+        finally:
+            for storage, before in kept:  # the data as it was; the metadata as the host set it
+                storage.copy_(before)
+            torch.set_rng_state(rng)
+            for r, state in told:
+                r.set_state(state)
 
     @contextmanager
     def stream(s: object) -> Iterator[None]:
         yield
 
     fake = {
-        "CUDAGraph": new_graph,
+        "CUDAGraph": NewGraph,
         "graph": graph,
         "Stream": lambda device=None: _Stream(),
         "stream": stream,

@@ -156,11 +156,13 @@ def hypotheses(found: list) -> list:
     return [[(h.tokens, h.score, h.attention.tolist(), h.finished) for h in hs] for hs in found]
 
 
-GRAPHED = {  # the options whose steps replay (`graph_refusal`), and three more
-    **{k: v for k, v in OPTIONS.items() if k != "sampling"},
+GRAPHED = {  # every option set above, and more
+    **OPTIONS,
     "trigram-blocking": {"beam_size": 3, "block_ngram_repeat": 3},
     "n-best": {"beam_size": 4, "n_best": 3},
     "ratio-limits": {"beam_size": 3, "max_length_ratio": 1.5},
+    "sampling-nucleus": {"random_sampling_topp": 0.8, "random_sampling_temp": 0.7, "seed": 1},
+    "sampling-all": {"random_sampling_topk": -1, "seed": 2},
 }
 
 
@@ -181,8 +183,8 @@ def test_steps_replayed_as_graphs_find_what_eager_steps_find(which: str, dtype) 
     with torch.inference_mode():
         eager = Search(model, src, mask, options).run()
         graphs = SearchGraphs(torch.device("cpu"), lines.append)
-        search = Search(model, src, mask, options, graphs=graphs)
         with graphs_check().emulated_cuda_graphs(lambda: graphed_buffers(search)) as made:
+            search = Search(model, src, mask, options, graphs=graphs)
             graphed = search.run()
     counts = graphs.cache.counts
     assert hypotheses(graphed) == hypotheses(eager)
@@ -190,8 +192,14 @@ def test_steps_replayed_as_graphs_find_what_eager_steps_find(which: str, dtype) 
     assert counts.replays + counts.warmups + 2 >= search.steps - 1
 
 
-def test_a_search_that_cannot_replay_its_steps_runs_them_eagerly() -> None:
-    """Sampling (its own generator) keeps every step eager: the cache is never asked."""
+class GraphWithoutGenerators:
+    """A `torch.cuda.CUDAGraph` of a torch that cannot tell a graph of a generator."""
+
+
+def test_sampling_where_graphs_cannot_draw_runs_every_step_eagerly(monkeypatch) -> None:
+    """Where this torch's graphs cannot draw from the search's own generator, sampling keeps
+    every step eager (the cache is never asked) and `--cuda-graphs` says so in one line."""
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", GraphWithoutGenerators)
     options = SearchOptions(max_length=12, min_length=6, **OPTIONS["sampling"])
     graphs = SearchGraphs(torch.device("cpu"), lambda line: None)
     src, mask = pad_sources(random_sources(LENGTHS, seed=2), "cpu")
@@ -200,6 +208,12 @@ def test_a_search_that_cannot_replay_its_steps_runs_them_eagerly() -> None:
         search.run()
     assert search.graphs is None and search.t_dev is None
     assert graphs.cache.counts == type(graphs.cache.counts)() and not graphs.workspaces
+    lines: list[str] = []
+    assert step_graphs("on", torch.device("cuda"), options, lines.append) is None
+    assert lines == [
+        "--cuda-graphs on: every search step runs eager: sampling draws from a generator of "
+        "its own, which this torch's graphs cannot"
+    ]
 
 
 def test_a_graphed_search_records_one_step_for_every_position():
@@ -240,8 +254,11 @@ def test_which_searches_replay_their_steps_and_the_line_when_none_can():
     assert step_graphs("on", cpu, plain, lines.append) is None
     assert lines == ["--cuda-graphs on: every search step runs eager: no CUDA device (cpu)"]
     sampled = SearchOptions(random_sampling_topk=5)
-    assert step_graphs("on", cpu, sampled, lines.append) is None
-    assert "sampling" in lines[1] and len(lines) == 2
+    assert step_graphs("on", cpu, sampled, lines.append) is None and lines[1] == lines[0]
+    with graphs_check().emulated_cuda_graphs(list):  # a torch whose graphs can draw
+        cuda = torch.device("cuda")
+        assert isinstance(step_graphs("auto", cuda, sampled, lines.append), SearchGraphs)
+    assert len(lines) == 2
 
 
 def graphed_translation(monkeypatch, model, sources, options, batch_size, graphs):
@@ -284,6 +301,7 @@ def padded_translation(monkeypatch, model, sources, options, batch_size):
         {"max_length": 30, "max_length_ratio": 1.5},
         {"max_length": 12, "min_length": 3},
         {"max_length": 12, "block_ngram_repeat": 2},  # later batches: stale histories
+        {"max_length": 12, "n_best": 1, "random_sampling_topk": 5, "seed": 7},
     ],
 )
 def test_translate_ids_with_step_graphs_translates_as_without(monkeypatch, which):
@@ -295,7 +313,7 @@ def test_translate_ids_with_step_graphs_translates_as_without(monkeypatch, which
     here: </s> held back or not, a sentence at its limit or not)."""
     model = random_model(dtype=torch.float32)
     sources = random_sources([3 + i % 13 for i in range(40)], seed=4)
-    options = SearchOptions(beam_size=4, n_best=2, **which)
+    options = SearchOptions(**{"beam_size": 4, "n_best": 2, **which})
     lines: list[str] = []
     eager = padded_translation(monkeypatch, model, sources, options, 8)
     graphs = SearchGraphs(torch.device("cpu"), lines.append)

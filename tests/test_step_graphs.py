@@ -307,6 +307,35 @@ def test_a_capture_that_fails_leaves_its_shape_eager_with_one_line():
     assert "\n" not in lines[0]
 
 
+def test_a_graph_draws_from_a_generator_of_its_own_only_when_told_of_it():
+    """A callable that draws from its own generator: the graph told of it (`generators`)
+    replays the draws eager calls make, in the same order (a capture draws nothing); one not
+    told fails its capture (as on CUDA) and its shape runs eager, with one line - the same
+    numbers either way."""
+    gc = graphs_check()
+
+    def draws(told: bool) -> tuple[list[float], list[str], int]:
+        out, generator, lines = torch.zeros(3), torch.Generator().manual_seed(11), []
+        seen: list[float] = []
+
+        def step() -> None:
+            out.copy_(torch.rand(3, generator=generator))
+
+        with gc.emulated_cuda_graphs(lambda: [out]):
+            cache = GraphCache(torch.device("cpu"), 4, lines.append)
+            for _ in range(5):
+                cache.run("a", step, (generator,) if told else ())
+                seen += out.tolist()
+        return seen, lines, cache.counts.replays
+
+    eager = torch.rand(15, generator=torch.Generator().manual_seed(11)).tolist()
+    told, told_lines, told_replays = draws(True)
+    untold, untold_lines, untold_replays = draws(False)
+    assert told == untold == eager
+    assert told_lines == [] and told_replays == 4
+    assert untold_replays == 0 and len(untold_lines) == 1 and "not told of" in untold_lines[0]
+
+
 # ---- the trainer and the check script ---------------------------------------------------------
 
 

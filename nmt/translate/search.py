@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from nmt.cuda_graphs import replays_generators
 from nmt.data.vocab import BOS, EOS, PAD
 from nmt.translate.options import SearchOptions
 from nmt.translate.ranking import row_topk
@@ -539,6 +540,8 @@ class Search:
             self.stacked = held[0]
             held = list(self.stacked.unbind(0))
         self.state = _rebuilt(self.state, iter(held))
+        if self.generator is not None:  # the one the workspace's graphs were told of
+            self.generator = ws.hold_generator(self.generator)
         self.settled = True
         return True
 
@@ -558,10 +561,10 @@ class Search:
 
 def graph_refusal(options: SearchOptions) -> str | None:
     """Why a search with these options cannot replay its steps as CUDA graphs (None: it
-    can): sampling draws from the search's own generator, which a graph replays only once
-    registered with it."""
-    if options.samples():
-        return "sampling draws from a generator of its own (--seed)"
+    can): sampling draws from the search's own generator (--seed), which a graph replays
+    only where this torch can tell it of the generator (`replays_generators`)."""
+    if options.samples() and not replays_generators():
+        return "sampling draws from a generator of its own, which this torch's graphs cannot"
     return None
 
 

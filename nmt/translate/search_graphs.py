@@ -49,10 +49,12 @@ def rounded_up(n: int, multiple: int) -> int:
 @dataclass
 class SearchWorkspace:
     """The tensors a batch's graphed steps read and write, named by their role in `Search`,
-    kept for every batch of one shape; `serial` tells its graphs from other workspaces'."""
+    kept for every batch of one shape, and the generator sampling draws from (its graphs
+    were told of it); `serial` tells its graphs from other workspaces'."""
 
     serial: int
     tensors: dict[str, Tensor] = field(default_factory=dict)
+    generator: torch.Generator | None = None
 
     def hold(self, name: str, t: Tensor) -> Tensor | None:
         """The workspace's tensor of `name` holding `t`'s values: `t` itself the first time
@@ -64,6 +66,16 @@ class SearchWorkspace:
         if kept.shape != t.shape or kept.dtype != t.dtype or kept.device != t.device:
             return None
         return kept.copy_(t)
+
+    def hold_generator(self, generator: torch.Generator) -> torch.Generator:
+        """The workspace's generator in `generator`'s state: `generator` itself the first
+        time, else the one kept (a graph reads the state of the generator it was told of,
+        so each batch's draws must come from that one)."""
+        if self.generator is None:
+            self.generator = generator
+        else:
+            self.generator.set_state(generator.get_state())
+        return self.generator
 
 
 class SearchGraphs:
@@ -93,7 +105,8 @@ class SearchGraphs:
 
     def run(self, workspace: SearchWorkspace, key: Hashable, fn: Callable[[], object]) -> None:
         """A step of `workspace`'s batch with graph key `key`: replayed, captured or eager."""
-        self.cache.run((workspace.serial, key), fn)
+        drawn = () if workspace.generator is None else (workspace.generator,)
+        self.cache.run((workspace.serial, key), fn, drawn)
 
     def summary(self) -> str:
         """One line: the workspaces, and the cache's graphs and calls."""

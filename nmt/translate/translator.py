@@ -69,9 +69,7 @@ def step_graphs(
     and cannot serve."""
     if mode == "off" or (mode == "auto" and device.type != "cuda"):
         return None
-    why = graph_refusal(options)
-    if why is None and device.type != "cuda":
-        why = f"no CUDA device ({device})"
+    why = f"no CUDA device ({device})" if device.type != "cuda" else graph_refusal(options)
     if why is not None:
         log(f"--cuda-graphs {mode}: every search step runs eager: {why}")
         return None
