@@ -49,6 +49,8 @@ an empty token; nmt splits on any whitespace, so it reads the same tokens either
 
 `--device cuda` trains and translates on GPU 0 with both tools and times beam 5 at batch 16
 and 64 and greedy search at batch 64 (each output `--length` tokens, as on the CPU).
+`--sample-topk K` times sampling too (a token drawn at each step from the K most likely, -1:
+from every word), at the largest batch, both tools (OpenNMT-py's `-random_sampling_topk`).
 """
 
 from __future__ import annotations
@@ -88,6 +90,46 @@ ONMT_MODULES = ("onmt.bin.train", "onmt.bin.build_vocab", "onmt.bin.translate")
 CORPUS = ("src-train.txt", "targ-train.txt", "src-val.txt", "targ-val.txt")
 VALID_PAIRS = 10  # nmt's final validation, on pairs that are not translated
 ONMT = "OpenNMT-py"
+
+
+@dataclass(frozen=True)
+class Decode:
+    """One timed decoding of the sources, `batch` sentences a batch: beam search of `beam`
+    (1: greedy), or where `sample_topk` is not 0 a token drawn at each step from the
+    `sample_topk` most likely (-1: from every word; temperature 1)."""
+
+    beam: int
+    batch: int
+    sample_topk: int = 0
+
+    @property
+    def key(self) -> str:
+        """Its figure's name in a run's figures and the JSON."""
+        if self.sample_topk:
+            return f"sample{self.sample_topk}_batch{self.batch}"
+        return f"beam{self.beam}_batch{self.batch}"
+
+    @classmethod
+    def of_key(cls, key: str) -> Decode | None:
+        """The decoding a figure's name says (None: not a decoding's)."""
+        found = DECODE_KEY.fullmatch(key)
+        if found is None:
+            return None
+        beam, topk, batch = found.groups()
+        if topk is not None:
+            return cls(1, int(batch), int(topk))
+        return cls(int(beam), int(batch))
+
+    @property
+    def heading(self) -> str:
+        if self.sample_topk:
+            words = "every word" if self.sample_topk < 0 else f"top-{self.sample_topk}"
+            return f"sampling ({words}) batch {self.batch} sent/s"
+        name = "greedy" if self.beam == 1 else f"beam {self.beam}"
+        return f"{name} batch {self.batch} sent/s"
+
+
+DECODE_KEY = re.compile(r"(?:beam(\d+)|sample(-?\d+))_batch(\d+)")
 
 
 @dataclass(frozen=True)
@@ -388,7 +430,7 @@ def train_onmt(config: dict, python: str, out: Path, threads: int) -> dict:
 
 
 def translate_nmt(
-    model_path: str, src: Path, beam: int, batch: int, length: int, device: str = "cpu"
+    model_path: str, src: Path, decode: Decode, length: int, device: str = "cpu"
 ) -> dict:
     """Sentences/s of `translate_lines` on `device` (the model loaded before the clock
     starts; the translations are text on the host when it stops)."""
@@ -401,10 +443,15 @@ def translate_nmt(
 
     model, src_tok, tgt_tok = load_model(Path(model_path), torch.device(device))
     lines = read_lines(src)
-    options = SearchOptions(beam_size=beam, max_length=length, min_length=length)
+    options = SearchOptions(
+        beam_size=decode.beam,
+        max_length=length,
+        min_length=length,
+        random_sampling_topk=decode.sample_topk,
+    )
     graphs = step_graphs("auto", torch.device(device), options, print)  # as nmt translate
     start = time.perf_counter()
-    out = translate_lines(model, src_tok, tgt_tok, lines, options, batch, graphs)
+    out = translate_lines(model, src_tok, tgt_tok, lines, options, decode.batch, graphs)
     seconds = time.perf_counter() - start
     return _translated(len(lines), seconds, out)
 
@@ -414,18 +461,20 @@ def translate_onmt(
     python: str,
     src: Path,
     out: Path,
-    beam: int,
-    batch: int,
+    decode: Decode,
     length: int,
     threads: int,
     device: str = "cpu",
 ) -> dict:
-    pred = out / f"pred-beam{beam}-batch{batch}.txt"
+    pred = out / f"pred-{decode.key}.txt"
     command = [*onmt_command(python, "onmt.bin.translate"), "-model", model, "-src", str(src)]
-    command += ["-output", str(pred), "-beam_size", str(beam), "-batch_size", str(batch)]
-    command += ["-batch_type", "sents", "-min_length", str(length), "-max_length", str(length)]
-    command += ["-max_length_ratio", "0", "-report_time", "-gpu", "0" if device == "cuda" else "-1"]
-    log = out / f"translate-beam{beam}-batch{batch}.log"
+    command += ["-output", str(pred), "-beam_size", str(decode.beam)]
+    command += ["-batch_size", str(decode.batch), "-batch_type", "sents"]
+    command += ["-min_length", str(length), "-max_length", str(length), "-max_length_ratio", "0"]
+    command += ["-report_time", "-gpu", "0" if device == "cuda" else "-1"]
+    if decode.sample_topk:
+        command += ["-random_sampling_topk", str(decode.sample_topk), "-random_sampling_temp", "1"]
+    log = out / f"translate-{decode.key}.log"
     env = thread_env(threads, {"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"})
     run_measured(command, env, log)
     n = len(src.read_text(encoding="utf-8").splitlines())
@@ -451,24 +500,21 @@ COLUMNS = (  # (key in a run's figures, heading, format)
 )
 
 
-def decodes(device: str, batch: int) -> tuple[tuple[int, int], ...]:
-    """The (beam, batch) searches timed: on the CPU beam 5 at --batch and at 1; on a GPU,
-    where batches fill it, beam 5 at 16 and 64 and greedy search at 64."""
-    return ((5, 16), (5, 64), (1, 64)) if device == "cuda" else ((5, batch), (5, 1))
-
-
-def decode_key(beam: int, batch: int) -> str:
-    return f"beam{beam}_batch{batch}"
+def decodes(device: str, batch: int, sample_topk: int = 0) -> tuple[Decode, ...]:
+    """The decodings timed: on the CPU beam 5 at --batch and at 1; on a GPU, where batches
+    fill it, beam 5 at 16 and 64 and greedy search at 64. `sample_topk` (not 0): sampling
+    too, at the largest batch."""
+    if device == "cuda":
+        searched = (Decode(5, 16), Decode(5, 64), Decode(1, 64))
+    else:
+        searched = (Decode(5, batch), Decode(5, 1))
+    largest = max(d.batch for d in searched)
+    return searched + ((Decode(1, largest, sample_topk),) if sample_topk else ())
 
 
 def decode_columns(keys: list[str]) -> list[tuple[str, str, str]]:
-    """A column for each search that ran (keys of `decode_key`), in COLUMNS' form."""
-    columns = []
-    for key in keys:
-        beam, batch = (int(x) for x in re.findall(r"\d+", key))
-        name = "greedy" if beam == 1 else f"beam {beam}"
-        columns.append((key, f"{name} batch {batch} sent/s", "{:.2f}"))
-    return columns
+    """A column for each decoding that ran (`Decode.key`s), in COLUMNS' form."""
+    return [(key, Decode.of_key(key).heading, "{:.2f}") for key in keys]  # type: ignore[union-attr]
 
 
 def medians(runs: list[dict]) -> dict[str, dict[str, float]]:
@@ -476,7 +522,7 @@ def medians(runs: list[dict]) -> dict[str, dict[str, float]]:
     by_name: dict[str, list[dict]] = {}
     for run in runs:
         by_name.setdefault(run["name"], []).append(run)
-    searched = [k for k in runs[0] if k.startswith("beam") and "_batch" in k] if runs else []
+    searched = [k for k in runs[0] if Decode.of_key(k)] if runs else []
     keys = [key for key, _, _ in COLUMNS] + searched + ["mean_length"]
     return {
         name: {k: statistics.median(r[k] for r in rs if k in r) for k in keys if k in rs[0]}
@@ -488,7 +534,7 @@ def table(summary: dict[str, dict[str, float]], steps: int) -> str:
     """Markdown: a row per tool / variant, each figure with its ratio to OpenNMT-py's."""
     peer = summary.get(ONMT, {})
     first = next(iter(summary.values()), {})
-    columns = [*COLUMNS, *decode_columns([k for k in first if k.startswith("beam")])]
+    columns = [*COLUMNS, *decode_columns([k for k in first if Decode.of_key(k)])]
     heads = []
     for key, head, _ in columns:
         heads.append(head.format(steps=steps))
@@ -537,6 +583,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--sentences", type=int, default=100, help="validation sources translated")
     ap.add_argument("--length", type=int, default=25, help="output tokens, forced")
     ap.add_argument("--batch", type=int, default=16, help="translation batch (and 1)")
+    ap.add_argument(
+        "--sample-topk",
+        type=int,
+        default=0,
+        help="also time sampling from the K most likely (-1: every word) at the largest "
+        "batch, both tools (0: not)",
+    )
     names = [v.name for v in VARIANTS]
     ap.add_argument(
         "--variants", default=",".join(names), help="comma list of: " + ", ".join(names)
@@ -587,7 +640,7 @@ def main(argv: list[str] | None = None) -> None:
     runs = []
     for repeat, name in tqdm(turns, desc="runs", unit="run"):
         out = work / "runs" / f"{name}-{repeat}"
-        searches = decodes(args.device, args.batch)
+        searches = decodes(args.device, args.batch, args.sample_topk)
         if name == ONMT:
             peer = onmt_config(
                 configs[chosen[0].name], data, out, args.steps, args.log_every, args.device
@@ -599,27 +652,26 @@ def main(argv: list[str] | None = None) -> None:
                     onmt_python(args),
                     src,
                     out,
-                    beam,
-                    batch,
+                    decode,
                     args.length,
                     args.threads,
                     args.device,
                 )
-                for beam, batch in searches
+                for decode in searches
             ]
         else:
             run = train_nmt(configs[name], out, args.threads)
             translations = [
-                translate_nmt(run["model"], src, beam, batch, args.length, args.device)
-                for beam, batch in searches
+                translate_nmt(run["model"], src, decode, args.length, args.device)
+                for decode in searches
             ]
-        for (beam, batch), figures in zip(searches, translations, strict=True):
-            run[decode_key(beam, batch)] = figures["sent_s"]
+        for decode, figures in zip(searches, translations, strict=True):
+            run[decode.key] = figures["sent_s"]
         run.update(
             name=name,
             repeat=repeat,
             mean_length=statistics.mean(t["mean_length"] for t in translations),
-            translate={decode_key(*d): t for d, t in zip(searches, translations, strict=True)},
+            translate={d.key: t for d, t in zip(searches, translations, strict=True)},
         )
         runs.append(run)
 

@@ -2,7 +2,8 @@
 # Everything a lent GPU should run, as one prepared command: what the CPU can only rehearse, in the
 # order a short lease should spend it. Parts (GPU_LEASE_PARTS, in this order by default):
 #   peer       scripts/bench_peer.py --device cuda: nmt against OpenNMT-py 3.5.1 on the same
-#              GPU in one run (training; beam 5 at batch 16 and 64, greedy at 64), one turn
+#              GPU in one run (training; beam 5 at batch 16 and 64, greedy at 64, sampling
+#              from every word at 64), one turn
 #   translate  scripts/bench_translate.py --device cuda --cuda-graphs off,on: the search's
 #              steps eager and replayed as CUDA graphs, beam 5 and greedy, batch 64
 #   train      scripts/bench_train.py --device cuda --graphs: the training step eager and
@@ -94,7 +95,7 @@ data=${GPU_LEASE_DATA:-.gpu-data/ende-demo}  # the ende-demo file names (bench_p
 [ -d "$data" ] || data=../shared/corpora/ende-demo
 
 if [ "$device" = cuda ]; then
-    peer_args=(--device cuda --threads 2 --repeats 1 --variants clones-fused)
+    peer_args=(--device cuda --threads 2 --repeats 1 --variants clones-fused --sample-topk -1)
     translate_args=(--device cuda --threads 0 --train-steps 300 --lines 500 --batch-size 64
         --beams 5,1 --granularities fused --cuda-graphs off,on)
     train_args=(--device cuda --steps 30 --set train.loss_chunk=8 --graphs
@@ -103,7 +104,7 @@ if [ "$device" = cuda ]; then
 else
     export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
     peer_args=(--device cpu --threads 1 --repeats 1 --variants clones-fused --steps 4
-        --log-every 2 --sentences 4 --rnn 32)
+        --log-every 2 --sentences 4 --rnn 32 --sample-topk -1)
     translate_args=(--device cpu --threads 1 --train-steps 5 --layers 1 --rnn 32 --lines 8
         --batch-size 4 --beams 5,1 --granularities fused --cuda-graphs off,on)
     train_args=(--device cpu --steps 2 --layers 1 --rnn 32 --batch 16 --graphs

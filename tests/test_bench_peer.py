@@ -140,20 +140,33 @@ def test_table_is_markdown_with_ratios(bench) -> None:
     assert "| clones-nngraph | 2,000 | 2.00x | 800 | 1.00x | 6.000 (403.4) |" in lines[2]
 
 
+def test_sampling_is_timed_at_the_largest_batch_by_both_tools(bench) -> None:
+    """--sample-topk K: one more decoding, sampling at --batch on the CPU; a figure's name
+    says which decoding it is, and others are none."""
+    args = bench.parse_args(["--sample-topk", "10", "--batch", "32"])
+    decodes = bench.decodes("cpu", args.batch, args.sample_topk)
+    assert decodes[-1] == bench.Decode(1, 32, 10) and decodes[-1].key == "sample10_batch32"
+    assert bench.Decode.of_key("sample10_batch32").heading == "sampling (top-10) batch 32 sent/s"
+    assert bench.Decode.of_key("tok_s") is None and bench.Decode.of_key("beam5_batchx") is None
+
+
 def test_a_gpu_run_times_beam_5_at_16_and_64_and_greedy_at_64(bench, tmp_path: Path) -> None:
     """--device cuda: both tools on GPU 0 (OpenNMT-py's gpu_ranks), and the three searches;
     the table heads each. (This machine has no GPU: the run itself is not made here.)"""
-    assert bench.decodes("cuda", 16) == ((5, 16), (5, 64), (1, 64))
-    assert bench.decodes("cpu", 16) == ((5, 16), (5, 1))
+    D = bench.Decode
+    assert bench.decodes("cuda", 16) == (D(5, 16), D(5, 64), D(1, 64))
+    assert bench.decodes("cpu", 16) == (D(5, 16), D(5, 1))
     args = bench.parse_args(["--device", "cuda"])
-    assert args.device == "cuda"
-    keys = [bench.decode_key(*d) for d in bench.decodes("cuda", 16)]
+    assert args.device == "cuda" and args.sample_topk == 0
+    keys = [d.key for d in bench.decodes("cuda", 16, sample_topk=-1)]
     heads = [head for _, head, _ in bench.decode_columns(keys)]
     assert heads == [
         "beam 5 batch 16 sent/s",
         "beam 5 batch 64 sent/s",
         "greedy batch 64 sent/s",
+        "sampling (every word) batch 64 sent/s",
     ]
+    assert [bench.Decode.of_key(k) for k in keys] == list(bench.decodes("cuda", 16, -1))
     base = yaml.safe_load((REPO / "configs/ende-demo.yaml").read_text(encoding="utf-8"))
     data = {name: tmp_path / name for name in bench.CORPUS}
     valid = {"src": tmp_path / "v.src", "tgt": tmp_path / "v.tgt"}
