@@ -14,6 +14,7 @@ import nmt
 from nmt.api import TranslationModel
 from nmt.cli import app
 from nmt.errors import NmtError
+from tests.conftest import TOY
 
 
 def cli_lines(model: Path, src: Path, out: Path, *flags: str) -> list[str]:
@@ -61,6 +62,21 @@ def test_an_ensemble_as_the_command_decodes_it(toy_model, source, tmp_path):
     short.write_text("\n".join(lines) + "\n", encoding="utf-8")
     expected = cli_lines(toy_model, short, tmp_path / "out.txt", "-m", str(toy_model))
     assert nmt.load([toy_model, toy_model], device="cpu").translate(lines) == expected
+
+
+def test_sampling_draws_one_stream_over_every_part_of_the_input(toy_model, monkeypatch):
+    """16 copies of one line, a batch of 4 each part of the input (`CHUNK_BATCHES` = 1):
+    the parts draw from one stream, so they do not repeat each other's translations (a
+    stream seeded anew for each part gave every part the same four); the same seed
+    repeats the whole."""
+    monkeypatch.setattr(nmt.api, "CHUNK_BATCHES", 1)
+    line = (TOY / "test.src").read_text(encoding="utf-8").split("\n")[0]
+    model = nmt.load(toy_model, device="cpu")
+    flags = {"random_sampling_topk": -1, "random_sampling_temp": 3.0, "batch_size": 4}
+    drawn = model.translate([line] * 16, seed=2, **flags)
+    parts = [tuple(drawn[i : i + 4]) for i in range(0, 16, 4)]
+    assert len(set(parts)) == 4 and len(set(drawn)) > 4
+    assert model.translate([line] * 16, seed=2, **flags) == drawn
 
 
 def test_mistakes_are_one_line(toy_model, tmp_path):

@@ -25,6 +25,7 @@ from nmt.translate.search import (
     best_distinct,
     block_repeats,
     candidates,
+    draw_generator,
     greedy_search,
     length_penalty_factor,
     next_log_probs,
@@ -651,6 +652,24 @@ def test_top_k_and_temperature_shape_the_draws():
     best = int(ranked[0])
     assert cold.count(best) > hot.count(best)
     assert len(set(hot)) > len(set(cold))
+
+
+def test_the_batches_of_a_translation_draw_from_one_stream():
+    """64 copies of one source at batch 8: the batches draw from one stream, so their
+    translations do not repeat each other's (a generator seeded anew for each batch gave
+    all 8 batches the same 8); a stream passed on continues where the last call left it,
+    and a stream from the same seed repeats the first call."""
+    model = random_model(eos_bias=-1.0)
+    sources = random_sources([6]) * 64
+    options = SearchOptions(beam_size=1, max_length=8, random_sampling_topk=-1, seed=1)
+    stream = draw_generator(options, torch.device("cpu"))
+    with torch.inference_mode():
+        first = [h[0].tokens for h in translate_ids(model, sources, options, 8, generator=stream)]
+        then = [h[0].tokens for h in translate_ids(model, sources, options, 8, generator=stream)]
+        again = [h[0].tokens for h in translate_ids(model, sources, options, 8)]
+    batches = {tuple(map(tuple, first[i : i + 8])) for i in range(0, 64, 8)}
+    assert len(batches) == 8 and len({tuple(t) for t in first}) > 32
+    assert then != first and again == first
 
 
 def nucleus(probs: torch.Tensor, p: float) -> torch.Tensor:

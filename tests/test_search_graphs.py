@@ -325,6 +325,12 @@ def test_translate_ids_with_step_graphs_translates_as_without(monkeypatch, which
     assert all(s.settled for s in searches) and lines == []
     assert counts.captured <= counts.warmups <= 3 * len(shapes) and counts.eager == 0
     assert counts.replays > counts.captured
+    # a second translation with the same graphs: every batch settles into a workspace made
+    # before (sampling: the workspace's generator drawing for this translation's stream,
+    # which takes its state back after each batch), warms up no key, finds the same
+    warmups = counts.warmups
+    again, _ = graphed_translation(monkeypatch, model, sources, options, 8, graphs)
+    assert hypotheses(again) == hypotheses(eager) and counts.warmups == warmups
 
 
 def test_a_workspace_dropped_at_the_cap_takes_its_graphs_along(monkeypatch):

@@ -61,7 +61,11 @@ class SearchOptions(TranslateConfig):
     random_sampling_temp: float = _opt(
         1.0, min=0.0, min_exclusive=True, doc="temperature of the draws: softmax(logits / T)"
     )
-    seed: int = _opt(0, doc="seed of the draws: the same seed draws the same translations")
+    seed: int = _opt(
+        0,
+        doc="seed of the draws, one stream over the whole input: the same seed, input and "
+        "batch size draw the same translations",
+    )
 
     def samples(self) -> bool:
         """Whether a token is drawn at each step instead of searched for."""

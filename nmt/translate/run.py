@@ -49,7 +49,7 @@ from nmt.translate.formats import attention_record, gold_lines, nbest_line
 from nmt.translate.metrics import bleu_line, chrf_line
 from nmt.translate.output_layer import prepare_for_search
 from nmt.translate.scoring import GoldScores, gold_scores
-from nmt.translate.search import Hypothesis
+from nmt.translate.search import Hypothesis, draw_generator
 from nmt.translate.translator import GRAPH_MODES, SearchOptions, step_graphs, translate_ids
 
 STDIN = "-"
@@ -313,6 +313,8 @@ class Translator:
         self.need_words = options.replace_unk or options.attention is not None
         device = next(model.parameters()).device
         self.graphs = step_graphs(options.cuda_graphs, device, options.search, warn)
+        # sampling's draws: one stream over every part of the input (`translate`'s calls)
+        self.generator = draw_generator(options.search, device)
 
     def translate(
         self,
@@ -354,7 +356,13 @@ class Translator:
         device = next(self.model.parameters()).device
         with reported(partial(_out_of_memory, device, ids, start, search, batch_size)):
             found = translate_ids(
-                self.model, ids, search, batch_size, on_batch=on_batch, graphs=self.graphs
+                self.model,
+                ids,
+                search,
+                batch_size,
+                on_batch=on_batch,
+                graphs=self.graphs,
+                generator=self.generator,
             )
         return [
             self._render(start + positions[k], ids[k], words[k], hyps)

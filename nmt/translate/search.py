@@ -215,6 +215,7 @@ class Search:
         options: SearchOptions,
         lengths: list[int] | None = None,
         graphs: SearchGraphs | None = None,
+        generator: torch.Generator | None = None,
     ):
         options.check()
         self.model, self.options = model, options
@@ -259,8 +260,11 @@ class Search:
         dtype = torch.float64 if alpha > 0 else SCORES  # divided as the host divided
         # sampling: one uniform number a step for each sentence of the batch as it came, done
         # or not (`_uniforms`), so that what a sentence draws does not depend on whether
-        # the others were cut from the batch (eager) or masked in it (graphs)
-        self.generator = _generator(options, device)
+        # the others were cut from the batch (eager) or masked in it (graphs); drawn from
+        # `generator`, a translation's one stream of draws (`draw_generator`), which the
+        # batch leaves where its draws end
+        self.generator = draw_generator(options, device) if generator is None else generator
+        self.given_generator = self.generator  # the workspace's may stand in (`_settle`)
         self.batch_rows = B
         self.draw_rows: Tensor | None = None  # each row's sentence of the batch; None: row i
         self.done: list[list[Hypothesis]] = [[] for _ in range(B)]
@@ -482,6 +486,8 @@ class Search:
             looks = (t + 1) % CHECK_EVERY == 0 or t + 1 == self.steps
             if looks and not self.check(t):
                 break
+        if self.generator is not self.given_generator:  # the workspace's drew: its state back
+            self.given_generator.set_state(self.generator.get_state())
         return self.done
 
     def _settle(self) -> bool:
@@ -648,8 +654,10 @@ def _device_limits(options: SearchOptions, src: Tensor, src_mask: Tensor | None)
     return ratio.clamp(1, options.max_length)
 
 
-def _generator(options: SearchOptions, device: torch.device) -> torch.Generator | None:
-    """The random numbers of sampling, from `options.seed`; None: no sampling."""
+def draw_generator(options: SearchOptions, device: torch.device) -> torch.Generator | None:
+    """The random numbers of a translation's sampling, from `options.seed`: one stream that
+    its batches draw from in turn (a generator seeded anew for each batch would give the
+    k-th sentence of every batch the same numbers); None: no sampling."""
     if not options.samples():
         return None
     return torch.Generator(device=device).manual_seed(options.seed)
@@ -721,14 +729,16 @@ def search(
     options: SearchOptions = SearchOptions(),
     lengths: list[int] | None = None,
     graphs: SearchGraphs | None = None,
+    generator: torch.Generator | None = None,
 ) -> list[list[Hypothesis]]:
     """Per sentence of the batch its `options.n_best` hypotheses, best first (`Search`).
 
     src: B x S with <s> .. </s> (right-padded with PAD where `src_mask` is False); `lengths`,
     its real lengths if the caller knows them (else read from the mask); `graphs`, the step
-    graphs and workspaces kept across batches (None: every step eager).
+    graphs and workspaces kept across batches (None: every step eager); `generator`, the
+    draws of sampling where they continue from earlier batches (None: from `options.seed`).
     """
-    return Search(model, src, src_mask, options, lengths, graphs).run()
+    return Search(model, src, src_mask, options, lengths, graphs, generator).run()
 
 
 def beam_search(

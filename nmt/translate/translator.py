@@ -16,7 +16,13 @@ from torch import Tensor
 
 from nmt.data.vocab import BOS, EOS, PAD
 from nmt.errors import NmtError
-from nmt.translate.search import Hypothesis, SearchOptions, graph_refusal, search
+from nmt.translate.search import (
+    Hypothesis,
+    SearchOptions,
+    draw_generator,
+    graph_refusal,
+    search,
+)
 from nmt.translate.search_graphs import SOURCE_MULTIPLE, SearchGraphs, rounded_up
 
 if TYPE_CHECKING:
@@ -91,6 +97,7 @@ def translate_ids(
     batch_size: int = 32,
     on_batch: Callable[[int], None] | None = None,
     graphs: SearchGraphs | None = None,
+    generator: torch.Generator | None = None,
 ) -> list[list[Hypothesis]]:
     """Translate id sequences (without specials); per source its n-best list, in input order.
 
@@ -98,9 +105,13 @@ def translate_ids(
     Beam size 1 is greedy search: the same loop (`search.Search`). `graphs`: the steps
     replayed as CUDA graphs (`step_graphs`), each batch's sources padded to a multiple of
     `SOURCE_MULTIPLE` positions so that batches of nearby lengths share their graphs.
+    `generator`: sampling's draws, one stream for every batch, continued where a caller
+    translates in parts (None: a stream from `options.seed`).
     """
     options.check()
     device = next(model.parameters()).device
+    if generator is None:
+        generator = draw_generator(options, device)
     results: list[list[Hypothesis]] = [[] for _ in sources]
     with evaluating(model):
         for batch in length_batches([len(s) for s in sources], batch_size):
@@ -109,7 +120,7 @@ def translate_ids(
             src, mask = pad_sources([sources[i] for i in batch], device, multiple)
             if graphs is None and min(lengths) == src.size(1):  # no padding (one sentence,
                 mask = None  # or equal lengths): the encoder and attention skip their masking
-            found = search(model, src, mask, options, lengths, graphs)
+            found = search(model, src, mask, options, lengths, graphs, generator)
             for i, hyps in zip(batch, found, strict=True):
                 results[i] = hyps
             if on_batch is not None:
