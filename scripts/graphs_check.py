@@ -60,7 +60,7 @@ class RecordedGraph:
     def __init__(self) -> None:
         self.ops: list[tuple[Any, tuple, dict, list[torch.Tensor]]] = []
         self.replays = 0
-        self.generators: list[torch.Generator] = []  # those it was told of (and the default)
+        self.generators: list[torch.Generator] = []  # told of (the default needs no telling)
 
     def register_generator_state(self, generator: torch.Generator) -> None:
         """As CUDA's: a generator of the caller's whose draws the graph replays, from its
