@@ -685,6 +685,7 @@ def nucleus(probs: torch.Tensor, p: float) -> torch.Tensor:
         {"random_sampling_topk": -1},
         {"random_sampling_topk": 5},
         {"random_sampling_topp": 0.6, "random_sampling_temp": 0.7},
+        {"random_sampling_topk": 8, "random_sampling_topp": 0.5},  # the nucleus of the top 8
     ],
 )
 def test_each_token_is_drawn_as_often_as_the_distribution_says(cut):

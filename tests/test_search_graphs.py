@@ -163,6 +163,7 @@ GRAPHED = {  # every option set above, and more
     "ratio-limits": {"beam_size": 3, "max_length_ratio": 1.5},
     "sampling-nucleus": {"random_sampling_topp": 0.8, "random_sampling_temp": 0.7, "seed": 1},
     "sampling-all": {"random_sampling_topk": -1, "seed": 2},
+    "sampling-top-k-nucleus": {"random_sampling_topk": 8, "random_sampling_topp": 0.5},
 }
 
 
