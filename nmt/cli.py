@@ -521,8 +521,8 @@ def translate(
         typer.Option(
             rich_help_panel=cli_help.DEVICE,
             help="Replay each batch's search steps as CUDA graphs: auto (where the device is "
-            "CUDA), on or off. The same translations; a search that cannot (sampling) runs "
-            "eager, with one line.",
+            "CUDA), on or off. The same translations; what cannot replay (sampling, where "
+            "this torch's graphs cannot draw from its generator) runs eager, with one line.",
         ),
     ] = "auto",
     progress: Annotated[

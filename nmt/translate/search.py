@@ -679,14 +679,14 @@ def draw(
     if 0 < k < logits.size(1):  # the k most likely, best first
         logits, tokens = logits.topk(k, dim=1)
     p = options.random_sampling_topp
-    if 0 < p < 1:  # the nucleus: the most likely, best first, while the mass before is < p
-        if tokens is None:
-            logits, tokens = logits.sort(dim=1, descending=True)
-        probs = logits.softmax(dim=1)
-        logits = logits.masked_fill(probs.cumsum(dim=1) - probs >= p, NEG_INF)
+    if 0 < p < 1 and tokens is None:  # the nucleus is read best first
+        logits, tokens = logits.sort(dim=1, descending=True)
+    probs = logits.softmax(dim=1)
+    if 0 < p < 1:  # the nucleus: the most likely while the mass before is < p
+        probs = probs.masked_fill(probs.cumsum(dim=1) - probs >= p, 0.0)
     # the first column whose running sum passes u x the total: a column of probability 0
     # adds nothing to the sum, so it is never the first to pass
-    running = logits.softmax(dim=1).cumsum(dim=1, dtype=torch.float64)
+    running = probs.cumsum(dim=1, dtype=torch.float64)
     pick = torch.searchsorted(running, uniforms * running[:, -1:], right=True)
     pick = pick.clamp_max_(logits.size(1) - 1)  # u x total rounded up to the total
     token = pick if tokens is None else tokens.gather(1, pick)
