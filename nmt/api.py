@@ -38,8 +38,11 @@ class TranslationModel:
     given to `nmt.load` hold for every call, given to `translate` for that call; a decoding
     option given to neither is the model's."""
 
-    def __init__(self, loaded: Loaded, device: str, precision: str | None, **flags: Any):
+    def __init__(
+        self, loaded: Loaded, device: str, precision: str | None, quantize: str, **flags: Any
+    ):
         self.loaded, self.device, self.precision = loaded, device, precision
+        self.quantize = quantize
         self.flags = _checked(flags)
         self.options()  # refuse impossible values now, not at the first call
 
@@ -57,6 +60,7 @@ class TranslationModel:
             batch_size=other["batch_size"],
             device=self.device,
             precision=self.precision,
+            quantize=self.quantize,
             progress=False,
             from_model=model_decoding.not_given(decoding),
         )
@@ -99,11 +103,14 @@ def load(
     *,
     device: str = "auto",
     precision: str | None = None,
+    quantize: str = "none",
     **flags: Any,
 ) -> TranslationModel:
     """Load a checkpoint (a run's model.pt or last.pt; several: their ensemble) for
     translation on `device` (auto, cpu, cuda, cuda:N) in `precision` (None: the one it was
-    trained in), as `nmt translate --model` does."""
+    trained in), its output layer's product in `quantize` (none, int8: `nmt translate
+    --quantize`), as `nmt translate --model` does."""
     paths = [Path(p) for p in path] if isinstance(path, list) else [Path(path)]
-    loaded = _load_models(paths, resolve_device(device, "device"), precision)
-    return TranslationModel(loaded, device, precision, **flags)
+    TranslateOptions(quantize=quantize).check()  # a bad value refused before loading
+    loaded = _load_models(paths, resolve_device(device, "device"), precision, quantize)
+    return TranslationModel(loaded, device, precision, quantize, **flags)

@@ -22,11 +22,12 @@ checkpoint's float32 weights rounded once to each compute dtype, as `nmt transla
 scripts/bench_peer.py does, so that searches compare step for step.
 `--output-layers by-rows,column-major --rounds 2` puts the output layer's product forms side
 by side, alternating (docs/speed.md, "The output layer's product by rows"); `loaded`, the
-default, is what `nmt translate` runs on this CPU. `--rankings grouped,topk --rounds 3` puts
-the ranking of each row's vocabulary in groups (`nmt.translate.ranking`, what `nmt
-translate` runs) beside one `torch.topk` over the whole row; `--gates loaded,two-products`
-the fused LSTM's gates from oneDNN's pack (where `nmt translate` packs them) beside the two
-products training runs.
+default, is what `nmt translate` runs on this CPU; `--output-layers loaded,int8` puts the
+product from 8-bit weights (`nmt translate --quantize int8`) beside it. `--rankings
+grouped,topk --rounds 3` puts the ranking of each row's vocabulary in groups
+(`nmt.translate.ranking`, what `nmt translate` runs) beside one `torch.topk` over the whole
+row; `--gates loaded,two-products` the fused LSTM's gates from oneDNN's pack (where `nmt
+translate` packs them) beside the two products training runs.
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ from nmt.translate.output_layer import (
     column_major,
     prepare_for_search,
 )
+from nmt.translate.quantize import int8_layer
 from nmt.translate.ranking import row_topk
 from nmt.translate.run import load_model
 from nmt.translate.translator import SearchOptions, step_graphs, translate_ids
@@ -155,7 +157,8 @@ def output_layers(
     (the Intel rule's form from 8 rows), `onednn` one with oneDNN's product on the row-major
     weight at every row count, `onednn-packed` one with oneDNN's product from the weight it
     packed once (the Zen 4 rule's form), `column-major` one nn.Linear on a column-major copy
-    of the weight (the one form at every step)."""
+    of the weight (the one form at every step), `int8` the product from 8-bit weights (`nmt
+    translate --quantize int8`: other numbers, so its outputs may differ)."""
     layers = {}
     for name, model in models.items():
         loaded = model.generator
@@ -175,8 +178,13 @@ def output_layers(
                 layers[name, kind] = SearchOutputLayer(rows, Rule(other=ONEDNN_PACKED_NAME))
             elif kind == "column-major":
                 layers[name, kind] = linear(loaded, column_major(loaded.weight))
+            elif kind == "int8":
+                made = int8_layer(loaded.weight, loaded.bias)
+                if isinstance(made, str):
+                    raise SystemExit(f"--output-layers int8: {made}")
+                layers[name, kind] = made
             else:
-                kinds = "loaded, by-rows, folded, packed, onednn, onednn-packed, column-major"
+                kinds = "loaded, by-rows, folded, packed, onednn, onednn-packed, column-major, int8"
                 raise SystemExit(f"--output-layers: unknown {kind!r} ({kinds})")
     return layers
 
@@ -255,7 +263,8 @@ def main() -> None:
         "product, the weight packed by MKL at every call), packed (the same from a weight "
         "packed once, at every row count), onednn (oneDNN's out @ W^T on the row-major "
         "weight at every step), onednn-packed (the same from the weight oneDNN packed once), "
-        "column-major (out @ W^T on the column-major weight at every step)",
+        "column-major (out @ W^T on the column-major weight at every step), int8 (from 8-bit "
+        "weights: nmt translate --quantize int8, whose outputs may differ)",
     )
     ap.add_argument(
         "--rankings",

@@ -15,6 +15,7 @@ from nmt.config import ModelConfig
 from nmt.model import build_model
 from nmt.translate import output_layer, ranking, search
 from nmt.translate.output_layer import RULES, SearchOutputLayer, prepare_for_search
+from nmt.translate.quantize import Int8OutputLayer
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -105,3 +106,17 @@ def test_cuda_graphs_modes_run_side_by_side(bench, tmp_path, monkeypatch, capsys
         "| beam 2, fused, float32, cuda graphs on",
     ]
     assert all(row.endswith("| yes |") for row in rows)
+
+
+def test_the_int8_output_layer_is_the_quantized_product(bench):
+    """`int8` is `nmt translate --quantize int8`'s layer, made from the loaded model's weight:
+    its logits within 8 bits' rounding of the model's, not equal to them."""
+    cfg = ModelConfig(granularity="fused", num_layers=1, rnn_size=16, word_vec_size=16)
+    model = build_model(cfg, 30, 40, device="cpu", dtype=torch.float32)
+    prepare_for_search(model)
+    int8 = bench.output_layers({"float32": model}, ["int8"])["float32", "int8"]
+    assert isinstance(int8, Int8OutputLayer)
+    out = torch.tanh(torch.randn(5, 16))
+    want = model.generator(out)
+    assert (int8(out) - want).abs().max() <= 0.02 * want.abs().max()
+    assert not torch.equal(int8(out), want)

@@ -273,8 +273,8 @@ def test_replace_unk_and_attention_file(toy_model, toy_test, tmp_path):
 
 
 def test_replace_unk_needs_word_vocabularies(toy_model, toy_test, monkeypatch):
-    def as_sentencepiece(path, device, precision=None):
-        loaded = load_translation(path, device, precision)
+    def as_sentencepiece(path, device, precision=None, quantize="none"):
+        loaded = load_translation(path, device, precision, quantize)
         loaded.tgt_tok.kind = "sentencepiece"
         return loaded
 

@@ -48,6 +48,8 @@ from nmt.translate.ensemble import Decodable, Ensemble, check_vocabularies
 from nmt.translate.formats import attention_record, gold_lines, nbest_line
 from nmt.translate.metrics import bleu_line, chrf_line
 from nmt.translate.output_layer import prepare_for_search
+from nmt.translate.quantize import CHOICES as QUANTIZE_CHOICES
+from nmt.translate.quantize import quantize_for_search
 from nmt.translate.scoring import GoldScores, gold_scores
 from nmt.translate.search import Hypothesis, draw_generator
 from nmt.translate.translator import GRAPH_MODES, SearchOptions, step_graphs, translate_ids
@@ -76,6 +78,7 @@ class TranslateOptions:
     batch_size: int = 32
     device: str = "auto"
     precision: str | None = None  # the weights' dtype: None, the precision trained in
+    quantize: str = "none"  # the output layer's product: none (float), int8 (CPU: `quantize`)
     cuda_graphs: str = "auto"  # search steps replayed as CUDA graphs: auto (on CUDA), on, off
     # the progress bar and the lines beside it (decoding, threads, precision): None, the bar
     # on a terminal only (a redirected stderr gets no carriage-return frames), the lines shown
@@ -119,6 +122,10 @@ class TranslateOptions:
                 f"--precision must be one of {', '.join(precisions.names())}, got "
                 f"{self.precision!r}"
             )
+        if self.quantize not in QUANTIZE_CHOICES:
+            raise NmtError(
+                f"--quantize must be one of {', '.join(QUANTIZE_CHOICES)}, got {self.quantize!r}"
+            )
         if self.batch_size < 1:
             raise NmtError(f"--batch-size must be >= 1, got {self.batch_size}")
         if self.cuda_graphs not in GRAPH_MODES:
@@ -145,41 +152,51 @@ class Loaded:
     tgt_tok: Tokenizer
     decoding: TranslateConfig  # its `translate:` section (defaults when it has none)
     precision: str  # the dtype the weights run in, and what chose it (`chosen_precision`)
+    quantized: str = ""  # the int8 output layer --quantize made ('': none, or refused)
 
 
 def load_model(
-    path: Path, device: torch.device, precision: str | None = None
+    path: Path, device: torch.device, precision: str | None = None, quantize: str = "none"
 ) -> tuple[Seq2SeqAttn, Tokenizer, Tokenizer]:
     """Rebuild the model and its tokenizers from a checkpoint (`load_translation`)."""
-    loaded = load_translation(path, device, precision)
+    loaded = load_translation(path, device, precision, quantize)
     return loaded.model, loaded.src_tok, loaded.tgt_tok
 
 
-def load_models(paths: list[Path], device: torch.device, precision: str | None = None) -> Loaded:
+def load_models(
+    paths: list[Path], device: torch.device, precision: str | None = None, quantize: str = "none"
+) -> Loaded:
     """One checkpoint's model, or several checkpoints' as one `Ensemble` (each in its own
-    precision unless `precision` says one), with the first one's tokenizers and decoding
-    options; a model whose vocabularies are not the first one's is refused, naming both."""
+    precision unless `precision` says one, each output layer as `quantize` says), with the
+    first one's tokenizers and decoding options; a model whose vocabularies are not the
+    first one's is refused, naming both."""
     if not paths:
         raise NmtError("--model: give at least one checkpoint")
-    first = load_translation(paths[0], device, precision)
+    first = load_translation(paths[0], device, precision, quantize)
     if len(paths) == 1:
         return first
     models, chosen = [first.model], [first.precision]
     for path in paths[1:]:
-        other = load_translation(path, device, precision)
+        other = load_translation(path, device, precision, quantize)
         check_vocabularies(
             paths[0], (first.src_tok, first.tgt_tok), path, (other.src_tok, other.tgt_tok)
         )
         models.append(other.model)
         chosen += [other.precision] if other.precision not in chosen else []
     ensemble = Ensemble(models).eval()
-    return Loaded(ensemble, first.src_tok, first.tgt_tok, first.decoding, "; ".join(chosen))
+    return Loaded(
+        ensemble, first.src_tok, first.tgt_tok, first.decoding, "; ".join(chosen), first.quantized
+    )
 
 
-def load_translation(path: Path, device: torch.device, precision: str | None = None) -> Loaded:
+def load_translation(
+    path: Path, device: torch.device, precision: str | None = None, quantize: str = "none"
+) -> Loaded:
     """Rebuild the model and its tokenizers from a checkpoint, in eval mode, its weights in
-    `precision`'s compute dtype (None: `chosen_precision`'s). Translation keeps no masters:
-    a bfloat16 or float16 model is the checkpoint's weights rounded once."""
+    `precision`'s compute dtype (None: `chosen_precision`'s), its output layer as `quantize`
+    says (`nmt.translate.quantize`; where int8 cannot serve, one line on stderr says why).
+    Translation keeps no masters: a bfloat16 or float16 model is the checkpoint's weights
+    rounded once."""
     ckpt = load_checkpoint(path)
     cfg, src_tok, tgt_tok = checkpoint_parts(ckpt, path)
     check_weights(ckpt["model"], cfg.model, len(src_tok), len(tgt_tok), path)
@@ -192,7 +209,11 @@ def load_translation(path: Path, device: torch.device, precision: str | None = N
     chosen, said = chosen_precision(precision, cfg.train.precision, device)
     model.to(chosen.compute)
     prepare_for_search(model)
-    return Loaded(model.eval(), src_tok, tgt_tok, cfg.translate, said)
+    quantized = quantize_for_search(model, quantize)
+    if quantized.refused:  # said whatever --progress says; the float32 product runs
+        _stderr(quantized.line)
+    served = "" if quantized.refused else quantized.line
+    return Loaded(model.eval(), src_tok, tgt_tok, cfg.translate, said, served)
 
 
 def chosen_precision(
@@ -542,7 +563,7 @@ def translate_file(
     check_outputs(src, options, paths)
     threads = limit_threads()
     device = resolve_device(options.device, "--device")
-    loaded = load_models(paths, device, options.precision)
+    loaded = load_models(paths, device, options.precision, options.quantize)
     model, src_tok, tgt_tok = loaded.model, loaded.src_tok, loaded.tgt_tok
     from_model = options.from_model
     options = options.with_model(loaded.decoding)
@@ -583,6 +604,8 @@ def translate_file(
                     _stderr(decoding.describe(options.search, from_model))
                     _stderr(f"threads: {threads}")
                     _stderr(f"precision: {loaded.precision}")
+                    if loaded.quantized:
+                        _stderr(loaded.quantized)
                 done = translator.translate(lines, len(best), source.name, on_batch=bar.update)
                 for writer in writers:
                     _write(writer, done)

@@ -1,0 +1,134 @@
+"""`nmt translate --quantize int8`: the output layer's product from 8-bit weights on a CPU.
+
+The output layer's float32 product is most of a beam step on a CPU (docs/speed.md, "Where a
+beam step goes"): at batch 1 it reads the whole V x H weight at every step (36.7 MB at 2 x
+256 and 35,820 words), at batch 16 it is bound by the CPU's multiply-adds. Stored in int8
+with one scale per word (its row's largest magnitude / 127), the weight is a quarter of the
+bytes, and the product runs on the CPU's 8-bit multiply-adds: the step's decoder outputs are
+rounded to 8 bits too, with one scale and offset for the whole step (torch's dynamic
+quantization, by fbgemm: `quantized::linear_prepack` once, `quantized::linear_dynamic` at
+every step). The float32 bias is added to the int32 sums after scaling.
+
+This changes the numbers, unlike every other form of the search's product: the logits move
+by about 1% of their spread, so a hypothesis near a tie may rank otherwise and a translation
+may differ (docs/speed.md, "int8 output layer", has BLEU and speed against float32). The rest
+of the search - the LSTM, the attention, the log-softmax and the scores - stays float32.
+
+Where 8-bit products cannot serve - not a CPU, weights not in float32, a torch without the
+quantized ops, or a packed weight whose product strays from the float32 one on probe rows -
+the float32 product runs, and `quantize_for_search` says why in one line.
+
+CPUs with VNNI (`avx512_vnni`, `avx_vnni`) sum 8-bit products in 32 bits; without it the
+kernels pair them in 16 bits, which full-range inputs can overflow, so there the inputs are
+rounded to 7 bits (torch's `reduce_range`).
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from nmt.cpu_features import cpu_flags
+
+NONE = "none"
+INT8 = "int8"
+CHOICES = (NONE, INT8)  # `--quantize`'s values
+VNNI_FLAGS = ("avx512_vnni", "avx_vnni")  # 8-bit products summed in 32 bits
+# A packed weight is refused when its product of the probe rows strays from float32's by more
+# than this fraction of the logits' largest magnitude (about 0.01 is the rounding expected of
+# 8 bits; an op that computes something else strays by ~1).
+PROBE_TOLERANCE = 0.05
+
+
+class Int8OutputLayer(nn.Module):
+    """The output layer's product from a weight packed in int8 (a scale per word) for
+    `quantized::linear_dynamic`. `weight` and `bias` stay the float32 originals: what the
+    model's dtype is read from, and the product of a call that needs a gradient."""
+
+    def __init__(self, weight: Tensor, bias: Tensor | None, packed: object, reduce_range: bool):
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.weight, self.bias = weight, bias
+        self.packed, self.reduce_range = packed, reduce_range
+
+    def forward(self, out: Tensor) -> Tensor:
+        """out (... x H) float32 -> logits (... x V) float32, a fresh tensor."""
+        if out.requires_grad:
+            return nn.functional.linear(out, self.weight, self.bias)
+        return torch.ops.quantized.linear_dynamic(out.contiguous(), self.packed, self.reduce_range)
+
+
+@dataclass(frozen=True)
+class Quantized:
+    """What `quantize_for_search` did: one line for the log, and whether it is the fast
+    path's refusal (which is said even where the other lines are not)."""
+
+    line: str  # '' for --quantize none
+    refused: bool = False
+
+
+def quantize_for_search(model: nn.Module, how: str) -> Quantized:
+    """Give `model` the output layer `how` asks (`CHOICES`) for searching from here on, and
+    say what it runs: nothing for `none`; for `int8` the int8 layer, or why the float32
+    product runs instead."""
+    if how == NONE:
+        return Quantized("")
+    gen = model.generator
+    made = int8_layer(gen.weight, gen.bias)
+    if isinstance(made, str):
+        return Quantized(f"--quantize int8: {made}; the float32 product runs", refused=True)
+    model.generator = made
+    bits = 7 if made.reduce_range else 8
+    return Quantized(
+        f"quantize: int8 output layer ({made.out_features:,} x {made.in_features} weights, a "
+        f"scale per word; the decoder's outputs rounded to {bits} bits at each step)"
+    )
+
+
+def int8_layer(weight: Tensor, bias: Tensor | None) -> Int8OutputLayer | str:
+    """An `Int8OutputLayer` for the V x H `weight`, or why none can serve."""
+    if weight.device.type != "cpu":
+        return f"8-bit products run on the CPU only, the model is on {weight.device}"
+    if weight.dtype != torch.float32:
+        return f"it quantizes float32 weights, the model's are {str(weight.dtype).split('.')[-1]}"
+    ops = torch.ops.quantized
+    if not (hasattr(ops, "linear_prepack") and hasattr(ops, "linear_dynamic")):
+        return "this torch has no quantized linear ops"
+    reduce_range = cpu_flags().isdisjoint(VNNI_FLAGS)
+    plain_bias = None if bias is None else bias.detach()
+    try:
+        packed = pack(weight.detach().contiguous(), plain_bias)  # from a transient copy
+    except (RuntimeError, NotImplementedError) as exc:
+        first = (str(exc).strip().splitlines() or [""])[0]
+        return f"packing the weight failed ({type(exc).__name__}: {first[:120]})"
+    layer = Int8OutputLayer(weight, bias, packed, reduce_range)
+    if (strayed := probe_error(layer)) > PROBE_TOLERANCE:
+        return f"the packed product strays from float32's by {strayed:.2f} of the logits' scale"
+    return layer
+
+
+def pack(weight: Tensor, bias: Tensor | None) -> object:
+    """fbgemm's packed int8 form of the V x H `weight`: each row rounded to int8 with its own
+    scale (its largest magnitude / 127, zero point 0), and the float32 bias."""
+    scales = (weight.abs().amax(dim=1).double() / 127).clamp_min(1e-12)
+    zeros = torch.zeros(weight.size(0), dtype=torch.long)
+    with warnings.catch_warnings():  # torch warns that quantized tensors are deprecated
+        warnings.simplefilter("ignore")
+        rows = torch.quantize_per_channel(weight, scales, zeros, 0, torch.qint8)
+    return torch.ops.quantized.linear_prepack(rows, bias)
+
+
+def probe_error(layer: Int8OutputLayer) -> float:
+    """The largest gap between the layer's product and float32's on fixed probe rows (1, 5
+    and 80 of them), as a fraction of the float32 logits' largest magnitude."""
+    probes = torch.Generator().manual_seed(0)
+    worst = 0.0
+    for rows in (1, 5, 80):
+        out = torch.randn(rows, layer.in_features, generator=probes)
+        want = nn.functional.linear(out, layer.weight, layer.bias)
+        gap = (layer(out) - want).abs().max() / want.abs().max().clamp_min(1e-12)
+        worst = max(worst, float(gap))
+    return worst
