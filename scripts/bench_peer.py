@@ -430,10 +430,16 @@ def train_onmt(config: dict, python: str, out: Path, threads: int) -> dict:
 
 
 def translate_nmt(
-    model_path: str, src: Path, decode: Decode, length: int, device: str = "cpu"
+    model_path: str,
+    src: Path,
+    decode: Decode,
+    length: int,
+    device: str = "cpu",
+    quantize: str = "none",
 ) -> dict:
     """Sentences/s of `translate_lines` on `device` (the model loaded before the clock
-    starts; the translations are text on the host when it stops)."""
+    starts, its output layer as `nmt translate --quantize` makes it; the translations are
+    text on the host when it stops)."""
     import torch
 
     from nmt.data.reading import read_lines
@@ -441,7 +447,7 @@ def translate_nmt(
     from nmt.translate.search import SearchOptions
     from nmt.translate.translator import step_graphs, translate_lines
 
-    model, src_tok, tgt_tok = load_model(Path(model_path), torch.device(device))
+    model, src_tok, tgt_tok = load_model(Path(model_path), torch.device(device), None, quantize)
     lines = read_lines(src)
     options = SearchOptions(
         beam_size=decode.beam,
@@ -465,6 +471,7 @@ def translate_onmt(
     length: int,
     threads: int,
     device: str = "cpu",
+    quantize: str = "none",
 ) -> dict:
     pred = out / f"pred-{decode.key}.txt"
     command = [*onmt_command(python, "onmt.bin.translate"), "-model", model, "-src", str(src)]
@@ -474,6 +481,8 @@ def translate_onmt(
     command += ["-report_time", "-gpu", "0" if device == "cuda" else "-1"]
     if decode.sample_topk:
         command += ["-random_sampling_topk", str(decode.sample_topk), "-random_sampling_temp", "1"]
+    if quantize == "int8":  # its own option of the name (which 3.5.1 loads as float32)
+        command += ["-precision", "int8"]
     log = out / f"translate-{decode.key}.log"
     env = thread_env(threads, {"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"})
     run_measured(command, env, log)
@@ -601,6 +610,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="train and translate here, both tools (cuda: GPU 0; beam 5 at batch 16 and 64 "
         "and greedy at 64 instead of beam 5 at --batch and 1)",
     )
+    ap.add_argument(
+        "--quantize",
+        choices=("none", "int8"),
+        default="none",
+        help="int8: nmt translates with --quantize int8 (CPU), OpenNMT-py with -precision int8 "
+        "(which its 3.5.1 loads in float32: docs/speed.md)",
+    )
     ap.add_argument("--json", type=Path, default=None, help="write every figure here")
     args = ap.parse_args(argv)
     unknown = set(args.variants.split(",")) - set(names)
@@ -656,13 +672,14 @@ def main(argv: list[str] | None = None) -> None:
                     args.length,
                     args.threads,
                     args.device,
+                    args.quantize,
                 )
                 for decode in searches
             ]
         else:
             run = train_nmt(configs[name], out, args.threads)
             translations = [
-                translate_nmt(run["model"], src, decode, args.length, args.device)
+                translate_nmt(run["model"], src, decode, args.length, args.device, args.quantize)
                 for decode in searches
             ]
         for decode, figures in zip(searches, translations, strict=True):
@@ -684,6 +701,7 @@ def main(argv: list[str] | None = None) -> None:
         f"OpenNMT-py {ONMT_VERSION}; "
         f"median of {args.repeats}; translation: {args.sentences} sentences, "
         f"output {args.length} tokens"
+        + ("; nmt --quantize int8, OpenNMT-py -precision int8" if args.quantize == "int8" else "")
     )
     if any(abs(n - args.length) > 1e-9 for n in lengths.values()):
         print(f"warning: mean output lengths differ from {args.length}: {lengths}")
