@@ -7,10 +7,13 @@ for N rows of H against a V x H weight; the forms alternate, `--rounds` times, a
 gives each one's median milliseconds and its time over out @ W^T on the column-major weight
 (the one form). `chosen` is the form the rule for this CPU picks for N rows
 (`nmt.translate.output_layer.RULES`; `--vendor` shows another CPU's, by its key there).
+`--int8` adds the product from 8-bit weights (`nmt translate --quantize int8`: other numbers,
+`nmt.translate.quantize`) as the last form.
 
     python scripts/bench_output_layer.py                          # 2 x 256, 36k words
     python scripts/bench_output_layer.py --vocab 8000 --rows 1,5,16,64
     python scripts/bench_output_layer.py --vocab 50000 --hidden 500
+    python scripts/bench_output_layer.py --rows 1,5,16,80 --int8
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -31,14 +35,18 @@ from nmt.translate.output_layer import (
     SearchOutputLayer,
     rule_for,
 )
+from nmt.translate.quantize import int8_layer
 
 BASE = ONE_FORM_NAME
+INT8 = "int8 (--quantize int8)"
 
 
-def step_ms(layer: SearchOutputLayer, name: str, out: torch.Tensor, repeats: int) -> float:
+def step_ms(
+    product: Callable[[torch.Tensor], torch.Tensor], out: torch.Tensor, repeats: int
+) -> float:
     start = time.perf_counter()
     for _ in range(repeats):
-        F.log_softmax(FORMS[name](layer, out), dim=-1)
+        F.log_softmax(product(out), dim=-1)
     return (time.perf_counter() - start) / repeats * 1e3
 
 
@@ -53,6 +61,7 @@ def main() -> None:
     ap.add_argument(
         "--vendor", default=this_cpu(), help="whose rule `chosen` shows (a key of RULES)"
     )
+    ap.add_argument("--int8", action="store_true", help="also the product from 8-bit weights")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -64,18 +73,26 @@ def main() -> None:
     # so that every form reads the layout it is made for, whichever rule this CPU has
     linear = torch.nn.Linear(args.hidden, args.vocab)
     layer = SearchOutputLayer(linear, RULES["AuthenticAMD"]).eval()
-    names = list(FORMS)
+    products: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+        name: (lambda out, form=form: form(layer, out)) for name, form in FORMS.items()
+    }
+    if args.int8:
+        int8 = int8_layer(linear.weight.detach(), linear.bias.detach())
+        if isinstance(int8, str):
+            raise SystemExit(f"--int8: {int8}")
+        products[INT8] = int8
+    names = list(products)
     print("| rows | " + " | ".join(names) + " | chosen |")
     print("|---|" + "---|" * (len(names) + 1))
     with torch.inference_mode():
         for rows in (int(r) for r in args.rows.split(",")):
             out = torch.randn(rows, args.hidden)
             for name in names:  # warm-up: the first call of a shape allocates
-                step_ms(layer, name, out, 1)
+                step_ms(products[name], out, 1)
             times: dict[str, list[float]] = {name: [] for name in names}
             for _ in range(args.rounds):
                 for name in names:
-                    times[name].append(step_ms(layer, name, out, args.repeats))
+                    times[name].append(step_ms(products[name], out, args.repeats))
             med = {name: statistics.median(t) for name, t in times.items()}
             cells = [f"{med[n]:.2f} ({med[n] / med[BASE]:.2f}x)" for n in names]
             print(f"| {rows} | " + " | ".join(cells) + f" | {rule.form(out)} |", flush=True)

@@ -15,7 +15,7 @@ from nmt.cli import app
 from nmt.errors import NmtError
 from nmt.translate import quantize
 from nmt.translate.quantize import Int8OutputLayer, int8_layer, quantize_for_search
-from nmt.translate.run import load_translation
+from nmt.translate.run import load_models, load_translation
 
 CPU = torch.device("cpu")
 
@@ -86,6 +86,18 @@ def test_what_cannot_be_quantized_says_why(monkeypatch, linear):
     assert int8_layer(linear.weight, linear.bias) == (
         "packing the weight failed (RuntimeError: no engine)"
     )
+
+
+def test_a_torch_without_quantized_tensors_is_refused(monkeypatch, linear):
+    """torch deprecates quantized tensors: where `quantize_per_channel` is gone, a line."""
+    monkeypatch.delattr(torch, "quantize_per_channel")
+    why = int8_layer(linear.weight, linear.bias)
+    assert isinstance(why, str) and why.startswith("packing the weight failed (AttributeError")
+
+
+def test_every_model_of_an_ensemble_gets_the_int8_layer(toy_model):
+    ensemble = load_models([toy_model, toy_model], CPU, quantize="int8").model
+    assert all(isinstance(m.generator, Int8OutputLayer) for m in ensemble.members)
 
 
 def test_a_pack_that_strays_is_refused(monkeypatch, linear):
