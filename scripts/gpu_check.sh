@@ -10,7 +10,8 @@
 #              deterministic: bitwise equal parameters
 #   translate  nmt translate of the toy test set with that model: BLEU >= 90; the search's
 #              steps replayed as CUDA graphs write what eager steps write (--cuda-graphs off),
-#              with and without --block-ngram-repeat 2, and sampled with a seed
+#              with and without --block-ngram-repeat 2, and sampled with a seed;
+#              --quantize int8 refused on CUDA in one line, float32's translations written
 #   memreport  nmt memreport --device cuda on configs/seed-4x600.yaml: max_memory_allocated
 #              within 10% of the accounted total, per policy
 #   precision  nmt train, translate and memreport in bfloat16 and float16 (loss scaling);
@@ -212,6 +213,20 @@ run_translate() {
         { echo "sampling: --cuda-graphs off draws other translations than the default"; return 1; }
     ! cmp -s "$out/test-sample-auto-3.hyp" "$out/test-sample-auto-4.hyp" ||
         { echo "sampling: seeds 3 and 4 drew the same translations"; return 1; }
+    # --quantize int8 serves the CPU only: on CUDA one line says so and float32 runs (the
+    # same translations as the default's); on the CPU the int8 output layer runs
+    "$py" -m nmt translate --model "$out/toy/model.pt" --src "$out/test.src" \
+        --output "$out/test-int8.hyp" --beam-size "$beam" --device "$device" --progress \
+        --quantize int8 2>"$out/test-int8.err" || return 1
+    if [[ $device == cuda* ]]; then
+        grep -q -- "--quantize int8: 8-bit products run on the CPU only" "$out/test-int8.err" ||
+            { echo "--quantize int8 on CUDA: no line saying it runs float32"; return 1; }
+        cmp "$out/test.hyp" "$out/test-int8.hyp" ||
+            { echo "--quantize int8 on CUDA: not the float32 translations"; return 1; }
+    else
+        grep -q "quantize: int8 output layer" "$out/test-int8.err" ||
+            { echo "--quantize int8 on the CPU: the int8 output layer did not run"; return 1; }
+    fi
 }
 run_memreport() {
     "$py" -m nmt memreport "${mem_args[@]}" --json "$out/memreport.json"

@@ -78,6 +78,8 @@ def test_inputs_keep_8_bits_only_where_vnni_sums_them_in_32(monkeypatch, linear,
 
 def test_what_cannot_be_quantized_says_why(monkeypatch, linear):
     assert "float32 weights" in int8_layer(linear.weight.bfloat16(), None)
+    off_cpu = int8_layer(torch.empty(40, 8, device="meta"), None)
+    assert off_cpu == "8-bit products run on the CPU only, the model is on meta"
 
     def fails(weight, bias):
         raise RuntimeError("no engine\nmore")
