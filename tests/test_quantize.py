@@ -123,6 +123,12 @@ def test_quantize_for_search_replaces_the_output_layer_or_keeps_it(monkeypatch, 
     assert isinstance(model.generator, Int8OutputLayer)
     assert model.generator.weight is linear.weight  # the model's dtype is still read from it
 
+    low = Holder(nn.Linear(8, 40).to(torch.bfloat16))
+    said = quantize_for_search(low, "int8").line
+    assert said == (
+        "--quantize int8: it quantizes float32 weights, the model's are bfloat16; the bfloat16 "
+        "product runs"
+    )
     kept = Holder(linear)
     monkeypatch.setattr(quantize, "int8_layer", lambda w, b: "a reason")
     refused = quantize_for_search(kept, "int8")

@@ -16,7 +16,7 @@ of the search - the LSTM, the attention, the log-softmax and the scores - stays 
 
 Where 8-bit products cannot serve - not a CPU, weights not in float32, a torch without the
 quantized ops, or a packed weight whose product strays from the float32 one on probe rows -
-the float32 product runs, and `quantize_for_search` says why in one line.
+the model's own product runs, and `quantize_for_search` says why in one line.
 
 CPUs with VNNI (`avx512_vnni`, `avx_vnni`) sum 8-bit products in 32 bits; without it the
 kernels pair them in 16 bits, which full-range inputs can overflow, so there the inputs are
@@ -72,14 +72,15 @@ class Quantized:
 
 def quantize_for_search(model: nn.Module, how: str) -> Quantized:
     """Give `model` the output layer `how` asks (`CHOICES`) for searching from here on, and
-    say what it runs: nothing for `none`; for `int8` the int8 layer, or why the float32
+    say what it runs: nothing for `none`; for `int8` the int8 layer, or why the model's own
     product runs instead."""
     if how == NONE:
         return Quantized("")
     gen = model.generator
     made = int8_layer(gen.weight, gen.bias)
     if isinstance(made, str):
-        return Quantized(f"--quantize int8: {made}; the float32 product runs", refused=True)
+        dtype = str(gen.weight.dtype).split(".")[-1]
+        return Quantized(f"--quantize int8: {made}; the {dtype} product runs", refused=True)
     model.generator = made
     bits = 7 if made.reduce_range else 8
     return Quantized(
