@@ -10,8 +10,9 @@ quantization, by fbgemm: `quantized::linear_prepack` once, `quantized::linear_dy
 every step). The float32 bias is added to the int32 sums after scaling.
 
 This changes the numbers, unlike every other form of the search's product: the logits move
-by about 1% of their spread, so a hypothesis near a tie may rank otherwise and a translation
-may differ (docs/speed.md, "int8 output layer", has BLEU and speed against float32). The rest
+by up to about 1% of the largest, so a hypothesis near a tie may rank otherwise and a
+translation may differ (docs/speed.md, "The output layer in 8 bits", has BLEU and speed
+against float32). The rest
 of the search - the LSTM, the attention, the log-softmax and the scores - stays float32.
 
 Where 8-bit products cannot serve - not a CPU, weights not in float32, a torch without the
