@@ -38,6 +38,7 @@ import functools
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -63,13 +64,14 @@ from nmt.translate.output_layer import (
     column_major,
     prepare_for_search,
 )
-from nmt.translate.quantize import int8_layer
+from nmt.translate.quantize import int8_layer, int8_products
 from nmt.translate.ranking import row_topk
 from nmt.translate.run import load_model
 from nmt.translate.translator import SearchOptions, step_graphs, translate_ids
 
 REPO = Path(__file__).resolve().parents[1]
-GATES = ("loaded", "two-products")  # how the fused LSTM's gates are computed (`--gates`)
+INT8_PRODUCTS = int8_products()  # `--gates int8`'s packer for this CPU
+GATES = ("loaded", "two-products", "int8")  # how the fused LSTM's gates run (`--gates`)
 RANKINGS = {  # how a beam step ranks each row of the vocabulary (`search.candidates`)
     "grouped": row_topk,
     "topk": lambda x, k: x.topk(k, dim=1),
@@ -189,10 +191,36 @@ def output_layers(
     return layers
 
 
-def packed_gates(model: Seq2SeqAttn) -> list[tuple[LSTMLayer, torch.Tensor | None]]:
-    """Each LSTM layer of `model` with the pack of its gate weights it was loaded with (None:
-    the two products), for `--gates` to switch."""
-    return [(m, m.packed_gates) for m in model.modules() if isinstance(m, LSTMLayer)]
+@dataclasses.dataclass
+class GatePacks:
+    """One LSTM layer's ways to run its gates, for `--gates` to switch: as it was loaded (its
+    pack and packer; no pack: the two products) and from an 8-bit pack made here."""
+
+    cell: LSTMLayer
+    loaded: tuple[Any, Any]  # (packed_gates, packer) as loaded
+    int8: Any  # the int8 pack of [W_ih W_hh] (None where it cannot be made)
+
+    def use(self, gate: str) -> None:
+        """Run the cell's gates as `gate` (a `GATES` name) says."""
+        packed, packer = {
+            "loaded": self.loaded,
+            "two-products": (None, None),
+            "int8": (self.int8, INT8_PRODUCTS),
+        }[gate]
+        self.cell.packed_gates, self.cell._packer = packed, packer
+
+
+def gate_packs(model: Seq2SeqAttn, gates: list[str]) -> list[GatePacks]:
+    """`GatePacks` for each LSTM layer of `model` (the int8 pack only where `gates` asks)."""
+    packs = []
+    for m in model.modules():
+        if isinstance(m, LSTMLayer):
+            weight = torch.cat([m.i2h.weight, m.h2h.weight], 1).detach()
+            int8 = INT8_PRODUCTS.pack(weight, m.i2h.bias) if "int8" in gates else None
+            if "int8" in gates and int8 is None:
+                raise SystemExit("--gates int8: the 8-bit pack cannot be made here")
+            packs.append(GatePacks(m, (m.packed_gates, getattr(m, "_packer", None)), int8))
+    return packs
 
 
 def linear(layer: torch.nn.Module, weight: torch.Tensor) -> torch.nn.Linear:
@@ -277,7 +305,8 @@ def main() -> None:
         default="loaded",
         help="comma list: loaded (the fused LSTM's gates as nmt translate runs them on this "
         "CPU: one product from oneDNN's pack of [W_ih W_hh] where the output layer's rule "
-        "packs too), two-products (x W_ih^T + b + h W_hh^T, as in training)",
+        "packs too), two-products (x W_ih^T + b + h W_hh^T, as in training), int8 (one "
+        "product of [x h] from 8-bit weights: nmt translate --quantize int8)",
     )
     ap.add_argument("--rounds", type=int, default=1, help="times every search runs, alternating")
     ap.add_argument("--device", default="cpu")
@@ -322,7 +351,7 @@ def main() -> None:
 
     rows = []
     layers = output_layers(models, args.output_layers.split(","))
-    packs = {name: packed_gates(model) for name, model in models.items()}
+    packs = {name: gate_packs(model, gates) for name, model in models.items()}
     runs = [
         (int(b), g, p, o, r, k, m)
         for _ in range(args.rounds)
@@ -338,8 +367,8 @@ def main() -> None:
     profiles: dict[str, dict[str, float]] = {}
     for beam, granularity, name, layer, ranking, gate, mode in runs:
         search.row_topk = RANKINGS[ranking]  # the name `candidates` calls
-        for cell, pack in packs[name]:
-            cell.packed_gates = pack if gate == "loaded" else None
+        for cell_packs in packs[name]:
+            cell_packs.use(gate)
         model = models[name]
         model.cfg = dataclasses.replace(model.cfg, granularity=granularity)
         model.generator = layers[name, layer]

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from nmt.cells.lstm import LSTMLayer
 from nmt.config import ModelConfig
 from nmt.model import build_model
 from nmt.translate import output_layer, ranking, search
@@ -73,16 +74,30 @@ def test_the_rankings_are_the_searchs_own_and_one_topk(bench):
         assert torch.equal(x.gather(1, columns), values)
 
 
-def test_gates_are_the_loaded_pack_and_none(bench, monkeypatch):
+def test_gates_are_the_loaded_pack_none_and_int8(bench, monkeypatch):
     """`--gates` switches each fused LSTM layer between the pack prepare_for_search made (on
-    the Zen 4's rule) and none: `packed_gates` lists every LSTM layer with its own."""
+    the Zen 4's rule), none (the two products) and an 8-bit pack made for the benchmark; the
+    cell's next state from each is float32's to rounding (int8's to 8 bits)."""
     monkeypatch.setattr(output_layer, "this_cpu", lambda: "AuthenticAMD avx512f")
     cfg = ModelConfig(num_layers=2, rnn_size=16, word_vec_size=16, granularity="fused")
     model = build_model(cfg, 30, 40, device="cpu", dtype=torch.float32)
     prepare_for_search(model)
-    packs = bench.packed_gates(model)
-    assert len(packs) == 4 and bench.GATES == ("loaded", "two-products")
-    assert all(cell.packed_gates is pack for cell, pack in packs)
+    loaded = [(m, m.packed_gates) for m in model.modules() if isinstance(m, LSTMLayer)]
+    packs = bench.gate_packs(model, ["loaded", "int8"])
+    assert len(packs) == 4 and bench.GATES == ("loaded", "two-products", "int8")
+    assert [(p.cell, p.loaded[0]) for p in packs] == loaded
+    cell = packs[0].cell
+    x, h, c = torch.randn(5, cell.i2h.weight.size(1)), torch.randn(5, 16), torch.randn(5, 16)
+    states = {}
+    with torch.no_grad():
+        for gate in bench.GATES:
+            packs[0].use(gate)
+            states[gate] = [t.clone() for t in cell.fused(x, (h, c))]
+    assert cell._packer is bench.INT8_PRODUCTS
+    for gate, tolerance in (("loaded", 1e-5), ("int8", 0.03)):
+        for got, want in zip(states[gate], states["two-products"], strict=True):
+            assert (got - want).abs().max() <= tolerance * want.abs().max()
+    assert not torch.equal(states["int8"][0], states["two-products"][0])
 
 
 def test_cuda_graphs_modes_run_side_by_side(bench, tmp_path, monkeypatch, capsys):

@@ -11,10 +11,19 @@ from torch import nn
 from typer.testing import CliRunner
 
 import nmt
+from nmt.cells.lstm import LSTMLayer
 from nmt.cli import app
+from nmt.config import ModelConfig
 from nmt.errors import NmtError
+from nmt.model import Seq2SeqAttn, build_model
 from nmt.translate import quantize
-from nmt.translate.quantize import Int8OutputLayer, int8_layer, quantize_for_search
+from nmt.translate.quantize import (
+    Int8OutputLayer,
+    Int8Products,
+    int8_layer,
+    int8_products,
+    quantize_for_search,
+)
 from nmt.translate.run import load_models, load_translation
 
 CPU = torch.device("cpu")
@@ -73,7 +82,7 @@ def test_a_layer_without_a_bias(linear):
 def test_inputs_keep_8_bits_only_where_vnni_sums_them_in_32(monkeypatch, linear, flags, reduced):
     monkeypatch.setattr(quantize, "cpu_flags", lambda: flags)
     layer = int8_layer(linear.weight, linear.bias)
-    assert layer.reduce_range is reduced
+    assert layer.products.reduce_range is reduced
 
 
 def test_what_cannot_be_quantized_says_why(monkeypatch, linear):
@@ -109,37 +118,87 @@ def test_a_pack_that_strays_is_refused(monkeypatch, linear):
     assert isinstance(why, str) and "strays from float32's by" in why
 
 
-class Holder(nn.Module):
-    def __init__(self, generator: nn.Module):
-        super().__init__()
-        self.generator = generator
+def small_model(granularity: str = "fused", rnn_type: str = "lstm") -> Seq2SeqAttn:
+    torch.manual_seed(0)
+    cfg = ModelConfig(
+        granularity=granularity, rnn_type=rnn_type, num_layers=2, rnn_size=32, word_vec_size=32
+    )
+    return build_model(cfg, 30, 200, device="cpu", dtype=torch.float32).eval()
 
 
-def test_quantize_for_search_replaces_the_output_layer_or_keeps_it(monkeypatch, linear):
-    model = Holder(linear)
+def test_quantize_for_search_replaces_the_output_layer_and_packs_the_gates():
+    model = small_model()
+    linear = model.generator
     assert quantize_for_search(model, "none").line == "" and model.generator is linear
     done = quantize_for_search(model, "int8")
-    assert not done.refused and done.line.startswith("quantize: int8 output layer (2,000 x 64")
+    assert not done.refused
+    assert done.line.startswith(
+        "quantize: int8 output layer (200 x 32, a scale per word) and gates of 4 LSTM layers"
+    )
     assert isinstance(model.generator, Int8OutputLayer)
     assert model.generator.weight is linear.weight  # the model's dtype is still read from it
+    cells = [m for m in model.modules() if isinstance(m, LSTMLayer)]
+    assert len(cells) == 4 and all(isinstance(c._packer, Int8Products) for c in cells)
 
-    low = Holder(nn.Linear(8, 40).to(torch.bfloat16))
+
+def test_int8_gates_are_the_fused_cells_gates_to_8_bits():
+    """The fused cell from the int8 pack of [W_ih W_hh]: the next state within 8 bits'
+    rounding of the float32 cell's, not equal to it."""
+    model = small_model()
+    cell = next(m for m in model.modules() if isinstance(m, LSTMLayer))
+    size = cell.i2h.weight.size(1)
+    x, h, c = torch.randn(5, size), torch.tanh(torch.randn(5, 32)), torch.randn(5, 32)
+    with torch.no_grad():
+        want = cell.fused(x, (h, c))
+        want = tuple(t.clone() for t in want)
+        assert cell.pack_for_search(int8_products())
+        got = cell.fused(x, (h, c))
+    for g, w in zip(got, want, strict=True):
+        assert (g - w).abs().max() <= 0.03 * w.abs().max()
+        assert not torch.equal(g, w)
+
+
+def test_gates_a_packer_cannot_pack_stay_as_they_were(monkeypatch):
+    cell = next(m for m in small_model().modules() if isinstance(m, LSTMLayer))
+    products = int8_products()
+    monkeypatch.setattr(products.__class__, "pack", lambda self, w, b: None)
+    assert cell.pack_for_search(products) is False and cell.packed_gates is None
+
+
+@pytest.mark.parametrize(
+    ("granularity", "rnn_type", "said"),
+    [
+        ("nngraph", "lstm", "; the gates stay float32 (model.granularity nngraph: module cells)"),
+        ("fused", "gru", "; the gates of 4 recurrent layers stay float32"),
+    ],
+)
+def test_gates_the_search_does_not_run_fused_stay_float32(granularity, rnn_type, said):
+    model = small_model(granularity, rnn_type)
+    done = quantize_for_search(model, "int8")
+    assert isinstance(model.generator, Int8OutputLayer) and done.line.endswith(said)
+    assert " and gates of" not in done.line
+
+
+def test_what_cannot_be_quantized_keeps_the_model(monkeypatch):
+    low = small_model().to(torch.bfloat16)
     said = quantize_for_search(low, "int8").line
     assert said == (
         "--quantize int8: it quantizes float32 weights, the model's are bfloat16; the bfloat16 "
-        "product runs"
+        "products run"
     )
-    kept = Holder(linear)
+    kept = small_model()
+    linear = kept.generator
     monkeypatch.setattr(quantize, "int8_layer", lambda w, b: "a reason")
     refused = quantize_for_search(kept, "int8")
     assert refused.refused and kept.generator is linear
-    assert refused.line == "--quantize int8: a reason; the float32 product runs"
+    assert refused.line == "--quantize int8: a reason; the float32 products run"
+    assert all(m.packed_gates is None for m in kept.modules() if isinstance(m, LSTMLayer))
 
 
 def test_a_loaded_checkpoint_gets_the_int8_layer(toy_model):
     loaded = load_translation(toy_model, CPU, quantize="int8")
     assert isinstance(loaded.model.generator, Int8OutputLayer)
-    assert loaded.quantized.startswith("quantize: int8 output layer (80 x 64")
+    assert loaded.quantized.startswith("quantize: int8 output layer (80 x 64, a scale per word)")
     assert load_translation(toy_model, CPU).quantized == ""
 
 
@@ -154,7 +213,7 @@ def test_nmt_translate_quantize_int8(toy_model, toy_test, tmp_path):
     src = toy_test[0]
     plain, _ = translate(toy_model, src, tmp_path / "f32.txt", "--no-progress")
     int8, said = translate(toy_model, src, tmp_path / "i8.txt", "--quantize", "int8", "--progress")
-    assert "quantize: int8 output layer (80 x 64 weights" in said
+    assert "quantize: int8 output layer (80 x 64, a scale per word)" in said
     assert len(int8) == len(plain)
     same = sum(a == b for a, b in zip(int8, plain, strict=True))
     assert same >= 0.8 * len(plain)  # a few near-ties go the other way
@@ -174,7 +233,7 @@ def test_a_refused_int8_says_why_and_translates_in_float32(
         toy_model, src, tmp_path / "i8.txt", "--quantize", "int8", "--no-progress"
     )
     assert got == plain
-    assert said.strip() == "--quantize int8: a reason; the float32 product runs"
+    assert said.strip() == "--quantize int8: a reason; the float32 products run"
 
 
 def test_a_bad_quantize_value_is_one_line(toy_model, toy_test, tmp_path):

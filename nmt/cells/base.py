@@ -27,7 +27,7 @@ size, H rnn_size, S positions.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar, Protocol
 
 from torch import Tensor, nn
 
@@ -35,6 +35,20 @@ from nmt.kernels import KernelOp
 from nmt.wiring import Buf, FusedBuffers, FusedFacts, Value, Wiring, fresh
 
 State = tuple[Tensor, ...]  # one layer's state, in the order of `STATE`
+
+
+class Packer(Protocol):
+    """Packs a cell's gate weight once for search and runs its product from the pack
+    (`nmt.kernels.PACKED_GATES`' forms; `nmt.translate.quantize.Int8Products`)."""
+
+    def pack(self, weight: Tensor, bias: Tensor | None) -> Any:
+        """The packed (O x I) `weight` (with `bias` where the form keeps it), or None where
+        it cannot be packed."""
+        ...
+
+    def linear(self, x: Tensor, packed: Any, bias: Tensor | None) -> Tensor:
+        """x (N x I) @ weight^T + bias from the pack."""
+        ...
 
 
 class RecurrentLayer(nn.Module):
@@ -64,10 +78,13 @@ class RecurrentLayer(nn.Module):
         """The module form."""
         raise NotImplementedError
 
-    def pack_for_search(self) -> None:
-        """Prepare the fused cell's products for a model that only searches from here on, on
-        a CPU where oneDNN's packed weights run fastest (`nmt.onednn`); a cell without such a
-        form keeps its products."""
+    def pack_for_search(self, packer: Packer | None = None) -> bool:
+        """Prepare the fused cell's products for a model that only searches from here on:
+        from a weight packed once by `packer` (`nmt translate --quantize int8`'s 8-bit
+        products), or without one where this device has a faster form (oneDNN's packed
+        weights on a CPU: `nmt.onednn`). Whether the cell now runs from a pack; a cell
+        without such a form keeps its products (False)."""
+        return False
 
     def fused(self, x: Tensor, state: State, buf: Buf = fresh) -> State:
         """The fused cell, into the buffers `buf` gives."""

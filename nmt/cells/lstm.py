@@ -16,10 +16,12 @@ tanh(c'): what nngraph's nodes keep, so the fused cell holds no more memory than
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
-from nmt.cells.base import RecurrentLayer, State
+from nmt.cells.base import Packer, RecurrentLayer, State
 from nmt.kernels import LSTM_CELL, PACKED_GATES, add_row_sums
 from nmt.nodes.modules import CAdd, CMul, Linear, Sigmoid, Split, Tanh
 from nmt.wiring import Buf, FusedBuffers, FusedFacts, Value, Wiring, fresh
@@ -43,16 +45,21 @@ class LSTMLayer(RecurrentLayer):
     )
     STEP_OP = LSTM_CELL  # the fused step by device: this file's, or a kernel's (nmt.kernels)
     KERNEL_GATES = (0, 1, 3, 2)  # torch's gates i f g o as blocks of ours (i f o g)
-    packed_gates: Tensor | None = None  # oneDNN's pack of [W_ih W_hh], for search only
+    packed_gates: Any = None  # a pack of [W_ih W_hh] (oneDNN's, or int8), for search only
 
-    def pack_for_search(self) -> None:
+    def pack_for_search(self, packer: Packer | None = None) -> bool:
         """Let the fused cell's gates be one product of [x h] with [W_ih W_hh], packed once
-        by oneDNN where this device and dtype have it (`nmt.kernels.PACKED_GATES`; None where
-        it cannot be). For a model that only searches
-        from here on: the pack does not follow the weights."""
+        by `packer`, or without one by oneDNN where this device and dtype have it
+        (`nmt.kernels.PACKED_GATES`; None where it cannot be). A `packer` that cannot pack
+        leaves the layer as it was. For a model that only searches from here on: the pack
+        does not follow the weights."""
         weight = torch.cat([self.i2h.weight, self.h2h.weight], 1).detach()
-        self._packer = PACKED_GATES.choose(weight.device, weight.dtype)
-        self.packed_gates = self._packer.pack(weight, self.i2h.bias)
+        chosen = packer or PACKED_GATES.choose(weight.device, weight.dtype)
+        packed = chosen.pack(weight, self.i2h.bias)
+        if packer is not None and packed is None:
+            return self.packed_gates is not None
+        self._packer, self.packed_gates = chosen, packed
+        return packed is not None
 
     def cell(self, x: Tensor, state: State) -> State:
         h, c = state
