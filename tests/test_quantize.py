@@ -248,3 +248,24 @@ def test_a_bad_quantize_value_is_one_line(toy_model, toy_test, tmp_path):
     assert not (tmp_path / "o.txt").exists()
     with pytest.raises(NmtError, match="--quantize must be one of none, int8"):
         nmt.load(toy_model, device="cpu", quantize="int4")
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ("--n-best", "3", "--replace-unk"),
+        ("--random-sampling-topk", "5", "--seed", "1"),
+        ("--block-ngram-repeat", "2", "--length-penalty", "0.6"),
+    ],
+)
+def test_int8_serves_every_decoding_option(toy_model, toy_test, tmp_path, flags):
+    """The search is the same with int8 products; its options change nothing about them."""
+    src = toy_test[0]
+    sources = src.read_text(encoding="utf-8").splitlines()
+    got, said = translate(
+        toy_model, src, tmp_path / "i8.txt", "--quantize", "int8", "--progress", *flags
+    )
+    assert "quantize: int8 output layer" in said
+    per_source = 3 if "--n-best" in flags else 1
+    assert len(got) == per_source * len(sources)
+    assert sum(bool(line.strip()) for line in got) >= 0.9 * len(got)
