@@ -44,7 +44,7 @@ INT8 = "int8"
 CHOICES = (NONE, INT8)  # `--quantize`'s values
 VNNI_FLAGS = ("avx512_vnni", "avx_vnni")  # 8-bit products summed in 32 bits
 # A packed weight is refused when its product of the probe rows strays from float32's by more
-# than this fraction of the logits' largest magnitude (about 0.01 is the rounding expected of
+# than this fraction of the product's largest magnitude (about 0.01 is the rounding expected of
 # 8 bits; an op that computes something else strays by ~1).
 PROBE_TOLERANCE = 0.05
 
