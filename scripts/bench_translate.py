@@ -27,7 +27,8 @@ product from 8-bit weights (`nmt translate --quantize int8`) beside it. `--ranki
 grouped,topk --rounds 3` puts the ranking of each row's vocabulary in groups
 (`nmt.translate.ranking`, what `nmt translate` runs) beside one `torch.topk` over the whole
 row; `--gates loaded,two-products` the fused LSTM's gates from oneDNN's pack (where `nmt
-translate` packs them) beside the two products training runs.
+translate` packs them) beside the two products training runs, and `int8` beside them the
+gates from 8-bit weights (`nmt translate --quantize int8`).
 """
 
 from __future__ import annotations
@@ -215,11 +216,15 @@ def gate_packs(model: Seq2SeqAttn, gates: list[str]) -> list[GatePacks]:
     packs = []
     for m in model.modules():
         if isinstance(m, LSTMLayer):
-            weight = torch.cat([m.i2h.weight, m.h2h.weight], 1).detach()
-            int8 = INT8_PRODUCTS.pack(weight, m.i2h.bias) if "int8" in gates else None
-            if "int8" in gates and int8 is None:
-                raise SystemExit("--gates int8: the 8-bit pack cannot be made here")
-            packs.append(GatePacks(m, (m.packed_gates, getattr(m, "_packer", None)), int8))
+            loaded = (m.packed_gates, getattr(m, "_packer", None))
+            int8 = None
+            if "int8" in gates:  # the cell's own packing, as --quantize int8 makes it
+                m.pack_for_search(INT8_PRODUCTS)
+                if m._packer is not INT8_PRODUCTS:
+                    raise SystemExit("--gates int8: the 8-bit pack cannot be made here")
+                int8 = m.packed_gates
+                m.packed_gates, m._packer = loaded
+            packs.append(GatePacks(m, loaded, int8))
     return packs
 
 
