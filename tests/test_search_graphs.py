@@ -156,6 +156,35 @@ def hypotheses(found: list) -> list:
     return [[(h.tokens, h.score, h.attention.tolist(), h.finished) for h in hs] for hs in found]
 
 
+def rows_round_alike(dtype: torch.dtype) -> bool:
+    """Does this CPU's matrix product give a row the same bits whatever rows are beside it?
+    The eager search cuts the sentences done at each look where a graphed one keeps them, so
+    its products run on fewer rows; MKL on an AMD EPYC of the Zen 4 generation rounds the
+    products of a row count that is not a multiple of 4 in another order (the last bit of
+    a float64 attention weight), where a Xeon's give the same bits."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(8, 48, dtype=dtype, generator=g)
+    w = torch.randn(48, 64, dtype=dtype, generator=g)
+    whole = x @ w
+    return all(torch.equal(x[:m] @ w, whole[:m]) for m in range(1, 8))
+
+
+def assert_same_hypotheses(found: list, expected: list, dtype: torch.dtype) -> None:
+    """The same tokens, ends, scores and attention: bit for bit where `rows_round_alike`,
+    else the same tokens and ends and the numbers to the last few bits of `dtype`."""
+    if rows_round_alike(dtype):
+        assert hypotheses(found) == hypotheses(expected)
+        return
+    assert [[(h.tokens, h.finished) for h in hs] for hs in found] == [
+        [(h.tokens, h.finished) for h in hs] for hs in expected
+    ]
+    tight = {"rtol": 64 * torch.finfo(dtype).eps, "atol": 64 * torch.finfo(dtype).eps}
+    for hs, es in zip(found, expected, strict=True):
+        for h, e in zip(hs, es, strict=True):
+            torch.testing.assert_close(h.score, e.score, **tight)
+            torch.testing.assert_close(h.attention, e.attention, **tight)
+
+
 GRAPHED = {  # every option set above, and more
     **OPTIONS,
     "trigram-blocking": {"beam_size": 3, "block_ngram_repeat": 3},
@@ -188,7 +217,7 @@ def test_steps_replayed_as_graphs_find_what_eager_steps_find(which: str, dtype) 
             search = Search(model, src, mask, options, graphs=graphs)
             graphed = search.run()
     counts = graphs.cache.counts
-    assert hypotheses(graphed) == hypotheses(eager)
+    assert_same_hypotheses(graphed, eager, dtype)
     assert lines == [] and made and counts.replays > counts.captured > 0
     assert counts.replays + counts.warmups + 2 >= search.steps - 1
 
