@@ -4,14 +4,15 @@ seq2seq-attn's semantics, its bookkeeping on the device.
 `Search` runs one `decode_step` per target position for the whole batch; the step reads
 nothing back (scores, parent rows, the history, finished hypotheses and done flags stay on
 the device), and the host looks every `CHECK_EVERY` steps, cutting the sentences done
-since. A sentence's result does not depend on its batch. The beam keeps `beam_size` live
-hypotheses per sentence; a candidate ending in </s> that ranks within the top `beam_size`
-of its sentence is finished (never one ranked lower, which is what makes beam size 1
-greedy search).
+since. The beam keeps `beam_size` live hypotheses per sentence; a candidate ending in
+</s> that ranks within the top `beam_size` of its sentence is finished (never one ranked
+lower, which is what makes beam size 1 greedy search).
 
 Scores are sums of log-probabilities (</s> included). PAD and <s> are never generated.
 The search takes the whole `SearchOptions`; each sentence's output limit follows from its
-own source length (the mask), so a sentence's result does not depend on its batch.
+own source length (the mask), so a sentence's result does not depend on its batch - up to
+the last bits of the products, where a CPU's rounding of a row depends on the rows beside
+it (MKL on an AMD EPYC of the Zen 4 generation, for row counts not a multiple of 4).
 """
 
 from __future__ import annotations
