@@ -308,7 +308,8 @@ class Search:
             self.attention_history[:, :k, t] = attn.view(n, k, -1)
         else:
             self.attention_history[:, :k].index_copy_(2, at, attn.view(n, k, 1, -1))
-        logp = next_log_probs(self.model, out, forbid_eos=t < o.min_length)
+        held_back = t < o.min_length  # </s> held back: no candidate can end at this step
+        logp = next_log_probs(self.model, out, forbid_eos=held_back)
         if o.block_ngram_repeat > 0:
             block_repeats(logp, self.paths[:, 0], o.block_ngram_repeat, t, at)
         if self.generator is not None:
@@ -324,10 +325,12 @@ class Search:
         else:
             ext.index_copy_(3, at, torch.stack([cand_tokens, cand_beams], 2).unsqueeze(3))
         # ended: </s> among the top K candidates of its sentence (its history without </s>;
-        # a candidate at -inf stays -inf)
+        # a candidate at -inf stays -inf) - none while </s> is held back (a -inf </s> fills
+        # a row only where fewer words than 2K remain, and would be offered at -inf)
         is_eos = cand_tokens == EOS
-        ended = torch.where(is_eos[:, :K], self._divided(cand_scores[:, :K], t), NEG_INF)
-        self.finished.add(ended, ext[:, :K], self.enough is not None)
+        if not held_back:
+            ended = torch.where(is_eos[:, :K], self._divided(cand_scores[:, :K], t), NEG_INF)
+            self.finished.add(ended, ext[:, :K], self.enough is not None)
         # the live rows' scores, histories and decoder states go into the buffers of the
         # step before (fixed addresses from one look to the next), read by nothing after
         same = static and self.scores.dtype == cand_scores.dtype  # float64 models: at step 1
@@ -587,13 +590,27 @@ def live_order(
 
 def _tensors(state: object) -> list[Tensor]:
     """The tensors of a decoder state (`DecoderState`, an ensemble's), in a fixed order."""
+    found: list[Tensor] = []
+    _gather_tensors(state, found)
+    return found
+
+
+def _gather_tensors(state: object, found: list[Tensor]) -> None:
+    """`_tensors` into `found` (one list, not one per level: this runs at every step)."""
     if isinstance(state, Tensor):
-        return [state]
-    if dataclasses.is_dataclass(state):
-        return [t for f in dataclasses.fields(state) for t in _tensors(getattr(state, f.name))]
-    if isinstance(state, list | tuple):
-        return [t for part in state for t in _tensors(part)]
-    return []
+        found.append(state)
+    elif isinstance(state, list | tuple):
+        for part in state:
+            _gather_tensors(part, found)
+    elif dataclasses.is_dataclass(state):
+        for name in _field_names(type(state)):
+            _gather_tensors(getattr(state, name), found)
+
+
+@functools.cache
+def _field_names(cls: type) -> tuple[str, ...]:
+    """A state dataclass' fields, read once (`dataclasses.fields` builds them at each call)."""
+    return tuple(f.name for f in dataclasses.fields(cls))
 
 
 def _rebuilt(state: S, tensors: Iterator[Tensor]) -> S:
@@ -601,13 +618,11 @@ def _rebuilt(state: S, tensors: Iterator[Tensor]) -> S:
     order."""
     if isinstance(state, Tensor):
         return next(tensors)  # type: ignore[return-value]
-    if dataclasses.is_dataclass(state):
-        parts = {
-            f.name: _rebuilt(getattr(state, f.name), tensors) for f in dataclasses.fields(state)
-        }
-        return dataclasses.replace(state, **parts)  # type: ignore[type-var]
     if isinstance(state, list | tuple):
         return type(state)(_rebuilt(part, tensors) for part in state)  # type: ignore[return-value]
+    if dataclasses.is_dataclass(state):
+        names = _field_names(type(state))
+        return type(state)(**{name: _rebuilt(getattr(state, name), tensors) for name in names})  # type: ignore[return-value]
     return state
 
 
