@@ -21,7 +21,7 @@ from nmt.data.vocab import BOS
 from nmt.errors import NmtError
 from nmt.memreport.tracker import StorageTracker
 from nmt.model import Seq2SeqAttn
-from nmt.translate.search import Search, SearchOptions
+from nmt.translate.search import Search, SearchOptions, searching_first
 
 DEFAULT_BATCH = 32  # nmt translate's --batch-size default
 DEFAULT_MAX_LENGTH = 250  # nmt translate's --max-length default
@@ -73,7 +73,7 @@ def beam_peak(model: Seq2SeqAttn, source_length: int, t: Translation) -> int:
             for step in sorted({0, search.steps - 2, search.steps - 1} - {-1}):
                 search.step(step)  # its buffers are full-size from the start: the first
                 # step, and the last two (where every sentence is cut), are every step's peak
-            _, order = search.searching()  # the host's last look: all done, all output
+            order = searching_first(search.searching())  # the last look: all done, output
             outputs = search.outputs(order, search.steps - 1)
             del search, outputs, order
     finally:

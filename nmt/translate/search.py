@@ -385,32 +385,33 @@ class Search:
         """Per sentence: can no live hypothesis enter its n-best list any more (a live score
         divided by `max_lp` bounds what it can still reach), or have `enough` finished?"""
         f, n_best = self.finished, self.options.n_best
-        full = torch.isfinite(f.scores[:, n_best - 1])
-        beaten = f.scores[:, n_best - 1] >= best_live.double() / self.max_lp
-        if self.enough is not None:
-            beaten = beaten | (f.count >= self.enough)
+        nth = f.scores[:, n_best - 1]
+        full = torch.isfinite(nth)
+        if self.enough is None:  # no length penalty: max_lp is 1, the live score its bound
+            beaten = nth >= best_live
+        else:
+            beaten = (nth >= best_live.double() / self.max_lp) | (f.count >= self.enough)
         return (best_live == NEG_INF) | (full & beaten)
 
     # ---- the host's look ---------------------------------------------------------------
 
-    def searching(self) -> tuple[Tensor, Tensor]:
-        """Per sentence whether it is still searching, and the sentences in the order
-        searching first (stable), on the device."""
+    def searching(self) -> Tensor:
+        """Per sentence whether it is still searching, on the device."""
         if not self.done_every_step:
             self.scores.masked_fill_(self._done(self.scores[:, 0])[:, None], NEG_INF)
-        searching = torch.isfinite(self.scores[:, 0])
-        return searching, (~searching).argsort(stable=True)  # False first
+        return torch.isfinite(self.scores[:, 0])
 
     def check(self, t: int) -> bool:
         """After step t: read which sentences are done (one read), collect their hypotheses
         and cut them from the batch. False: every sentence is done."""
-        searching, order = self.searching()
+        searching = self.searching()
         flags = searching.tolist()
         if self.graphs is not None:  # the rows stay where a graph reads them: masked, not cut
             return self._collect_masked(flags, t)
         n_on = sum(flags)
         if n_on == len(flags):
             return True
+        order = searching_first(searching)
         on, off = order[:n_on], order[n_on:]
         self._collect(off, [a for a, f in zip(self.alive, flags, strict=True) if not f], t)
         if n_on == 0:
@@ -567,6 +568,11 @@ class Search:
         if k != self.K or self.scores.dtype != self._cand_dtype:
             return None
         return (n, t < self.options.min_length, t + 1 in self.limit_steps)
+
+
+def searching_first(searching: Tensor) -> Tensor:
+    """The sentences in the order searching first, each part in its own order."""
+    return (~searching).argsort(stable=True)  # False first
 
 
 def graph_refusal(options: SearchOptions) -> str | None:
