@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -428,9 +429,29 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     for name, sps, tps, mean, cut, seconds, same in rows:
         print(f"| {name} | {sps:.1f} | {tps:.0f} | {mean:.1f} | {cut} | {seconds:.1f} | {same} |")
+    if args.rounds > 1:
+        print(f"\n{medians_table(rows)}")
     if profiles:
         print(f"\neach op's share of the search's time ({args.profile} lines, torch profiler):")
         print(shares_table(profiles))
+
+
+def medians_table(rows: list[tuple]) -> str:
+    """Per search, the median sentences/s of its rounds (`--rounds`; each round a row of
+    `rows`, in the order the searches ran) and their spread."""
+    rounds: dict[str, list[float]] = {}
+    for name, sps, *_ in rows:
+        rounds.setdefault(name, []).append(sps)
+    lines = [
+        "| search | median sentences/s | rounds | slowest | fastest |",
+        "|---|---|---|---|---|",
+    ]
+    for name, speeds in rounds.items():
+        lines.append(
+            f"| {name} | {statistics.median(speeds):.1f} | {len(speeds)} "
+            f"| {min(speeds):.1f} | {max(speeds):.1f} |"
+        )
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -135,3 +135,21 @@ def test_the_int8_output_layer_is_the_quantized_product(bench):
     want = model.generator(out)
     assert (int8(out) - want).abs().max() <= 0.02 * want.abs().max()
     assert not torch.equal(int8(out), want)
+
+
+def test_the_medians_table_takes_each_searchs_rounds_in_the_order_they_ran(bench) -> None:
+    """`--rounds R` prints a row per round; the medians table gives each search the median
+    of its own rounds and their spread, one line a search in the order they first ran."""
+    rows = [
+        ("beam 5, int8", 30.0, 0, 25.0, 0, 1.0, "yes"),
+        ("beam 5, loaded", 10.0, 0, 25.0, 0, 1.0, "yes"),
+        ("beam 5, int8", 20.0, 0, 25.0, 0, 1.0, "yes"),
+        ("beam 5, loaded", 14.0, 0, 25.0, 0, 1.0, "yes"),
+        ("beam 5, int8", 26.0, 0, 25.0, 0, 1.0, "yes"),
+        ("beam 5, loaded", 12.0, 0, 25.0, 0, 1.0, "yes"),
+    ]
+    lines = bench.medians_table(rows).splitlines()
+    assert lines[2:] == [
+        "| beam 5, int8 | 26.0 | 3 | 20.0 | 30.0 |",
+        "| beam 5, loaded | 12.0 | 3 | 10.0 | 14.0 |",
+    ]
