@@ -363,6 +363,22 @@ def test_translate_ids_with_step_graphs_translates_as_without(monkeypatch, which
     assert hypotheses(again) == hypotheses(eager) and counts.warmups == warmups
 
 
+def test_a_float64_models_first_ending_step_replays_into_the_workspace(monkeypatch):
+    """</s> held back for 3 steps: the collector's first addition comes at a step that a
+    later batch replays. A float64 model's finished scores are float64 from the start, so
+    that addition writes into the workspace's tensors (were they made anew at it, later
+    batches' replays would read the first batch's)."""
+    model = random_model(dtype=torch.float64)
+    sources = random_sources([3 + i % 13 for i in range(40)], seed=4)
+    options = SearchOptions(beam_size=4, n_best=2, max_length=12, min_length=3)
+    eager = padded_translation(monkeypatch, model, sources, options, 8)
+    graphs = SearchGraphs(torch.device("cpu"), [].append)
+    graphed, searches = graphed_translation(monkeypatch, model, sources, options, 8, graphs)
+    assert_same_hypotheses(graphed, eager, torch.float64)
+    assert all(s.finished.scores.dtype == torch.float64 for s in searches)
+    assert graphs.cache.counts.replays > graphs.cache.counts.captured > 0
+
+
 def test_a_workspace_dropped_at_the_cap_takes_its_graphs_along(monkeypatch):
     """At most `capacity` workspaces: a new shape takes the place of the least recently used,
     whose graphs are forgotten (a later batch of that shape makes a new workspace and

@@ -142,7 +142,7 @@ class Finished:
     generated), the last one </s> if it ended (`hypothesis_length`).
     """
 
-    scores: Tensor  # n x N  (-inf: an empty slot); float64 when divided by a length penalty
+    scores: Tensor  # n x N  (-inf: an empty slot); float64 when divided, or a float64 model's
     paths: Tensor  # n x N x 2 x T  tokens, attention beams
     count: Tensor  # n  hypotheses added (for the length penalty's stop rule)
     in_place: bool = False  # each addition written into these tensors (a graph reads them)
@@ -168,9 +168,9 @@ class Finished:
             torch.gather(offered, 1, order, out=self.paths)
         else:
             self.paths = offered.gather(1, order)
-        if self.in_place and top.dtype == self.scores.dtype:
+        if self.in_place:
             self.scores.copy_(top[:, :N])
-        else:  # (in place: the first addition, in the scores' dtype from then on)
+        else:
             self.scores = top[:, :N]
         if counted:
             self.count += torch.isfinite(scores).sum(1)
@@ -258,7 +258,11 @@ class Search:
         # best beat; a tie keeps the earlier), so the test runs at the host's looks only;
         # with one, each step (what it finds after may rank higher once divided).
         self.done_every_step = alpha > 0
-        dtype = torch.float64 if alpha > 0 else SCORES  # divided as the host divided
+        # the finished scores' dtype from the start: float64 when divided (as the host
+        # divides), else the candidates' (a float64 model's log-probabilities are float64),
+        # so that the collector's first addition - the first step where </s> may come, which
+        # may replay as a graph - writes into its tensors instead of making new ones
+        dtype = torch.float64 if alpha > 0 else torch.promote_types(SCORES, self.context.dtype)
         # sampling: one uniform number a step for each sentence of the batch as it came, done
         # or not (`_uniforms`), so that what a sentence draws does not depend on whether
         # the others were cut from the batch (eager) or masked in it (graphs); drawn from
