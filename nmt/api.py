@@ -108,7 +108,7 @@ def load(
 ) -> TranslationModel:
     """Load a checkpoint (a run's model.pt or last.pt; several: their ensemble) for
     translation on `device` (auto, cpu, cuda, cuda:N) in `precision` (None: the one it was
-    trained in), its output layer's product in `quantize` (none, int8: `nmt translate
+    trained in), its output layer's and gates' products in `quantize` (none, int8: `nmt translate
     --quantize`), as `nmt translate --model` does."""
     paths = [Path(p) for p in path] if isinstance(path, list) else [Path(path)]
     TranslateOptions(quantize=quantize).check()  # a bad value refused before loading

@@ -78,7 +78,7 @@ class TranslateOptions:
     batch_size: int = 32
     device: str = "auto"
     precision: str | None = None  # the weights' dtype: None, the precision trained in
-    quantize: str = "none"  # the output layer's product: none (float), int8 (CPU: `quantize`)
+    quantize: str = "none"  # the search's largest products: none (float), int8 (CPU: `quantize`)
     cuda_graphs: str = "auto"  # search steps replayed as CUDA graphs: auto (on CUDA), on, off
     # the progress bar and the lines beside it (decoding, threads, precision): None, the bar
     # on a terminal only (a redirected stderr gets no carriage-return frames), the lines shown
@@ -152,7 +152,7 @@ class Loaded:
     tgt_tok: Tokenizer
     decoding: TranslateConfig  # its `translate:` section (defaults when it has none)
     precision: str  # the dtype the weights run in, and what chose it (`chosen_precision`)
-    quantized: str = ""  # the int8 output layer --quantize made ('': none, or refused)
+    quantized: str = ""  # what --quantize made 8-bit, its line ('': none, or refused)
 
 
 def load_model(
@@ -193,10 +193,10 @@ def load_translation(
     path: Path, device: torch.device, precision: str | None = None, quantize: str = "none"
 ) -> Loaded:
     """Rebuild the model and its tokenizers from a checkpoint, in eval mode, its weights in
-    `precision`'s compute dtype (None: `chosen_precision`'s), its output layer as `quantize`
-    says (`nmt.translate.quantize`; where int8 cannot serve, one line on stderr says why).
-    Translation keeps no masters: a bfloat16 or float16 model is the checkpoint's weights
-    rounded once."""
+    `precision`'s compute dtype (None: `chosen_precision`'s), its output layer and gates as
+    `quantize` says (`nmt.translate.quantize`; where int8 cannot serve, one line on stderr
+    says why). Translation keeps no masters: a bfloat16 or float16 model is the
+    checkpoint's weights rounded once."""
     ckpt = load_checkpoint(path)
     cfg, src_tok, tgt_tok = checkpoint_parts(ckpt, path)
     check_weights(ckpt["model"], cfg.model, len(src_tok), len(tgt_tok), path)
