@@ -1,13 +1,14 @@
 """oneDNN's packed products in search: the LSTM's gates from [W_ih W_hh] packed once give the
-fused cell's state to rounding, and prepare_for_search packs them where the CPU's rule runs
-oneDNN's pack (the Zen 4's), nowhere else."""
+fused cell's state to rounding, the attention's products from its packed weights its output
+and attention, and prepare_for_search packs both where the CPU's rule runs oneDNN's pack (the
+Zen 4's), nowhere else."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from nmt import onednn
+from nmt import attention, onednn
 from nmt.cells.base import RecurrentLayer
 from nmt.cells.lstm import LSTMLayer
 from nmt.config import ModelConfig
@@ -39,6 +40,28 @@ def test_packed_gates_give_the_fused_cells_state(dtype, tol, rows):
         torch.testing.assert_close(a, b, rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("kind", attention.names())
+@pytest.mark.parametrize("rows", [1, 5, 80])
+def test_packed_attention_gives_the_fused_forms_output(kind, rows):
+    """The fused attention with its weights packed for search (W_c and the score's own
+    layers, `PACKED_PRODUCTS`) gives the plain fused form's output and attention to
+    float32's rounding, over a padded source."""
+    torch.manual_seed(0)
+    att = attention.build_attention(kind, 16)
+    h, context = torch.randn(rows, 16), torch.randn(rows, 7, 16)
+    mask = torch.ones(rows, 7, dtype=torch.bool)
+    mask[0, 5:] = False
+    with torch.no_grad():
+        plain = att.fused(h, context, mask)
+        packed_any = att.pack_for_search()
+        assert packed_any == (att.search_packs is not None)
+        if ZEN4_HERE:
+            assert set(att.search_packs) == set(att.PACKED_PRODUCTS)
+        packed = att.fused(h, context, mask)
+    for a, b in zip(packed, plain, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+
 @pytest.mark.parametrize(
     ("cpu", "packs"), [("AuthenticAMD avx512f", True), ("AuthenticAMD", False), ("", False)]
 )
@@ -46,10 +69,11 @@ def test_packed_gates_give_the_fused_cells_state(dtype, tol, rows):
 def test_prepare_for_search_packs_the_gates_where_the_rule_runs_onednn(
     monkeypatch, cpu, packs, rnn_type
 ):
-    """The Zen 4's rule packs every LSTM layer of encoder and decoder (widths of whole
-    AVX-512 vectors: at others the pack's sums may differ from the plain product's in the
-    last bit, and `onednn.pack` declines); the GRU has no packed form; a beam search over
-    them finds the same hypotheses as the unpacked model."""
+    """The Zen 4's rule packs every LSTM layer of encoder and decoder, and the attention's
+    products whatever the cell (widths of whole AVX-512 vectors: at others the pack's sums
+    may differ from the plain product's in the last bit, and `onednn.pack` declines); the
+    GRU has no packed form; a beam search over them finds the same hypotheses as the
+    unpacked model."""
     monkeypatch.setattr(output_layer, "this_cpu", lambda: cpu)
     cfg = ModelConfig(
         num_layers=2, rnn_size=16, word_vec_size=16, rnn_type=rnn_type, granularity="fused"
@@ -68,6 +92,10 @@ def test_prepare_for_search_packs_the_gates_where_the_rule_runs_onednn(
         assert not any(packed)
     elif ZEN4_HERE:
         assert all(packed)
+    if not packs:
+        assert model.attention.search_packs is None
+    elif ZEN4_HERE:
+        assert set(model.attention.search_packs) == {"linear_in", "linear_out"}
     with torch.inference_mode():
         after = beam_search(model, src, None, options)
     for a, b in zip(after, before, strict=True):

@@ -27,6 +27,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
+from nmt import onednn
 from nmt.kernels import row_dots
 from nmt.nodes.modules import Join, Linear, MMContext, SoftMax, Tanh
 from nmt.wiring import Buf, FusedBuffers, FusedFacts, Value, Wiring, fresh
@@ -78,7 +79,11 @@ class Attention(nn.Module):
 
     SUMMARY: ClassVar[str]  # one line: the config reference
     FUSED: ClassVar[FusedFacts] = COMMON_FACTS
+    # the linear layers whose products the fused form runs from a pack in search (W_c, and
+    # a type's own score layers): `pack_for_search`
+    PACKED_PRODUCTS: ClassVar[tuple[str, ...]] = ("linear_out",)
     linear_out: nn.Linear
+    search_packs: dict[str, Tensor] | None = None  # oneDNN's packs by layer name, search only
 
     # ---- a type's score --------------------------------------------------------------------
 
@@ -114,6 +119,34 @@ class Attention(nn.Module):
         """Multiply-adds of the score at one target position."""
         raise NotImplementedError
 
+    # ---- products from weights packed once, for search ------------------------------------
+
+    def pack_for_search(self) -> bool:
+        """Let the fused form's products with the layers of `PACKED_PRODUCTS` run from their
+        weights packed once by oneDNN (`nmt.onednn`; a layer it cannot pack keeps its
+        product), as the LSTM's gates do (`RecurrentLayer.pack_for_search`). For a model
+        that only searches from here on: the packs do not follow the weights. Whether any
+        layer now runs from a pack."""
+        packs = {}
+        for name in self.PACKED_PRODUCTS:
+            layer = getattr(self, name)
+            packed = onednn.pack(layer.weight.detach(), layer.bias)
+            if packed is not None:
+                packs[name] = packed
+        self.search_packs = packs or None
+        return bool(packs)
+
+    def product(self, name: str, x: Tensor, out: Tensor | None) -> Tensor:
+        """x @ W^T (+ b) of the linear layer `name`: from its pack where search packed it (a
+        new tensor), else into `out`."""
+        layer = getattr(self, name)
+        packed = self.search_packs.get(name) if self.search_packs else None
+        if packed is not None:
+            return onednn.linear(x, packed, layer.bias)
+        if layer.bias is None:
+            return torch.mm(x, layer.weight.t(), out=out)
+        return torch.addmm(layer.bias, x, layer.weight.t(), out=out)
+
     # ---- the common part -------------------------------------------------------------------
 
     def forward(
@@ -148,7 +181,7 @@ class Attention(nn.Module):
         ctx = viewed(buf("ctx", (B, H)), B, 1, H)
         ctx = torch.bmm(attn.unsqueeze(1), context, out=ctx).squeeze(1)
         joined = torch.cat([ctx, h_t], 1, out=buf("joined", (B, 2 * H)))
-        out = torch.mm(joined, self.linear_out.weight.t(), out=buf("output", (B, H)))
+        out = self.product("linear_out", joined, buf("output", (B, H)))
         return out.tanh_(), attn
 
     def fused_forward(self, inputs: tuple[Tensor, ...], buf: Buf) -> Tensor:

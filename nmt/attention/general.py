@@ -24,6 +24,7 @@ class GeneralAttention(Attention):
         backward_scratch=("grad_target",),
         attention_products=("scores", "grad_target"),  # MM1 and its gradient
     )
+    PACKED_PRODUCTS = ("linear_in", "linear_out")
 
     def __init__(self, rnn_size: int):
         super().__init__()
@@ -35,7 +36,7 @@ class GeneralAttention(Attention):
 
     def fused_score(self, h_t: Tensor, context: Tensor, buf: Buf) -> Tensor:
         """W_a h_t in buffer "target"."""
-        target = torch.mm(h_t, self.linear_in.weight.t(), out=buf("target", tuple(h_t.shape)))
+        target = self.product("linear_in", h_t, buf("target", tuple(h_t.shape)))
         return bmm_scores(context, target, buf)
 
     def fused_score_backward(

@@ -34,6 +34,7 @@ class MLPAttention(Attention):
         forward_scratch=("query",),
         backward_scratch=("grad_hidden", "grad_query", "ones"),
     )
+    PACKED_PRODUCTS = ("linear_context", "linear_query", "linear_out")
 
     def __init__(self, rnn_size: int):
         super().__init__()
@@ -53,9 +54,8 @@ class MLPAttention(Attention):
         W_q h_t + b in buffer "query"."""
         B, S, H = context.shape
         flat = viewed(buf("hidden", (B, S, H)), B * S, H)
-        keys = torch.mm(context.reshape(B * S, H), self.linear_context.weight.t(), out=flat)
-        q = self.linear_query
-        query = torch.addmm(q.bias, h_t, q.weight.t(), out=buf("query", (B, H)))
+        keys = self.product("linear_context", context.reshape(B * S, H), flat)
+        query = self.product("linear_query", h_t, buf("query", (B, H)))
         hidden = keys.view(B, S, H).add_(query.unsqueeze(1)).tanh_()
         scores = viewed(buf("scores", (B, S)), B * S, 1)
         return torch.mm(hidden.view(B * S, H), self.v.weight.t(), out=scores).view(B, S)

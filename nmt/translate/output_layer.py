@@ -60,6 +60,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from nmt import onednn
+from nmt.attention.base import Attention
 from nmt.cells.base import RecurrentLayer
 from nmt.cpu_features import this_cpu
 from nmt.model import Seq2SeqAttn
@@ -297,10 +298,11 @@ FORMS: dict[str, Callable[[SearchOutputLayer, Tensor], Tensor]] = {
 def prepare_for_search(model: Seq2SeqAttn) -> None:
     """Give `model` the output layer search steps run fastest with: on the CPU,
     `SearchOutputLayer` with this CPU's rule for the weight's dtype (`search_rule`), and where
-    that rule runs oneDNN's pack, the recurrent layers' fused products from oneDNN's packs
-    too (`RecurrentLayer.pack_for_search`); elsewhere, and for a dtype no rule serves, the
-    weight stored column by column (its transpose contiguous), which out @ W^T reads in
-    order. Same values to rounding; for a model that only searches from here on."""
+    that rule runs oneDNN's pack, the recurrent layers' and the attention's fused products
+    from oneDNN's packs too (`RecurrentLayer.pack_for_search`, `Attention.pack_for_search`);
+    elsewhere, and for a dtype no rule serves, the weight stored column by column (its
+    transpose contiguous), which out @ W^T reads in order. Same values to rounding; for a
+    model that only searches from here on."""
     gen = model.generator
     if not isinstance(gen, nn.Linear):
         return
@@ -308,9 +310,9 @@ def prepare_for_search(model: Seq2SeqAttn) -> None:
     rule = search_rule(this_cpu(), weight.dtype) if weight.device.type == "cpu" else None
     if rule is not None:
         model.generator = SearchOutputLayer(gen, rule)
-        if rule.packs_onednn:  # oneDNN's packs for the recurrent products too
+        if rule.packs_onednn:  # oneDNN's packs for the recurrent and attention products too
             for layer in model.modules():
-                if isinstance(layer, RecurrentLayer):
+                if isinstance(layer, RecurrentLayer | Attention):
                     layer.pack_for_search()
         return
     gen.weight = nn.Parameter(column_major(weight), requires_grad=weight.requires_grad)
