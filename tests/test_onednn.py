@@ -44,7 +44,7 @@ def test_packed_gates_give_the_fused_cells_state(dtype, tol, rows):
 @pytest.mark.parametrize("rows", [1, 5, 80])
 def test_packed_attention_gives_the_fused_forms_output(kind, rows):
     """The fused attention with its weights packed for search (W_c and the score's own
-    layers, `PACKED_PRODUCTS`) gives the plain fused form's output and attention to
+    layers, `PACKED_LAYERS`) gives the plain fused form's output and attention to
     float32's rounding, over a padded source."""
     torch.manual_seed(0)
     att = attention.build_attention(kind, 16)
@@ -56,7 +56,7 @@ def test_packed_attention_gives_the_fused_forms_output(kind, rows):
         packed_any = att.pack_for_search()
         assert packed_any == (att.search_packs is not None)
         if ZEN4_HERE:
-            assert set(att.search_packs) == set(att.PACKED_PRODUCTS)
+            assert set(att.search_packs) == set(att.PACKED_LAYERS)
         packed = att.fused(h, context, mask)
     for a, b in zip(packed, plain, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)

@@ -22,13 +22,12 @@ numbers. Shapes: B batch, S source length, H rnn_size.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
-from nmt import onednn
-from nmt.kernels import row_dots
+from nmt.kernels import PACKED_LINEAR, row_dots
 from nmt.nodes.modules import Join, Linear, MMContext, SoftMax, Tanh
 from nmt.wiring import Buf, FusedBuffers, FusedFacts, Value, Wiring, fresh
 
@@ -81,9 +80,10 @@ class Attention(nn.Module):
     FUSED: ClassVar[FusedFacts] = COMMON_FACTS
     # the linear layers whose products the fused form runs from a pack in search (W_c, and
     # a type's own score layers): `pack_for_search`
-    PACKED_PRODUCTS: ClassVar[tuple[str, ...]] = ("linear_out",)
+    PACKED_LAYERS: ClassVar[tuple[str, ...]] = ("linear_out",)
     linear_out: nn.Linear
-    search_packs: dict[str, Tensor] | None = None  # oneDNN's packs by layer name, search only
+    search_packs: dict[str, Any] | None = None  # the packs by layer name, search only
+    _packer: Any = None  # the `PACKED_LINEAR` form that made them
 
     # ---- a type's score --------------------------------------------------------------------
 
@@ -122,18 +122,21 @@ class Attention(nn.Module):
     # ---- products from weights packed once, for search ------------------------------------
 
     def pack_for_search(self) -> bool:
-        """Let the fused form's products with the layers of `PACKED_PRODUCTS` run from their
-        weights packed once by oneDNN (`nmt.onednn`; a layer it cannot pack keeps its
+        """Let the fused form's products with the layers of `PACKED_LAYERS` run from their
+        weights packed once where this device and dtype have a packed form
+        (`nmt.kernels.PACKED_LINEAR`: oneDNN's on a CPU; a layer it cannot pack keeps its
         product), as the LSTM's gates do (`RecurrentLayer.pack_for_search`). For a model
         that only searches from here on: the packs do not follow the weights. Whether any
         layer now runs from a pack."""
+        weight = self.linear_out.weight
+        packer = PACKED_LINEAR.choose(weight.device, weight.dtype)
         packs = {}
-        for name in self.PACKED_PRODUCTS:
+        for name in self.PACKED_LAYERS:
             layer = getattr(self, name)
-            packed = onednn.pack(layer.weight.detach(), layer.bias)
+            packed = packer.pack(layer.weight.detach(), layer.bias)
             if packed is not None:
                 packs[name] = packed
-        self.search_packs = packs or None
+        self._packer, self.search_packs = packer, packs or None
         return bool(packs)
 
     def product(self, name: str, x: Tensor, out: Tensor | None) -> Tensor:
@@ -142,7 +145,7 @@ class Attention(nn.Module):
         layer = getattr(self, name)
         packed = self.search_packs.get(name) if self.search_packs else None
         if packed is not None:
-            return onednn.linear(x, packed, layer.bias)
+            return self._packer.linear(x, packed, layer.bias)
         if layer.bias is None:
             return torch.mm(x, layer.weight.t(), out=out)
         return torch.addmm(layer.bias, x, layer.weight.t(), out=out)

@@ -24,7 +24,7 @@ class GeneralAttention(Attention):
         backward_scratch=("grad_target",),
         attention_products=("scores", "grad_target"),  # MM1 and its gradient
     )
-    PACKED_PRODUCTS = ("linear_in", "linear_out")
+    PACKED_LAYERS = ("linear_in", "linear_out")
 
     def __init__(self, rnn_size: int):
         super().__init__()

@@ -34,7 +34,7 @@ class MLPAttention(Attention):
         forward_scratch=("query",),
         backward_scratch=("grad_hidden", "grad_query", "ones"),
     )
-    PACKED_PRODUCTS = ("linear_context", "linear_query", "linear_out")
+    PACKED_LAYERS = ("linear_context", "linear_query", "linear_out")
 
     def __init__(self, rnn_size: int):
         super().__init__()

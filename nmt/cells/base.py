@@ -39,7 +39,7 @@ State = tuple[Tensor, ...]  # one layer's state, in the order of `STATE`
 
 class Packer(Protocol):
     """Packs a cell's gate weight once for search and runs its product from the pack
-    (`nmt.kernels.PACKED_GATES`' forms; `nmt.translate.quantize.Int8Products`)."""
+    (`nmt.kernels.PACKED_LINEAR`'s forms; `nmt.translate.quantize.Int8Products`)."""
 
     def pack(self, weight: Tensor, bias: Tensor | None) -> Any:
         """The packed (O x I) `weight` (with `bias` where the form keeps it), or None where

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from nmt.cells.base import Packer, RecurrentLayer, State
-from nmt.kernels import LSTM_CELL, PACKED_GATES, add_row_sums
+from nmt.kernels import LSTM_CELL, PACKED_LINEAR, add_row_sums
 from nmt.nodes.modules import CAdd, CMul, Linear, Sigmoid, Split, Tanh
 from nmt.wiring import Buf, FusedBuffers, FusedFacts, Value, Wiring, fresh
 
@@ -50,11 +50,11 @@ class LSTMLayer(RecurrentLayer):
     def pack_for_search(self, packer: Packer | None = None) -> bool:
         """Let the fused cell's gates be one product of [x h] with [W_ih W_hh], packed once
         by `packer`, or without one by oneDNN where this device and dtype have it
-        (`nmt.kernels.PACKED_GATES`; None where it cannot be). A `packer` that cannot pack
+        (`nmt.kernels.PACKED_LINEAR`; None where it cannot be). A `packer` that cannot pack
         leaves the layer as it was. For a model that only searches from here on: the pack
         does not follow the weights."""
         weight = torch.cat([self.i2h.weight, self.h2h.weight], 1).detach()
-        chosen = packer or PACKED_GATES.choose(weight.device, weight.dtype)
+        chosen = packer or PACKED_LINEAR.choose(weight.device, weight.dtype)
         packed = chosen.pack(weight, self.i2h.bias)
         if packer is not None and packed is None:
             return self.packed_gates is not None

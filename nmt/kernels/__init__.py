@@ -6,26 +6,26 @@ Layers call these ops, never a device-specific kernel (`tests/test_imports.py` h
     ADD_ROW_SUMS     a bias's gradient from its rows'
     KEEP_MASK        dropout's keep draws into a mask
     LOGITS_BLOCKS    the rows of the output layer's weight per product (`nmt.wide_linear`)
-    PACKED_GATES     a weight packed once for the gate products of search (`nmt.onednn`)
+    PACKED_LINEAR    a weight packed once for search's products: LSTM gates, attention
     LSTM_CELL        the fused granularity's LSTM cell step, forward and backward
     GRU_CELL         the fused granularity's GRU cell step, forward and backward
 
 Each op's reference (`nmt.kernels.reference`) runs anywhere; each faster form is one file
-here with its registration (`cpu_forms`, `cpu_blocks`, `onednn_gates`, `cuda_cells`).
+here with its registration (`cpu_forms`, `cpu_blocks`, `onednn_packs`, `cuda_cells`).
 How an op chooses, and why this is a small registry of its own: `nmt.kernels.registry`;
 the list of implementations with their reasons: docs/kernels.md.
 """
 
 from __future__ import annotations
 
-from nmt.kernels import cpu_blocks, cpu_forms, cuda_cells, onednn_gates  # their registrations
+from nmt.kernels import cpu_blocks, cpu_forms, cuda_cells, onednn_packs  # their registrations
 from nmt.kernels.ops import (
     ADD_ROW_SUMS,
     GRU_CELL,
     KEEP_MASK,
     LOGITS_BLOCKS,
     LSTM_CELL,
-    PACKED_GATES,
+    PACKED_LINEAR,
     ROW_DOTS,
     add_row_sums,
     dropout_mask,
@@ -47,7 +47,7 @@ from nmt.kernels.registry import (
 )
 from nmt.wide_linear import linear_into, master_linear_backward, master_linear_into
 
-IMPLEMENTATION_FILES = (cpu_blocks, cpu_forms, cuda_cells, onednn_gates)
+IMPLEMENTATION_FILES = (cpu_blocks, cpu_forms, cuda_cells, onednn_packs)
 
 __all__ = [
     "ADD_ROW_SUMS",
@@ -56,7 +56,7 @@ __all__ = [
     "KEEP_MASK",
     "LOGITS_BLOCKS",
     "LSTM_CELL",
-    "PACKED_GATES",
+    "PACKED_LINEAR",
     "REGISTRY",
     "forget_choices",
     "ROW_DOTS",

@@ -17,7 +17,9 @@ KEEP_MASK = KernelOp("keep_mask", "dropout's 0/1 keep draws into a mask", refere
 LOGITS_BLOCKS = KernelOp(
     "logits_blocks", "the output weight's rows per product", reference.logits_block_rows
 )
-PACKED_GATES = KernelOp("packed_gates", "a weight packed once for search", reference.NoPack)
+PACKED_LINEAR = KernelOp(
+    "packed_linear", "a weight packed once for search's products", reference.NoPack
+)
 LSTM_CELL = KernelOp(
     "lstm_cell", "the fused LSTM cell step", reference.OwnCellForm, own_buffers=True
 )

@@ -44,7 +44,7 @@ def logits_block_rows(weight: Tensor) -> int:
 
 
 class NoPack:
-    """The gate products as they are: no packed weight (`PackedProducts`' reference)."""
+    """Search's products as they are: no packed weight (`PACKED_LINEAR`'s reference)."""
 
     @staticmethod
     def pack(weight: Tensor, bias: Tensor | None) -> Tensor | None:
