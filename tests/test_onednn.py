@@ -40,15 +40,18 @@ def test_packed_gates_give_the_fused_cells_state(dtype, tol, rows):
         torch.testing.assert_close(a, b, rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize(
+    ("dtype", "tol"), [(torch.float32, 1e-6), (torch.bfloat16, 1.6e-2)], ids=["fp32", "bf16"]
+)
 @pytest.mark.parametrize("kind", attention.names())
 @pytest.mark.parametrize("rows", [1, 5, 80])
-def test_packed_attention_gives_the_fused_forms_output(kind, rows):
+def test_packed_attention_gives_the_fused_forms_output(kind, rows, dtype, tol):
     """The fused attention with its weights packed for search (W_c and the score's own
-    layers, `PACKED_LAYERS`) gives the plain fused form's output and attention to
-    float32's rounding, over a padded source."""
+    layers, `PACKED_LAYERS`) gives the plain fused form's output and attention to the
+    dtype's rounding, over a padded source."""
     torch.manual_seed(0)
-    att = attention.build_attention(kind, 16)
-    h, context = torch.randn(rows, 16), torch.randn(rows, 7, 16)
+    att = attention.build_attention(kind, 16).to(dtype)
+    h, context = torch.randn(rows, 16).to(dtype), torch.randn(rows, 7, 16).to(dtype)
     mask = torch.ones(rows, 7, dtype=torch.bool)
     mask[0, 5:] = False
     with torch.no_grad():
@@ -59,7 +62,7 @@ def test_packed_attention_gives_the_fused_forms_output(kind, rows):
             assert set(att.search_packs) == set(att.PACKED_LAYERS)
         packed = att.fused(h, context, mask)
     for a, b in zip(packed, plain, strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(a, b, rtol=tol, atol=tol)
 
 
 @pytest.mark.parametrize(
