@@ -82,7 +82,7 @@ class Attention(nn.Module):
     # a type's own score layers): `pack_for_search`
     PACKED_LAYERS: ClassVar[tuple[str, ...]] = ("linear_out",)
     linear_out: nn.Linear
-    search_packs: dict[str, Any] | None = None  # the packs by layer name, search only
+    search_packs: dict[nn.Linear, Any] | None = None  # the packs by layer, search only
     _packer: Any = None  # the `PACKED_LINEAR` form that made them
 
     # ---- a type's score --------------------------------------------------------------------
@@ -135,15 +135,15 @@ class Attention(nn.Module):
             layer = getattr(self, name)
             packed = packer.pack(layer.weight.detach(), layer.bias)
             if packed is not None:
-                packs[name] = packed
+                packs[layer] = packed
         self._packer, self.search_packs = packer, packs or None
         return bool(packs)
 
-    def product(self, name: str, x: Tensor, out: Tensor | None) -> Tensor:
-        """x @ W^T (+ b) of the linear layer `name`: from its pack where search packed it (a
-        new tensor), else into `out`."""
-        layer = getattr(self, name)
-        packed = self.search_packs.get(name) if self.search_packs else None
+    def product(self, layer: nn.Linear, x: Tensor, out: Tensor | None) -> Tensor:
+        """x @ W^T (+ b) of one of this module's linear layers: from its pack where search
+        packed it (a new tensor), else into `out` - one attribute test on the training
+        step's path."""
+        packed = self.search_packs.get(layer) if self.search_packs is not None else None
         if packed is not None:
             return self._packer.linear(x, packed, layer.bias)
         if layer.bias is None:
@@ -184,7 +184,7 @@ class Attention(nn.Module):
         ctx = viewed(buf("ctx", (B, H)), B, 1, H)
         ctx = torch.bmm(attn.unsqueeze(1), context, out=ctx).squeeze(1)
         joined = torch.cat([ctx, h_t], 1, out=buf("joined", (B, 2 * H)))
-        out = self.product("linear_out", joined, buf("output", (B, H)))
+        out = self.product(self.linear_out, joined, buf("output", (B, H)))
         return out.tanh_(), attn
 
     def fused_forward(self, inputs: tuple[Tensor, ...], buf: Buf) -> Tensor:

@@ -36,7 +36,7 @@ class GeneralAttention(Attention):
 
     def fused_score(self, h_t: Tensor, context: Tensor, buf: Buf) -> Tensor:
         """W_a h_t in buffer "target"."""
-        target = self.product("linear_in", h_t, buf("target", tuple(h_t.shape)))
+        target = self.product(self.linear_in, h_t, buf("target", tuple(h_t.shape)))
         return bmm_scores(context, target, buf)
 
     def fused_score_backward(

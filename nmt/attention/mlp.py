@@ -54,8 +54,8 @@ class MLPAttention(Attention):
         W_q h_t + b in buffer "query"."""
         B, S, H = context.shape
         flat = viewed(buf("hidden", (B, S, H)), B * S, H)
-        keys = self.product("linear_context", context.reshape(B * S, H), flat)
-        query = self.product("linear_query", h_t, buf("query", (B, H)))
+        keys = self.product(self.linear_context, context.reshape(B * S, H), flat)
+        query = self.product(self.linear_query, h_t, buf("query", (B, H)))
         hidden = keys.view(B, S, H).add_(query.unsqueeze(1)).tanh_()
         scores = viewed(buf("scores", (B, S)), B * S, 1)
         return torch.mm(hidden.view(B * S, H), self.v.weight.t(), out=scores).view(B, S)
