@@ -1214,6 +1214,12 @@ def load_config(
     return build_config(raw, str(path), overrides, require_data)
 
 
+def markdown_cell(text: str) -> str:
+    """`text` as a cell of a markdown table: its pipes escaped, and its angle brackets, so that
+    a renderer shows <unk> and </s> instead of taking them for HTML tags."""
+    return text.replace("|", "\\|").replace("<", "&lt;")
+
+
 def reference_markdown() -> str:
     """The configuration reference (docs/config.md), generated from the dataclasses."""
     lines = []
@@ -1229,7 +1235,7 @@ def reference_markdown() -> str:
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
             if section == "data" and f.name in DATA_FILE_KEYS:
                 default = "required"
-            lines.append(f"| `{f.name}` | `{default}` | {doc} |")
+            lines.append(f"| `{f.name}` | `{default}` | {markdown_cell(doc)} |")
         lines.append("")
     return "\n".join(lines)
 

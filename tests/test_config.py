@@ -133,6 +133,14 @@ def test_reference_lists_every_key():
             assert f"| `{f.name}` |" in rows, f"{section}.{f.name}"
 
 
+def test_reference_shows_special_tokens_to_a_markdown_renderer():
+    """<unk> and </s> in a doc would pass for HTML tags in a rendered table: escaped."""
+    from nmt.translate import options
+
+    for text in (reference_markdown(), options.reference_markdown()):
+        assert "&lt;unk>" in text and "<unk>" not in text and "</s>" not in text
+
+
 def test_config_reference_is_current():
     """docs/config.md is what scripts/config_reference.py writes, the whole file."""
     spec = importlib.util.spec_from_file_location(

@@ -20,7 +20,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any
 
-from nmt.config import TranslateConfig, _check_rules, _opt
+from nmt.config import TranslateConfig, _check_rules, _opt, markdown_cell
 from nmt.errors import NmtError
 
 
@@ -144,6 +144,6 @@ def reference_markdown() -> str:
     ]
     for f in fields():
         key = f"`translate.{f.name}`" if f.name in MODEL_KEYS else "-"
-        doc = f.metadata["doc"].replace("|", "\\|")
+        doc = markdown_cell(f.metadata["doc"])
         lines.append(f"| `{flag(f.name)}` | `{f.default}` | {key} | {doc} |")
     return "\n".join(lines)
