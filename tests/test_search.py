@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from nmt.config import ModelConfig
-from nmt.data.vocab import BOS, EOS, PAD
+from nmt.data.vocab import BOS, EOS, PAD, UNK
 from nmt.errors import NmtError
 from nmt.model import Seq2SeqAttn
 from nmt.opcount import count_ops
@@ -414,6 +414,8 @@ def test_search_stops_when_every_sentence_is_done(copy_model, monkeypatch, alpha
         {"min_length": -1},
         {"length_penalty": -0.5},
         {"block_ngram_repeat": -1},
+        {"unk_penalty": -0.5},
+        {"unk_penalty": float("nan")},
     ],
 )
 def test_bad_search_options_are_user_errors(copy_model, kwargs):
@@ -587,6 +589,36 @@ def test_a_blocked_ngram_never_appears(n):
         blocked = run(beam_search, model, SOURCES, block_ngram_repeat=n, **kwargs)
         assert not any(repeats(h.tokens) for hyps in blocked for h in hyps)
         assert all(len(hyps) == kwargs["n_best"] for hyps in blocked)
+
+
+def test_unk_penalty_lowers_unk_in_the_scores_and_inf_never_outputs_it():
+    """A model that favours <unk>: with --unk-penalty X each hypothesis' score is its
+    log-probability less X per <unk> it holds (greedy and beam, n-best included), fewer <unk>
+    come out, and with inf none (nor does a draw take one)."""
+    model = random_model(eos_bias=-2.0)
+    with torch.no_grad():
+        model.generator.bias[UNK] = 0.3  # <unk> over and over, greedy and beam
+
+    def unks(found) -> int:
+        return sum(h.tokens.count(UNK) for hyps in found for h in hyps)
+
+    kwargs = {"beam_size": 4, "max_length": 10, "n_best": 3}
+    plain = run(beam_search, model, SOURCES, **kwargs)
+    lowered = run(beam_search, model, SOURCES, unk_penalty=0.05, **kwargs)
+    never = run(beam_search, model, SOURCES, unk_penalty=math.inf, **kwargs)
+    assert unks(plain) > unks(lowered) > 0 == unks(never)
+    assert all(len(hyps) == 3 for hyps in never)
+    for found, penalty in ((lowered, 0.05), (never, 0.0)):  # an inf penalty hits no output
+        for source, hyps in zip(SOURCES, found, strict=True):
+            for h in hyps:
+                expected = teacher_forced(model, source, h) - penalty * h.tokens.count(UNK)
+                assert h.score == pytest.approx(expected, abs=1e-9)
+    greedy = run(greedy_search, model, SOURCES, beam_size=1, max_length=10, unk_penalty=math.inf)
+    drawn = run(
+        beam_search, model, SOURCES, max_length=10, random_sampling_topk=-1, unk_penalty=math.inf
+    )
+    assert unks([[h] for h in greedy]) == 0 == unks(drawn)
+    assert unks([[h] for h in run(greedy_search, model, SOURCES, max_length=10)]) > 0
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4])

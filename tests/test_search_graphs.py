@@ -9,6 +9,7 @@ find, bit for bit. None of this runs on CUDA here."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 
 import pytest
@@ -188,6 +189,8 @@ def assert_same_hypotheses(found: list, expected: list, dtype: torch.dtype) -> N
 GRAPHED = {  # every option set above, and more
     **OPTIONS,
     "trigram-blocking": {"beam_size": 3, "block_ngram_repeat": 3},
+    "unk-penalty": {"beam_size": 4, "unk_penalty": 0.5},
+    "no-unk": {"beam_size": 2, "unk_penalty": math.inf},
     "n-best": {"beam_size": 4, "n_best": 3},
     "ratio-limits": {"beam_size": 3, "max_length_ratio": 1.5},
     "sampling-nucleus": {"random_sampling_topp": 0.8, "random_sampling_temp": 0.7, "seed": 1},

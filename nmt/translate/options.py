@@ -24,6 +24,11 @@ from nmt.config import TranslateConfig, _check_rules, _opt, markdown_cell
 from nmt.errors import NmtError
 
 
+def _a_number(value: float) -> str | None:
+    """NaN passes every range (each comparison is False): refused here."""
+    return "must be a number, got nan" if math.isnan(value) else None
+
+
 @dataclass(frozen=True)
 class SearchOptions(TranslateConfig):
     """How to decode: the model's options (`TranslateConfig`) and those of one use.
@@ -43,6 +48,14 @@ class SearchOptions(TranslateConfig):
     )
     block_ngram_repeat: int = _opt(
         0, min=0, off=0, doc="no hypothesis repeats an n-gram of this many tokens (0: off)"
+    )
+    unk_penalty: float = _opt(
+        0.0,
+        min=0.0,
+        check=_a_number,
+        off=0.0,
+        doc="subtract X from <unk>'s log-probability at every step, scores included "
+        "(inf: never output <unk>; 0: off)",
     )
     random_sampling_topk: int = _opt(
         0,

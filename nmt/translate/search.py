@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from nmt.cuda_graphs import replays_generators
-from nmt.data.vocab import BOS, EOS, PAD
+from nmt.data.vocab import BOS, EOS, PAD, UNK
 from nmt.translate.options import SearchOptions
 from nmt.translate.ranking import row_topk
 from nmt.translate.search_graphs import (
@@ -316,6 +316,8 @@ class Search:
         logp = next_log_probs(self.model, out, forbid_eos=held_back)
         if o.block_ngram_repeat > 0:
             block_repeats(logp, self.paths[:, 0], o.block_ngram_repeat, t, at)
+        if o.unk_penalty > 0:  # <unk> less likely, or with inf never
+            logp.select(1, UNK).sub_(o.unk_penalty)
         if self.generator is not None:
             cand_scores, cand_beams, cand_tokens = draw(self.scores, logp, o, self._uniforms())
         else:
