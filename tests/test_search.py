@@ -594,7 +594,7 @@ def test_a_blocked_ngram_never_appears(n):
 def test_unk_penalty_lowers_unk_in_the_scores_and_inf_never_outputs_it():
     """A model that favours <unk>: with --unk-penalty X each hypothesis' score is its
     log-probability less X per <unk> it holds (greedy and beam, n-best included), fewer <unk>
-    come out, and with inf none (nor does a draw take one)."""
+    come out, and with inf none (nor does a draw, or an ensemble)."""
     model = random_model(eos_bias=-2.0)
     with torch.no_grad():
         model.generator.bias[UNK] = 0.3  # <unk> over and over, greedy and beam
@@ -619,6 +619,11 @@ def test_unk_penalty_lowers_unk_in_the_scores_and_inf_never_outputs_it():
     )
     assert unks([[h] for h in greedy]) == 0 == unks(drawn)
     assert unks([[h] for h in run(greedy_search, model, SOURCES, max_length=10)]) > 0
+    from nmt.translate.ensemble import Ensemble  # an ensemble decodes through the same step
+
+    pair = Ensemble([model, copy.deepcopy(model)])
+    assert unks(run(beam_search, pair, SOURCES, **kwargs)) > 0
+    assert unks(run(beam_search, pair, SOURCES, unk_penalty=math.inf, **kwargs)) == 0
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
