@@ -1215,9 +1215,12 @@ def load_config(
 
 
 def markdown_cell(text: str) -> str:
-    """`text` as a cell of a markdown table: its pipes escaped, and its angle brackets, so that
-    a renderer shows <unk> and </s> instead of taking them for HTML tags."""
-    return text.replace("|", "\\|").replace("<", "&lt;")
+    """`text` as a cell of a markdown table: its pipes escaped, and its angle brackets outside
+    code spans, so that a renderer shows <unk> and </s> instead of taking them for HTML tags
+    (inside backticks they show as they are, and an escape would show)."""
+    parts = text.split("`")  # the odd ones are inside backticks
+    text = "`".join(p if i % 2 else p.replace("<", "&lt;") for i, p in enumerate(parts))
+    return text.replace("|", "\\|")
 
 
 def reference_markdown() -> str:

@@ -8,7 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from nmt.config import SECTIONS, Config, from_dict, load_config, reference_markdown
+from nmt.config import (
+    SECTIONS,
+    Config,
+    from_dict,
+    load_config,
+    markdown_cell,
+    reference_markdown,
+)
 from nmt.errors import NmtError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -139,6 +146,7 @@ def test_reference_shows_special_tokens_to_a_markdown_renderer():
 
     for text in (reference_markdown(), options.reference_markdown()):
         assert "&lt;unk>" in text and "<unk>" not in text and "</s>" not in text
+    assert markdown_cell("<s> `<s>` a|b") == "&lt;s> `<s>` a\\|b"  # code spans show as they are
 
 
 def test_config_reference_is_current():
