@@ -100,6 +100,7 @@ def _opt(
     doc_more: Callable[[], str] | None = None,
     check: Callable[[Any], str | None] | None = None,
     off: Any = None,
+    aka: dict[str, str] | None = None,
 ) -> Any:
     """A dataclass field whose metadata carries its validation rule and its documentation,
     and, for the model, what it does to the clone graph (`graph_structure`) and whether it
@@ -110,7 +111,8 @@ def _opt(
     `probe`), "rate" (only on/off decides the nodes; the probe uses `probe` when on) or
     "none" (no bearing on the graph). check: a rule choices and ranges cannot say; it returns
     why a value is refused (None: accepted). off: the value that turns the option off, where
-    one does (how a `decoding:` line shows it)."""
+    one does (how a `decoding:` line shows it). aka: this key's names in other tools, by tool
+    (space-separated): a config or `--set` using one is told this key (`other_names`)."""
     if graph not in GRAPH_KINDS or (graph in ("size", "rate")) != (probe is not None):
         raise TypeError(f"graph={graph!r} with probe={probe!r}")
     meta = {
@@ -125,6 +127,7 @@ def _opt(
         "doc_more": doc_more,
         "check": check,
         "off": off,
+        "aka": aka or {},
     }
     if isinstance(default, list):  # a mutable default: each config gets its own
         return field(default_factory=lambda: list(default), metadata=meta)
@@ -182,10 +185,18 @@ class DataConfig:
         doc="word: whitespace tokens (seq2seq-attn); sentencepiece: subwords",
     )
     src_vocab_size: int = _opt(
-        50000, min=5, shape=True, doc="source vocabulary size (specials included)"
+        50000,
+        min=5,
+        shape=True,
+        doc="source vocabulary size (specials included)",
+        aka={"fairseq": "nwordssrc"},
     )
     tgt_vocab_size: int = _opt(
-        50000, min=5, shape=True, doc="target vocabulary size (specials included)"
+        50000,
+        min=5,
+        shape=True,
+        doc="target vocabulary size (specials included)",
+        aka={"fairseq": "nwordstgt"},
     )
     joint_vocab: bool = _opt(
         False, shape=True, doc="sentencepiece only: one model for both languages"
@@ -222,11 +233,13 @@ class DataConfig:
         doc="drop training pairs whose source has more tokens (sentencepiece pieces or "
         "words), and leave such validation pairs out of the validation perplexity, with a "
         "warning; it sizes the encoder's clones",
+        aka={"OpenNMT-py": "src_seq_length", "fairseq": "max_source_positions"},
     )
     max_tgt_len: int = _opt(
         50,
         min=1,
         doc="the same for the target (tokens; it sizes the decoder's clones)",
+        aka={"OpenNMT-py": "tgt_seq_length", "fairseq": "max_target_positions"},
     )
     subword_dropout: float = _opt(
         0.0,
@@ -255,10 +268,41 @@ class ModelConfig:
         doc="the recurrent cell of encoder and decoder",
         doc_more=_cell_doc,
     )
-    num_layers: int = _opt(2, min=1, shape=True, doc="recurrent layers in encoder and decoder")
-    rnn_size: int = _opt(500, min=1, graph="size", probe=3, shape=True, doc="hidden size")
+    num_layers: int = _opt(
+        2,
+        min=1,
+        shape=True,
+        doc="recurrent layers in encoder and decoder",
+        aka={
+            "OpenNMT-py": "layers enc_layers dec_layers",
+            "fairseq": "encoder_layers decoder_layers",
+        },
+    )
+    rnn_size: int = _opt(
+        500,
+        min=1,
+        graph="size",
+        probe=3,
+        shape=True,
+        doc="hidden size",
+        aka={
+            "OpenNMT-py": "hidden_size enc_hid_size dec_hid_size",
+            "JoeyNMT": "hidden_size",
+            "fairseq": "encoder_hidden_size decoder_hidden_size",
+        },
+    )
     word_vec_size: int = _opt(
-        500, min=1, graph="size", probe=2, shape=True, doc="word embedding size"
+        500,
+        min=1,
+        graph="size",
+        probe=2,
+        shape=True,
+        doc="word embedding size",
+        aka={
+            "OpenNMT-py": "src_word_vec_size tgt_word_vec_size",
+            "JoeyNMT": "embedding_dim",
+            "fairseq": "encoder_embed_dim decoder_embed_dim",
+        },
     )
     dropout: float = _opt(
         0.3,
@@ -276,17 +320,27 @@ class ModelConfig:
         probe=0.5,
         doc="dropout on the word embeddings of encoder and decoder, JoeyNMT's emb_dropout "
         "(the input feed, the attentional output, is dropped by dropout)",
+        aka={"fairseq": "encoder_dropout_in decoder_dropout_in"},
     )
     input_feed: bool = _opt(
-        True, shape=True, doc="feed the previous attentional output to the decoder"
+        True,
+        shape=True,
+        doc="feed the previous attentional output to the decoder",
+        aka={"JoeyNMT": "input_feeding"},
     )
-    bidirectional: bool = _opt(False, shape=True, doc="add a backward encoder (states summed)")
+    bidirectional: bool = _opt(
+        False,
+        shape=True,
+        doc="add a backward encoder (states summed)",
+        aka={"seq2seq-attn": "brnn", "fairseq": "encoder_bidirectional"},
+    )
     attention: str = _opt(
         "general",
         choices=_attentions,
         shape=True,
         doc="the global attention's score",
         doc_more=_attention_doc,
+        aka={"OpenNMT-py": "global_attention"},
     )
     granularity: str = _opt(
         "fused",
@@ -307,6 +361,11 @@ class ModelConfig:
         "output layer's weight (OpenNMT-py's share_decoder_embeddings, JoeyNMT's "
         "tied_softmax; needs word_vec_size = rnn_size), all = the source embedding too "
         "(needs data.joint_vocab)",
+        aka={
+            "OpenNMT-py": "share_decoder_embeddings",
+            "JoeyNMT": "tied_softmax",
+            "fairseq": "share_decoder_input_output_embed",
+        },
     )
 
 
@@ -339,22 +398,50 @@ class TrainConfig:
         "(seq2seq-attn); within_length: the pairs of each source length are also shuffled "
         "before the batches are cut, so each epoch's batches hold other pairs",
     )
-    epochs: int = _opt(13, min=1, doc="passes over the training data")
-    max_steps: int = _opt(0, min=0, doc="stop after this many updates (0: no limit)")
-    optimizer: str = _opt("sgd", choices=("sgd", "adam"), doc="sgd (seq2seq-attn) or adam")
-    learning_rate: float = _opt(1.0, min=0.0, min_exclusive=True, doc="initial learning rate")
+    epochs: int = _opt(13, min=1, doc="passes over the training data", aka={"fairseq": "max_epoch"})
+    max_steps: int = _opt(
+        0,
+        min=0,
+        doc="stop after this many updates (0: no limit)",
+        aka={"OpenNMT-py": "train_steps", "fairseq": "max_update"},
+    )
+    optimizer: str = _opt(
+        "sgd",
+        choices=("sgd", "adam"),
+        doc="sgd (seq2seq-attn) or adam",
+        aka={"OpenNMT-py": "optim"},
+    )
+    learning_rate: float = _opt(
+        1.0, min=0.0, min_exclusive=True, doc="initial learning rate", aka={"fairseq": "lr"}
+    )
     warmup_steps: int = _opt(
         0,
         min=0,
         doc="raise the learning rate linearly over the first N updates, update n at "
         "n/N of the schedule's rate (any optimizer; 0: off)",
+        aka={"fairseq": "warmup_updates"},
     )
-    lr_decay: float = _opt(0.5, min=0.0, max=1.0, doc="learning-rate factor when decaying")
+    lr_decay: float = _opt(
+        0.5,
+        min=0.0,
+        max=1.0,
+        doc="learning-rate factor when decaying",
+        aka={
+            "OpenNMT-py": "learning_rate_decay",
+            "JoeyNMT": "decrease_factor",
+            "fairseq": "lr_shrink",
+        },
+    )
     start_decay_at: int = _opt(
         9, min=1, doc="decay at the end of this epoch and of every one after (seq2seq-attn's)"
     )
     decay_on_plateau: bool = _opt(True, doc="also decay once validation perplexity rises")
-    max_grad_norm: float = _opt(5.0, min=0.0, doc="global gradient-norm clipping (0: off)")
+    max_grad_norm: float = _opt(
+        5.0,
+        min=0.0,
+        doc="global gradient-norm clipping (0: off)",
+        aka={"JoeyNMT": "clip_grad_norm", "fairseq": "clip_norm"},
+    )
     init_from: str = _opt(
         "",
         doc="fine-tuning: a checkpoint whose weights start this run, and whose vocabularies "
@@ -363,14 +450,28 @@ class TrainConfig:
         "must be the checkpoint's",
     )
     seed: int = _opt(
-        3435, min=0, max=2**63 - 1, doc="seed of initialisation, dropout and batch order"
+        3435,
+        min=0,
+        max=2**63 - 1,
+        doc="seed of initialisation, dropout and batch order",
+        aka={"JoeyNMT": "random_seed"},
     )
-    valid_every: int = _opt(0, min=0, doc="also validate every N steps (0: once per epoch)")
+    valid_every: int = _opt(
+        0,
+        min=0,
+        doc="also validate every N steps (0: once per epoch)",
+        aka={
+            "OpenNMT-py": "valid_steps",
+            "JoeyNMT": "validation_freq",
+            "fairseq": "validate_interval_updates",
+        },
+    )
     log_every: int = _opt(
         50,
         min=1,
         doc="log a progress line every N steps (train.log, metrics.jsonl; on the progress "
         "bar, or printed with --no-progress)",
+        aka={"OpenNMT-py": "report_every", "JoeyNMT": "logging_freq", "fairseq": "log_interval"},
     )
     tensorboard: bool = _opt(
         False,
@@ -391,13 +492,17 @@ class TrainConfig:
         "fewer) for sacreBLEU BLEU at every validation (0: off)",
     )
     early_stopping: int = _opt(
-        0, min=0, doc="stop after this many validations without improvement (0: off)"
+        0,
+        min=0,
+        doc="stop after this many validations without improvement (0: off)",
+        aka={"fairseq": "patience"},
     )
     early_stopping_metric: str = _opt(
         "ppl",
         choices=("ppl", "bleu"),
         doc="what early stopping and the best model (model.pt) follow: validation "
         "perplexity or BLEU",
+        aka={"OpenNMT-py": "early_stopping_criteria"},
     )
     label_smoothing: float = _opt(
         0.0,
@@ -407,7 +512,10 @@ class TrainConfig:
         "(OpenNMT-py/JoeyNMT); perplexities stay the plain NLL",
     )
     keep_checkpoints: int = _opt(
-        0, min=0, doc="also keep the last N validations' checkpoints ckpt_step{STEP}.pt"
+        0,
+        min=0,
+        doc="also keep the last N validations' checkpoints ckpt_step{STEP}.pt",
+        aka={"OpenNMT-py": "keep_checkpoint"},
     )
     ema_decay: float = _opt(
         0.0,
@@ -417,6 +525,7 @@ class TrainConfig:
         "Polyak averaging): after every update avg = d * avg + (1 - d) * weights, with d = "
         "min(ema_decay, (1 + n) / (10 + n)) at update n; validation, model.pt and every "
         "checkpoint's model are the average (0: off)",
+        aka={"OpenNMT-py": "average_decay"},
     )
     max_bad_steps: int = _opt(
         5, min=1, doc="stop after this many consecutive steps with a non-finite loss or gradient"
@@ -474,6 +583,7 @@ class TrainConfig:
         "micro-batches of rows whose summed gradients are the whole batch's (dropout draws "
         "other masks); buffers, validation and its BLEU search are sized for one micro-batch; "
         f"with prealloc {policies.AUTO}, the fewest it may choose",
+        aka={"OpenNMT-py": "accum_count", "JoeyNMT": "batch_multiplier", "fairseq": "update_freq"},
     )
     max_accum_steps: int = _opt(
         8,
@@ -500,6 +610,7 @@ class TrainConfig:
         choices=_precisions,
         doc="the dtypes training runs in",
         doc_more=_precision_doc,
+        aka={"OpenNMT-py": "model_dtype"},
     )
     deterministic: bool = _opt(
         True,
@@ -543,8 +654,12 @@ class TranslateConfig:
     of the model (--n-best, --min-length, ...) are the other fields of
     `nmt.translate.options.SearchOptions`, which extends this class."""
 
-    beam_size: int = _opt(5, min=1, doc="beam size (1: greedy)")
-    max_length: int = _opt(250, min=1, doc="longest output, in tokens")
+    beam_size: int = _opt(
+        5, min=1, doc="beam size (1: greedy)", aka={"seq2seq-attn": "beam", "fairseq": "beam"}
+    )
+    max_length: int = _opt(
+        250, min=1, doc="longest output, in tokens", aka={"JoeyNMT": "max_output_length"}
+    )
     max_length_ratio: float = _opt(
         0.0,
         min=0.0,
@@ -559,6 +674,7 @@ class TranslateConfig:
         off=0.0,
         doc="GNMT length penalty alpha: finished hypotheses ranked by "
         "log P / ((5 + length) / 6) ** alpha (0: off, as in seq2seq-attn)",
+        aka={"OpenNMT-py": "alpha", "JoeyNMT": "alpha", "fairseq": "lenpen"},
     )
     replace_unk: bool = _opt(
         False,
@@ -662,6 +778,42 @@ def _suggest(key: str, candidates: list[str]) -> str:
     return f" (did you mean '{close[0]}'?)" if close else ""
 
 
+# JoeyNMT's sections that hold what these do: an unknown section of the name is told so
+SECTION_AKA = {"training": ("train", "JoeyNMT"), "testing": ("translate", "JoeyNMT")}
+
+
+def other_names() -> dict[str, tuple[str, str]]:
+    """Other tools' names for this config's keys, from the fields' `aka`: name -> (the dotted
+    key here, the tools that use the name, e.g. "OpenNMT-py and JoeyNMT"). A name stands for
+    one key; two keys claiming one name is a mistake in the fields, refused here."""
+    keys: dict[str, str] = {}
+    tools: dict[str, list[str]] = {}
+    for section, cls in SECTIONS.items():
+        for f in dataclasses.fields(cls):
+            dotted = f"{section}.{f.name}"
+            for tool, names in f.metadata.get("aka", {}).items():
+                for name in names.split():
+                    if keys.setdefault(name, dotted) != dotted:
+                        raise TypeError(f"aka {name!r} of both {keys[name]} and {dotted}")
+                    tools.setdefault(name, []).append(tool)
+    return {name: (key, " and ".join(tools[name])) for name, key in keys.items()}
+
+
+def _unknown_key_hint(dotted: str) -> str:
+    """What an unknown `section.name` was likely meant as: the key another tool calls `name`,
+    a key of that name in another section, else the closest key by spelling."""
+    name = dotted.split(".", 1)[-1]
+    if name in (aka := other_names()):
+        key, tools = aka[name]
+        section, field_name = key.split(".")
+        meta = {f.name: f.metadata for f in dataclasses.fields(SECTIONS[section])}[field_name]
+        choices = choices_of(meta)
+        values = f": {' / '.join(map(str, choices))}" if choices else ""
+        return f" ({tools}'s {name} is '{key}' here{values})"
+    elsewhere = [key for key in all_keys() if key.split(".", 1)[1] == name]
+    return f" (did you mean '{elsewhere[0]}'?)" if elsewhere else _suggest(dotted, all_keys())
+
+
 def _field_type(cls: type, name: str) -> type:
     hints = typing.get_type_hints(cls)
     return hints[name]
@@ -750,7 +902,7 @@ def _build_section(
         if dotted in REPLACED_KEYS:
             raise _replaced(source, dotted)
         if key not in fields:
-            raise NmtError(f"{source}: unknown key '{dotted}'{_suggest(dotted, all_keys())}")
+            raise NmtError(f"{source}: unknown key '{dotted}'{_unknown_key_hint(dotted)}")
         where = _blame(source, from_set, dotted)
         if isinstance(value, str) and (dotted, value) in REPLACED_VALUES:
             new = REPLACED_VALUES[dotted, value]
@@ -775,6 +927,9 @@ def check_layout(raw: Any, source: str) -> None:
     for section, values in raw.items():
         if section not in SECTIONS:
             hint = _suggest(str(section), list(SECTIONS))
+            if section in SECTION_AKA:
+                ours, tool = SECTION_AKA[section]
+                hint = f" ({tool}'s {section} is '{ours}' here)"
             raise NmtError(f"{source}: unknown section '{section}'{hint}")
         if values is not None and not isinstance(values, dict):
             raise NmtError(
@@ -1052,7 +1207,7 @@ def parse_override(text: str) -> tuple[str, str, Any]:
     if dotted in REPLACED_KEYS:
         raise _replaced("--set", dotted)
     if dotted not in all_keys():
-        raise NmtError(f"--set: unknown key '{dotted}'{_suggest(dotted, all_keys())}")
+        raise NmtError(f"--set: unknown key '{dotted}'{_unknown_key_hint(dotted)}")
     try:
         value = yaml.safe_load(raw_value) if raw_value.strip() else ""
     except yaml.YAMLError:
@@ -1240,6 +1395,18 @@ def reference_markdown() -> str:
                 default = "required"
             lines.append(f"| `{f.name}` | `{default}` | {markdown_cell(doc)} |")
         lines.append("")
+    return "\n".join(lines)
+
+
+def other_names_markdown() -> str:
+    """The table of other tools' names (docs/config.md), from the fields' `aka` and
+    `SECTION_AKA`, in the order of the keys here."""
+    lines = ["| other tool's name | tool | here |", "|---|---|---|"]
+    for name, (ours, tool) in SECTION_AKA.items():
+        lines.append(f"| `{name}:` (a section) | {tool} | `{ours}:` |")
+    order = {key: i for i, key in enumerate(all_keys())}
+    for name, (key, tools) in sorted(other_names().items(), key=lambda n: (order[n[1][0]], n[0])):
+        lines.append(f"| `{name}` | {tools} | `{key}` |")
     return "\n".join(lines)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from nmt.config import reference_markdown
+from nmt.config import other_names_markdown, reference_markdown
 from nmt.translate import options
 
 REFERENCE = Path(__file__).resolve().parents[1] / "docs" / "config.md"
@@ -38,13 +38,22 @@ DECODING_INTRO = (
 )
 
 
+OTHER_NAMES_INTRO = (
+    "Keys and sections that OpenNMT-py, JoeyNMT, fairseq or seq2seq-attn name otherwise. A\n"
+    "config or `--set` that uses such a name is refused with the key it is here, e.g.\n"
+    "`--set: unknown key 'train.lr' (fairseq's lr is 'train.learning_rate' here)`; the\n"
+    "meaning is this project's (the doc above), which may differ in detail."
+)
+
+
 def document() -> str:
     """The whole text of docs/config.md."""
     reference = reference_markdown().rstrip()
     decoding = options.reference_markdown()
     return (
         f"{HEADER}\n\n# Configuration reference\n\n{INTRO}\n\n{reference}\n\n"
-        f"## `nmt translate`'s decoding options\n\n{DECODING_INTRO}\n\n{decoding}\n"
+        f"## `nmt translate`'s decoding options\n\n{DECODING_INTRO}\n\n{decoding}\n\n"
+        f"## Names from other tools\n\n{OTHER_NAMES_INTRO}\n\n{other_names_markdown()}\n"
     )
 
 

@@ -11,9 +11,11 @@ import pytest
 from nmt.config import (
     SECTIONS,
     Config,
+    all_keys,
     from_dict,
     load_config,
     markdown_cell,
+    other_names,
     reference_markdown,
 )
 from nmt.errors import NmtError
@@ -79,6 +81,69 @@ def test_unknown_key_suggests_closest(tmp_path, data_files):
 def test_unknown_section(tmp_path, data_files):
     with pytest.raises(NmtError, match="unknown section 'modle'.*'model'"):
         load_config(write(tmp_path, yaml_for(data_files, "modle:\n  rnn_size: 3\n")))
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (
+            "model:\n  layers: 2\n",
+            "unknown key 'model.layers' (OpenNMT-py's layers is 'model.num_layers' here)",
+        ),
+        (  # in its own tool's section: the key here, in its section here
+            "train:\n  hidden_size: 8\n",
+            "unknown key 'train.hidden_size' (OpenNMT-py and JoeyNMT's hidden_size is "
+            "'model.rnn_size' here)",
+        ),
+        (  # a key with choices says them: the other tool's value is a boolean
+            "model:\n  tied_softmax: true\n",
+            "unknown key 'model.tied_softmax' (JoeyNMT's tied_softmax is 'model.tie_embeddings' "
+            "here: none / decoder / all)",
+        ),
+        ("train:\n  dropout: 0.1\n", "unknown key 'train.dropout' (did you mean 'model.dropout'?)"),
+        (
+            "testing:\n  beam_size: 5\n",
+            "unknown section 'testing' (JoeyNMT's testing is 'translate' here)",
+        ),
+        (
+            "training:\n  epochs: 2\n",
+            "unknown section 'training' (JoeyNMT's training is 'train' here)",
+        ),
+    ],
+)
+def test_another_tools_name_is_answered_with_the_key_here(tmp_path, data_files, extra, message):
+    path = write(tmp_path, yaml_for(data_files, extra))
+    with pytest.raises(NmtError) as err:
+        load_config(path)
+    assert str(err.value) == f"{path}: {message}"
+
+
+def test_another_tools_name_in_set_is_answered_with_the_key_here(tmp_path, data_files):
+    path = write(tmp_path, yaml_for(data_files))
+    with pytest.raises(NmtError) as err:
+        load_config(path, ["train.lr=0.1"])
+    assert str(err.value) == (
+        "--set: unknown key 'train.lr' (fairseq's lr is 'train.learning_rate' here)"
+    )
+
+
+def test_other_names_are_none_of_the_keys_here_and_each_names_one_key():
+    names = other_names()
+    ours = {key.split(".", 1)[1] for key in all_keys()}
+    assert names and not ours & set(names)  # a name of ours would never reach the hint
+    assert names["hidden_size"] == ("model.rnn_size", "OpenNMT-py and JoeyNMT")
+    assert {key for key, _ in names.values()} <= set(all_keys())
+
+
+def test_two_keys_claiming_one_name_is_refused(monkeypatch):
+    @dataclasses.dataclass
+    class Twice:
+        a: int = dataclasses.field(default=0, metadata={"aka": {"fairseq": "same"}})
+        b: int = dataclasses.field(default=0, metadata={"aka": {"JoeyNMT": "same"}})
+
+    monkeypatch.setitem(SECTIONS, "twice", Twice)
+    with pytest.raises(TypeError, match="aka 'same' of both twice.a and twice.b"):
+        other_names()
 
 
 @pytest.mark.parametrize(
