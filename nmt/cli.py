@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from nmt import cli_help, policies
+from nmt import cli_help, option_names, policies
 from nmt.errors import NmtError
 from nmt.terminal import shows_bar
 
@@ -52,6 +52,11 @@ class Group(typer.core.TyperGroup):
         form is a usage block and a box."""
         if not standalone_mode:
             return super().main(*args, standalone_mode=False, **kwargs)
+        given = kwargs.get("args", args[0] if args else None)  # click's `args`, else argv
+        argv = sys.argv[1:] if given is None else list(given)
+        if problem := self._single_dash_option(argv):
+            _err(f"error: {problem}")
+            sys.exit(2)
         try:
             code = super().main(*args, standalone_mode=False, **kwargs)
         except typer.Abort:
@@ -65,9 +70,30 @@ class Group(typer.core.TyperGroup):
                 sys.exit(exc.exit_code)
             ctx = getattr(exc, "ctx", None)  # a usage error knows its command
             see = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
-            _err(f"error: {exc.format_message()}{see}")
+            message = exc.format_message()
+            if type(exc).__name__ == "NoSuchOption" and ctx is not None:
+                message = _meant_option(exc.option_name, ctx, argv) or message
+            _err(f"error: {message}{see}")
             sys.exit(exc.exit_code)
         sys.exit(code if isinstance(code, int) else 0)
+
+    def _single_dash_option(self, argv: list[str]) -> str | None:
+        """`nmt translate -model M`: one of the command's options with one dash, which click
+        would take for `-m odel` (`option_names.single_dash`); None: none such."""
+        name = next((a for a in argv if not a.startswith("-")), None)
+        command = self.commands.get(name) if name else None
+        if command is None:
+            return None
+        flags = {o for p in command.params for o in (*p.opts, *p.secondary_opts)}
+        problem = option_names.single_dash(argv[argv.index(name) + 1 :], flags)
+        return f"{problem} (see 'nmt {name} --help')" if problem else None
+
+
+def _meant_option(option_name: str, ctx: typer.Context, argv: list[str]) -> str | None:
+    """An unknown option in another tool's spelling, answered with ours (`option_names`)."""
+    flags = {o for p in ctx.command.params for o in (*p.opts, *p.secondary_opts)}
+    token = option_names.typed(option_name, argv)
+    return option_names.meant(token, flags, takes_set="--set" in flags)
 
 
 app = typer.Typer(

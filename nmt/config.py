@@ -16,7 +16,7 @@ import os
 import re
 import types
 import typing
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -782,15 +782,16 @@ def _suggest(key: str, candidates: list[str]) -> str:
 SECTION_AKA = {"training": ("train", "JoeyNMT"), "testing": ("translate", "JoeyNMT")}
 
 
-def other_names() -> dict[str, tuple[str, str]]:
-    """Other tools' names for this config's keys, from the fields' `aka`: name -> (the dotted
-    key here, the tools that use the name, e.g. "OpenNMT-py and JoeyNMT"). A name stands for
-    one key; two keys claiming one name is a mistake in the fields, refused here."""
+def other_names(sections: Mapping[str, type] | None = None) -> dict[str, tuple[str, str]]:
+    """Other tools' names for the config's keys (or the fields of `sections`' dataclasses,
+    by section; section "": the field's own name), from the fields' `aka`: name -> (the
+    dotted key here, the tools that use the name, e.g. "OpenNMT-py and JoeyNMT"). A name
+    stands for one key; two keys claiming one name is a mistake in the fields, refused."""
     keys: dict[str, str] = {}
     tools: dict[str, list[str]] = {}
-    for section, cls in SECTIONS.items():
+    for section, cls in (SECTIONS if sections is None else sections).items():
         for f in dataclasses.fields(cls):
-            dotted = f"{section}.{f.name}"
+            dotted = f"{section}.{f.name}" if section else f.name
             for tool, names in f.metadata.get("aka", {}).items():
                 for name in names.split():
                     if keys.setdefault(name, dotted) != dotted:

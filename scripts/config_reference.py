@@ -39,11 +39,15 @@ DECODING_INTRO = (
 
 
 OTHER_NAMES_INTRO = (
-    "Keys and sections that OpenNMT-py, JoeyNMT, fairseq or seq2seq-attn name otherwise. A\n"
-    "config or `--set` that uses such a name is refused with the key it is here, e.g.\n"
-    "`--set: unknown key 'train.lr' (fairseq's lr is 'train.learning_rate' here)`; the\n"
-    "meaning is this project's (the doc above), which may differ in detail."
+    "Keys, sections and flags that OpenNMT-py, JoeyNMT, fairseq or seq2seq-attn name\n"
+    "otherwise. A config or `--set` that uses such a name is refused with the key it is here,\n"
+    "e.g. `--set: unknown key 'train.lr' (fairseq's lr is 'train.learning_rate' here)`, and so\n"
+    "is such a flag (`nmt train --lr 0.1`: `--set train.learning_rate=VALUE`; `nmt translate\n"
+    "--alpha 0.6`: `--length-penalty`), or one of ours spelled the other tools' way\n"
+    "(`-beam_size`: `--beam-size`). The meaning is this project's (the docs above), which may\n"
+    "differ in detail."
 )
+FLAGS_INTRO = "`nmt translate`'s flags:"
 
 
 def document() -> str:
@@ -53,7 +57,8 @@ def document() -> str:
     return (
         f"{HEADER}\n\n# Configuration reference\n\n{INTRO}\n\n{reference}\n\n"
         f"## `nmt translate`'s decoding options\n\n{DECODING_INTRO}\n\n{decoding}\n\n"
-        f"## Names from other tools\n\n{OTHER_NAMES_INTRO}\n\n{other_names_markdown()}\n"
+        f"## Names from other tools\n\n{OTHER_NAMES_INTRO}\n\n{other_names_markdown()}\n\n"
+        f"{FLAGS_INTRO}\n\n{options.other_names_markdown()}\n"
     )
 
 

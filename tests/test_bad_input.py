@@ -825,7 +825,7 @@ def test_a_ctrl_c_before_training_says_what_is_kept(tmp_path, monkeypatch):
     ("args", "needle"),
     [
         (["translate", "-m", "m.pt", "--src", "s", "--beam-size", "abc"], "'--beam-size'"),
-        (["train", "--config", "c.yaml", "--epochs", "3"], "No such option: --epochs"),
+        (["train", "--config", "c.yaml", "--bogus", "3"], "No such option: --bogus"),
         (["trian", "--config", "c.yaml"], "No such command 'trian'"),
         (["translate"], "Missing option '--model'"),
     ],
@@ -834,6 +834,46 @@ def test_a_command_line_mistake_is_one_line(args, needle):
     """click's usage block and box become one line that names the option and the help."""
     result = run(*args)
     assert_one_line_error(result, needle, "--help')")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (  # click would read it as -m odel
+            ["translate", "-model", "m.pt", "--src", "s"],
+            "-model: nmt spells it --model",
+        ),
+        (
+            ["translate", "-m", "m.pt", "--src", "s", "-beam_size", "5"],
+            "-beam_size: nmt spells it --beam-size",
+        ),
+        (
+            ["translate", "-m", "m.pt", "--src", "s", "--beam_size", "5"],
+            "--beam_size: nmt spells it --beam-size",
+        ),
+        (
+            ["translate", "-m", "m.pt", "--src", "s", "--alpha", "0.6"],
+            "--alpha: OpenNMT-py and JoeyNMT's alpha is --length-penalty here",
+        ),
+        (
+            ["train", "--config", "c.yaml", "-train_steps", "5"],
+            "-train_steps: OpenNMT-py's train_steps is the config key train.max_steps here: "
+            "--set train.max_steps=VALUE",
+        ),
+        (
+            ["train", "--config", "c.yaml", "--epochs", "3"],
+            "--epochs: a config key here: --set train.epochs=VALUE",
+        ),
+        (  # after --, an argument
+            ["translate", "-m", "m.pt", "--src", "s", "--", "-model"],
+            "Got unexpected extra argument(s) (-model)",
+        ),
+    ],
+)
+def test_an_option_in_another_tools_spelling_is_answered_with_ours(args, message):
+    result = run(*args)
+    assert result.exit_code == 2
+    assert result.stderr.strip().startswith(f"error: {message} (see '")
 
 
 def test_no_command_still_shows_the_help():

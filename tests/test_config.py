@@ -135,6 +135,14 @@ def test_other_names_are_none_of_the_keys_here_and_each_names_one_key():
     assert {key for key, _ in names.values()} <= set(all_keys())
 
 
+def test_other_names_of_decoding_flags_are_none_of_ours():
+    from nmt.translate.options import SearchOptions, fields
+
+    names = other_names({"": SearchOptions})
+    assert names["alpha"] == ("length_penalty", "OpenNMT-py and JoeyNMT")
+    assert not {f.name for f in fields()} & set(names)
+
+
 def test_two_keys_claiming_one_name_is_refused(monkeypatch):
     @dataclasses.dataclass
     class Twice:

@@ -95,7 +95,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ("train", ("nmt.train",)),
     ("memreport", ("nmt.memreport",)),
     ("api", ("nmt.api",)),
-    ("cli", ("nmt.cli", "nmt.cli_help", "nmt.__main__", "nmt.launch")),
+    ("cli", ("nmt.cli", "nmt.cli_help", "nmt.option_names", "nmt.__main__", "nmt.launch")),
 ]  # fmt: skip
 
 

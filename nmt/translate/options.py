@@ -20,7 +20,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any
 
-from nmt.config import TranslateConfig, _check_rules, _opt, markdown_cell
+from nmt.config import TranslateConfig, _check_rules, _opt, markdown_cell, other_names
 from nmt.errors import NmtError
 
 
@@ -39,15 +39,25 @@ class SearchOptions(TranslateConfig):
     sampling (`samples()`).
     """
 
-    min_length: int = _opt(0, min=0, doc="shortest output in tokens (</s> held back)")
+    min_length: int = _opt(
+        0,
+        min=0,
+        doc="shortest output in tokens (</s> held back)",
+        aka={"JoeyNMT": "min_output_length", "fairseq": "min_len"},
+    )
     n_best: int = _opt(
         1,
         min=1,
         doc="write the N best distinct hypotheses of each sentence as "
         "'INDEX ||| translation ||| score' lines, best first, INDEX from 0 (N <= beam size)",
+        aka={"fairseq": "nbest"},
     )
     block_ngram_repeat: int = _opt(
-        0, min=0, off=0, doc="no hypothesis repeats an n-gram of this many tokens (0: off)"
+        0,
+        min=0,
+        off=0,
+        doc="no hypothesis repeats an n-gram of this many tokens (0: off)",
+        aka={"fairseq": "no_repeat_ngram_size"},
     )
     unk_penalty: float = _opt(
         0.0,
@@ -56,6 +66,7 @@ class SearchOptions(TranslateConfig):
         off=0.0,
         doc="subtract X from <unk>'s log-probability at every step, scores included "
         "(inf: never output <unk>; 0: off)",
+        aka={"fairseq": "unkpen"},
     )
     random_sampling_topk: int = _opt(
         0,
@@ -63,6 +74,7 @@ class SearchOptions(TranslateConfig):
         off=0,
         doc="draw each token instead of searching (one hypothesis a sentence, e.g. for "
         "back-translation), from the K most likely (-1: all tokens; 1: greedy; 0: off)",
+        aka={"fairseq": "sampling_topk"},
     )
     random_sampling_topp: float = _opt(
         0.0,
@@ -70,9 +82,14 @@ class SearchOptions(TranslateConfig):
         max=1.0,
         off=0.0,
         doc="draw each token from the smallest set of the most likely of mass >= P (0: off)",
+        aka={"fairseq": "sampling_topp"},
     )
     random_sampling_temp: float = _opt(
-        1.0, min=0.0, min_exclusive=True, doc="temperature of the draws: softmax(logits / T)"
+        1.0,
+        min=0.0,
+        min_exclusive=True,
+        doc="temperature of the draws: softmax(logits / T)",
+        aka={"fairseq": "temperature"},
     )
     seed: int = _opt(
         0,
@@ -159,4 +176,13 @@ def reference_markdown() -> str:
         key = f"`translate.{f.name}`" if f.name in MODEL_KEYS else "-"
         doc = markdown_cell(f.metadata["doc"])
         lines.append(f"| `{flag(f.name)}` | `{f.default}` | {key} | {doc} |")
+    return "\n".join(lines)
+
+
+def other_names_markdown() -> str:
+    """The table of other tools' names of these options (docs/config.md), from the fields'
+    `aka`, in the order of the fields."""
+    lines = ["| other tool's name | tool | here |", "|---|---|---|"]
+    for name, (field, tools) in other_names({"": SearchOptions}).items():
+        lines.append(f"| `{name}` | {tools} | `{flag(field)}` |")
     return "\n".join(lines)
