@@ -84,14 +84,14 @@ class Group(typer.core.TyperGroup):
         command = self.commands.get(name) if name else None
         if command is None:
             return None
-        flags = {o for p in command.params for o in (*p.opts, *p.secondary_opts)}
+        flags = option_names.flags_of(command)
         problem = option_names.single_dash(argv[argv.index(name) + 1 :], flags)
         return f"{problem} (see 'nmt {name} --help')" if problem else None
 
 
 def _meant_option(option_name: str, ctx: typer.Context, argv: list[str]) -> str | None:
     """An unknown option in another tool's spelling, answered with ours (`option_names`)."""
-    flags = {o for p in ctx.command.params for o in (*p.opts, *p.secondary_opts)}
+    flags = option_names.flags_of(ctx.command)
     token = option_names.typed(option_name, argv)
     return option_names.meant(token, flags, takes_set="--set" in flags)
 

@@ -13,9 +13,15 @@ from __future__ import annotations
 
 import re
 from collections.abc import Collection, Sequence
+from typing import Any
 
 from nmt import config
 from nmt.translate import options
+
+
+def flags_of(command: Any) -> set[str]:
+    """Every option a click command takes, as typed: `--beam-size`, `-b`, `--no-progress`."""
+    return {o for p in command.params for o in (*p.opts, *p.secondary_opts)}
 
 
 def typed(option_name: str, argv: Sequence[str]) -> str:
