@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from nmt.config import other_names
 from nmt.devices import resolve_device
 from nmt.errors import NmtError
 from nmt.translate import decoding as model_decoding
@@ -94,7 +95,10 @@ def _checked(flags: dict[str, Any]) -> dict[str, Any]:
     """`flags`, refusing a name that is no flag of `nmt translate`'s line translation."""
     known = {f.name for f in search_options.fields()} | set(OTHER_FLAGS)
     if unknown := sorted(set(flags) - known):
-        raise TypeError(f"unknown option {unknown[0]!r}; the options: {', '.join(sorted(known))}")
+        name = unknown[0]
+        other = other_names({"": SearchOptions}).get(name)
+        hint = f" ({other[1]}'s {name} is {other[0]} here)" if other else ""
+        raise TypeError(f"unknown option {name!r}{hint}; the options: {', '.join(sorted(known))}")
     return dict(flags)
 
 

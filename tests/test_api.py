@@ -80,8 +80,15 @@ def test_sampling_draws_one_stream_over_every_part_of_the_input(toy_model, monke
 
 
 def test_mistakes_are_one_line(toy_model, tmp_path):
-    with pytest.raises(TypeError, match="unknown option 'beam'"):
+    with pytest.raises(
+        TypeError,
+        match=r"unknown option 'beam' \(seq2seq-attn and fairseq's beam is beam_size here\); the",
+    ):
         nmt.load(toy_model, device="cpu", beam=3)
+    with pytest.raises(
+        TypeError, match=r"unknown option 'beem'; the options: batch_size, beam_size"
+    ):
+        nmt.load(toy_model, device="cpu", beem=3)
     with pytest.raises(NmtError, match="--beam-size must be"):
         nmt.load(toy_model, device="cpu", beam_size=0)
     model = nmt.load(toy_model, device="cpu")
