@@ -800,19 +800,51 @@ def other_names(sections: Mapping[str, type] | None = None) -> dict[str, tuple[s
     return {name: (key, " and ".join(tools[name])) for name, key in keys.items()}
 
 
-def _unknown_key_hint(dotted: str) -> str:
-    """What an unknown `section.name` was likely meant as: the key another tool calls `name`,
-    a key of that name in another section, else the closest key by spelling."""
-    name = dotted.split(".", 1)[-1]
+def _key_named(name: str) -> tuple[str, str] | None:
+    """The key here that `name` stands for: (the dotted key, the tools whose name it is),
+    tools "" where `name` is the key's own in some section; None: neither."""
     if name in (aka := other_names()):
-        key, tools = aka[name]
-        section, field_name = key.split(".")
-        meta = {f.name: f.metadata for f in dataclasses.fields(SECTIONS[section])}[field_name]
-        choices = choices_of(meta)
-        values = f": {' / '.join(map(str, choices))}" if choices else ""
-        return f" ({tools}'s {name} is '{key}' here{values})"
-    elsewhere = [key for key in all_keys() if key.split(".", 1)[1] == name]
-    return f" (did you mean '{elsewhere[0]}'?)" if elsewhere else _suggest(dotted, all_keys())
+        return aka[name]
+    ours = [key for key in all_keys() if key.split(".", 1)[1] == name]
+    return (ours[0], "") if ours else None
+
+
+def _unknown_key_hint(dotted: str) -> str:
+    """What an unknown `section.name` was likely meant as: the key another tool calls `name`
+    (with its choices), a key of that name in another section, else the closest key by
+    spelling."""
+    name = dotted.split(".", 1)[-1]
+    named = _key_named(name)
+    if named is None:
+        return _suggest(dotted, all_keys())
+    key, tools = named
+    if not tools:
+        return f" (did you mean '{key}'?)"
+    section, field_name = key.split(".")
+    meta = {f.name: f.metadata for f in dataclasses.fields(SECTIONS[section])}[field_name]
+    choices = choices_of(meta)
+    values = f": {' / '.join(map(str, choices))}" if choices else ""
+    return f" ({tools}'s {name} is '{key}' here{values})"
+
+
+def _unknown_section_hint(name: str, top: Collection[Any]) -> str:
+    """What an unknown top-level `name` was likely meant as: a section JoeyNMT names so, a
+    key (a config without sections, as OpenNMT-py writes them: `top` holds some key), else
+    the closest section by spelling."""
+    if name in SECTION_AKA:
+        ours, tool = SECTION_AKA[name]
+        return f" ({tool}'s {name} is '{ours}' here)"
+    where = f"keys sit in the sections {', '.join(SECTIONS)}"
+    if named := _key_named(name):
+        key, tools = named
+        return (
+            f" ({tools}'s {name} is '{key}' here; {where})"
+            if tools
+            else f" (did you mean '{key}'? {where})"
+        )
+    if any(_key_named(str(other)) for other in top):
+        return f" ({where})"
+    return _suggest(name, list(SECTIONS))
 
 
 def _field_type(cls: type, name: str) -> type:
@@ -927,10 +959,7 @@ def check_layout(raw: Any, source: str) -> None:
         )
     for section, values in raw.items():
         if section not in SECTIONS:
-            hint = _suggest(str(section), list(SECTIONS))
-            if section in SECTION_AKA:
-                ours, tool = SECTION_AKA[section]
-                hint = f" ({tool}'s {section} is '{ours}' here)"
+            hint = _unknown_section_hint(str(section), raw)
             raise NmtError(f"{source}: unknown section '{section}'{hint}")
         if values is not None and not isinstance(values, dict):
             raise NmtError(

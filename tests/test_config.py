@@ -118,6 +118,32 @@ def test_another_tools_name_is_answered_with_the_key_here(tmp_path, data_files, 
     assert str(err.value) == f"{path}: {message}"
 
 
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "learning_rate: 0.1\n",
+            "unknown section 'learning_rate' (did you mean 'train.learning_rate'? keys sit in "
+            "the sections data, model, train, translate)",
+        ),
+        (
+            "train_steps: 5\n",
+            "unknown section 'train_steps' (OpenNMT-py's train_steps is 'train.max_steps' "
+            "here; keys sit in the sections data, model, train, translate)",
+        ),
+        (  # OpenNMT-py's flat config: its first key is none of ours, a later one is
+            "save_data: run\nsrc_vocab: run/vocab.src\ntrain_steps: 5\n",
+            "unknown section 'save_data' (keys sit in the sections data, model, train, translate)",
+        ),
+    ],
+)
+def test_a_config_without_sections_is_told_where_its_keys_go(tmp_path, text, message):
+    path = write(tmp_path, text)
+    with pytest.raises(NmtError) as err:
+        load_config(path)
+    assert str(err.value) == f"{path}: {message}"
+
+
 def test_another_tools_name_in_set_is_answered_with_the_key_here(tmp_path, data_files):
     path = write(tmp_path, yaml_for(data_files))
     with pytest.raises(NmtError) as err:
