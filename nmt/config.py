@@ -780,6 +780,8 @@ def _suggest(key: str, candidates: list[str]) -> str:
 
 # JoeyNMT's sections that hold what these do: an unknown section of the name is told so
 SECTION_AKA = {"training": ("train", "JoeyNMT"), "testing": ("translate", "JoeyNMT")}
+# JoeyNMT's model sections of its own for encoder and decoder: one set of keys here
+NESTED_AKA = {"model.encoder": "JoeyNMT", "model.decoder": "JoeyNMT"}
 
 
 def other_names(sections: Mapping[str, type] | None = None) -> dict[str, tuple[str, str]]:
@@ -813,10 +815,15 @@ def _unknown_key_hint(dotted: str) -> str:
     """What an unknown `section.name` was likely meant as: the key another tool calls `name`
     (with its choices), a key of that name in another section, else the closest key by
     spelling."""
-    name = dotted.split(".", 1)[-1]
+    section, _, name = dotted.partition(".")
+    if dotted in NESTED_AKA:
+        return (
+            f" (a section in {NESTED_AKA[dotted]}; here one set of model keys, e.g. "
+            "model.rnn_size, serves encoder and decoder)"
+        )
     named = _key_named(name)
     if named is None:
-        return _suggest(dotted, all_keys())
+        return _closest_key(section, name)
     key, tools = named
     if not tools:
         return f" (did you mean '{key}'?)"
@@ -825,6 +832,16 @@ def _unknown_key_hint(dotted: str) -> str:
     choices = choices_of(meta)
     values = f": {' / '.join(map(str, choices))}" if choices else ""
     return f" ({tools}'s {name} is '{key}' here{values})"
+
+
+def _closest_key(section: str, name: str) -> str:
+    """ " (did you mean 'KEY'?)" for the key whose name is closest in spelling to `name` (by
+    the names alone: the shared `section.` of whole keys would weigh in), one of `section`
+    where two sections hold the name; "" where none is close."""
+    keys = sorted(all_keys(), key=lambda key: not key.startswith(f"{section}."))
+    names = [key.split(".", 1)[1] for key in keys]
+    close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
+    return f" (did you mean '{keys[names.index(close[0])]}'?)" if close else ""
 
 
 def _unknown_section_hint(name: str, top: Collection[Any]) -> str:

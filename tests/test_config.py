@@ -101,6 +101,16 @@ def test_unknown_section(tmp_path, data_files):
             "here: none / decoder / all)",
         ),
         ("train:\n  dropout: 0.1\n", "unknown key 'train.dropout' (did you mean 'model.dropout'?)"),
+        (  # compared as whole keys, the shared 'model.' would make it 'model.word_vec_size'
+            "model:\n  decoder:\n    hidden_size: 8\n",
+            "unknown key 'model.decoder' (a section in JoeyNMT; here one set of model keys, e.g. "
+            "model.rnn_size, serves encoder and decoder)",
+        ),
+        ("train:\n  foo: 1\n", "unknown key 'train.foo'"),
+        (
+            "translate:\n  beam_sise: 1\n",
+            "unknown key 'translate.beam_sise' (did you mean 'translate.beam_size'?)",
+        ),
         (
             "testing:\n  beam_size: 5\n",
             "unknown section 'testing' (JoeyNMT's testing is 'translate' here)",
