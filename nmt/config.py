@@ -802,7 +802,7 @@ def other_names(sections: Mapping[str, type] | None = None) -> dict[str, tuple[s
     return {name: (key, " and ".join(tools[name])) for name, key in keys.items()}
 
 
-def _key_named(name: str) -> tuple[str, str] | None:
+def key_named(name: str) -> tuple[str, str] | None:
     """The key here that `name` stands for: (the dotted key, the tools whose name it is),
     tools "" where `name` is the key's own in some section; None: neither."""
     if name in (aka := other_names()):
@@ -821,7 +821,7 @@ def _unknown_key_hint(dotted: str) -> str:
             f" (a section in {NESTED_AKA[dotted]}; here one set of model keys, e.g. "
             "model.rnn_size, serves encoder and decoder)"
         )
-    named = _key_named(name)
+    named = key_named(name)
     if named is None:
         return _closest_key(section, name)
     key, tools = named
@@ -852,14 +852,14 @@ def _unknown_section_hint(name: str, top: Collection[Any]) -> str:
         ours, tool = SECTION_AKA[name]
         return f" ({tool}'s {name} is '{ours}' here)"
     where = f"keys sit in the sections {', '.join(SECTIONS)}"
-    if named := _key_named(name):
+    if named := key_named(name):
         key, tools = named
         return (
             f" ({tools}'s {name} is '{key}' here; {where})"
             if tools
             else f" (did you mean '{key}'? {where})"
         )
-    if any(_key_named(str(other)) for other in top):
+    if any(key_named(str(other)) for other in top):
         return f" ({where})"
     return _suggest(name, list(SECTIONS))
 

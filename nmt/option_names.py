@@ -47,13 +47,10 @@ def meant(token: str, flags: Collection[str], takes_set: bool) -> str | None:
             return f"{token}: {tools}'s {name} is {options.flag(field)} here"
     if not takes_set:
         return None
-    keys = config.other_names()
-    if name in keys:
-        key, tools = keys[name]
-        return f"{token}: {tools}'s {name} is the config key {key} here: --set {key}=VALUE"
-    ours = [key for key in config.all_keys() if key.split(".", 1)[1] == name]
-    if ours:
-        return f"{token}: a config key here: --set {ours[0]}=VALUE"
+    if named := config.key_named(name):
+        key, tools = named
+        what = f"{tools}'s {name} is the config key {key} here" if tools else "a config key here"
+        return f"{token}: {what}: --set {key}=VALUE"
     return None
 
 
