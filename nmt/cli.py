@@ -93,7 +93,8 @@ def _meant_option(option_name: str, ctx: typer.Context, argv: list[str]) -> str 
     """An unknown option in another tool's spelling, answered with ours (`option_names`)."""
     flags = option_names.flags_of(ctx.command)
     token = option_names.typed(option_name, argv)
-    return option_names.meant(token, flags, takes_set="--set" in flags)
+    meant = option_names.meant(token, flags, takes_set="--set" in flags)
+    return meant or (f"No such option: {token}" if token != option_name else None)
 
 
 app = typer.Typer(

@@ -864,6 +864,10 @@ def test_a_command_line_mistake_is_one_line(args, needle):
             ["train", "--config", "c.yaml", "--epochs", "3"],
             "--epochs: a config key here: --set train.epochs=VALUE",
         ),
+        (  # click would say "-b"
+            ["translate", "-m", "m.pt", "--src", "s", "-bogus_flag", "1"],
+            "No such option: -bogus_flag",
+        ),
         (  # after --, an argument
             ["translate", "-m", "m.pt", "--src", "s", "--", "-model"],
             "Got unexpected extra argument(s) (-model)",
