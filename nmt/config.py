@@ -318,7 +318,7 @@ class ModelConfig:
         max=0.99,
         graph="rate",
         probe=0.5,
-        doc="dropout on the word embeddings of encoder and decoder, JoeyNMT's emb_dropout "
+        doc="dropout on the word embeddings of encoder and decoder, JoeyNMT's embeddings' dropout "
         "(the input feed, the attentional output, is dropped by dropout)",
         aka={"fairseq": "encoder_dropout_in decoder_dropout_in"},
     )
@@ -350,7 +350,11 @@ class ModelConfig:
         doc_more=_granularity_doc,
     )
     param_init: float = _opt(
-        0.1, min=0.0, graph="none", doc="uniform initialisation range +-param_init"
+        0.1,
+        min=0.0,
+        graph="none",
+        doc="uniform initialisation range +-param_init",
+        aka={"JoeyNMT": "init_weight"},
     )
     tie_embeddings: str = _opt(
         "none",
@@ -403,7 +407,7 @@ class TrainConfig:
         0,
         min=0,
         doc="stop after this many updates (0: no limit)",
-        aka={"OpenNMT-py": "train_steps", "fairseq": "max_update"},
+        aka={"OpenNMT-py": "train_steps", "JoeyNMT": "updates", "fairseq": "max_update"},
     )
     optimizer: str = _opt(
         "sgd",
@@ -419,7 +423,7 @@ class TrainConfig:
         min=0,
         doc="raise the learning rate linearly over the first N updates, update n at "
         "n/N of the schedule's rate (any optimizer; 0: off)",
-        aka={"fairseq": "warmup_updates"},
+        aka={"JoeyNMT": "learning_rate_warmup", "fairseq": "warmup_updates"},
     )
     lr_decay: float = _opt(
         0.5,
@@ -674,7 +678,7 @@ class TranslateConfig:
         off=0.0,
         doc="GNMT length penalty alpha: finished hypotheses ranked by "
         "log P / ((5 + length) / 6) ** alpha (0: off, as in seq2seq-attn)",
-        aka={"OpenNMT-py": "alpha", "JoeyNMT": "alpha", "fairseq": "lenpen"},
+        aka={"OpenNMT-py": "alpha", "JoeyNMT": "alpha beam_alpha", "fairseq": "lenpen"},
     )
     replace_unk: bool = _opt(
         False,

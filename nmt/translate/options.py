@@ -57,7 +57,7 @@ class SearchOptions(TranslateConfig):
         min=0,
         off=0,
         doc="no hypothesis repeats an n-gram of this many tokens (0: off)",
-        aka={"fairseq": "no_repeat_ngram_size"},
+        aka={"JoeyNMT": "no_repeat_ngram_size", "fairseq": "no_repeat_ngram_size"},
     )
     unk_penalty: float = _opt(
         0.0,
