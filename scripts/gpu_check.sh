@@ -10,7 +10,8 @@
 #              deterministic: bitwise equal parameters
 #   translate  nmt translate of the toy test set with that model: BLEU >= 90; the search's
 #              steps replayed as CUDA graphs write what eager steps write (--cuda-graphs off),
-#              with and without --block-ngram-repeat 2 --unk-penalty 0.5, and sampled
+#              with and without --block-ngram-repeat 2 --unk-penalty 0.5
+#              --coverage-penalty 0.2, and sampled
 #              with a seed;
 #              --quantize int8 refused on CUDA in one line, float32's translations written
 #   memreport  nmt memreport --device cuda on configs/seed-4x600.yaml: max_memory_allocated
@@ -192,16 +193,18 @@ run_translate() {
     cmp "$out/test.hyp" "$out/test-eager.hyp" ||
         { echo "translations with --cuda-graphs off differ from the default's"; return 1; }
     # n-gram blocking replays too (its step reads the whole history buffer, masked by the
-    # position on the device), and so does the <unk> penalty: the same pair with both
+    # position on the device), and so do the <unk> and coverage penalties (the coverage a
+    # buffer of the workspace): the same pair with all three
     local ngram
     for ngram in auto off; do
         "$py" -m nmt translate --model "$out/toy/model.pt" --src "$out/test.src" \
             --output "$out/test-ngram-$ngram.hyp" --beam-size "$beam" --device "$device" \
-            --no-progress --block-ngram-repeat 2 --unk-penalty 0.5 --cuda-graphs "$ngram" ||
+            --no-progress --block-ngram-repeat 2 --unk-penalty 0.5 --coverage-penalty 0.2 \
+            --cuda-graphs "$ngram" ||
             return 1
     done
     cmp "$out/test-ngram-auto.hyp" "$out/test-ngram-off.hyp" ||
-        { echo "--block-ngram-repeat 2 --unk-penalty 0.5: --cuda-graphs off differs"; return 1; }
+        { echo "blocking and both penalties: --cuda-graphs off differs"; return 1; }
     # sampling replays too, its graphs told of the search's generator: the same seed draws
     # the same translations replayed and eager, and another seed other ones
     local draws

@@ -416,6 +416,8 @@ def test_search_stops_when_every_sentence_is_done(copy_model, monkeypatch, alpha
         {"block_ngram_repeat": -1},
         {"unk_penalty": -0.5},
         {"unk_penalty": float("nan")},
+        {"coverage_penalty": -0.2},
+        {"coverage_penalty": float("nan")},
     ],
 )
 def test_bad_search_options_are_user_errors(copy_model, kwargs):
@@ -624,6 +626,52 @@ def test_unk_penalty_lowers_unk_in_the_scores_and_inf_never_outputs_it():
     pair = Ensemble([model, copy.deepcopy(model)])
     assert unks(run(beam_search, pair, SOURCES, **kwargs)) > 0
     assert unks(run(beam_search, pair, SOURCES, unk_penalty=math.inf, **kwargs)) == 0
+
+
+@pytest.mark.parametrize("alpha", [0.0, 1.0])
+def test_coverage_penalty_adds_beta_times_the_log_of_the_attention_each_word_received(alpha):
+    """GNMT's coverage penalty: each finished hypothesis' score is its log-probability (over
+    the length penalty's factor) plus beta x the sum over its source words of log(min(the
+    attention they received, 1)), from the attention it outputs; the n-best lists are
+    ranked by it; greedy search and an ensemble take it from the same step."""
+    model = random_model(eos_bias=-1.0)
+    beta = 0.4
+
+    def expected(source: list[int], h: Hypothesis) -> float:
+        length = len(h.tokens) + h.finished
+        factor = length_penalty_factor(length, alpha) if alpha > 0 else 1.0
+        received = h.attention.sum(dim=0).clamp(max=1.0)
+        return teacher_forced(model, source, h) / factor + beta * float(received.log().sum())
+
+    kwargs = {"beam_size": 4, "max_length": 9, "n_best": 3, "length_penalty": alpha}
+    plain = run(beam_search, model, SOURCES, **kwargs)
+    covered = run(beam_search, model, SOURCES, coverage_penalty=beta, **kwargs)
+    greedy = run(
+        greedy_search, model, SOURCES, max_length=9, length_penalty=alpha, coverage_penalty=beta
+    )
+    for source, hyps, best in zip(SOURCES, covered, greedy, strict=True):
+        assert [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)
+        for h in [*hyps, best]:
+            assert h.score == pytest.approx(expected(source, h), abs=1e-9)
+    assert hypotheses_of(plain) != hypotheses_of(covered)  # the penalty ranks otherwise
+    from nmt.translate.ensemble import Ensemble  # an ensemble decodes through the same step
+
+    pair = run(beam_search, Ensemble([model, copy.deepcopy(model)]), SOURCES, **kwargs)
+    pair_covered = run(
+        beam_search,
+        Ensemble([model, copy.deepcopy(model)]),
+        SOURCES,
+        coverage_penalty=beta,
+        **kwargs,
+    )
+    assert [[h.tokens for h in hs] for hs in pair] == [[h.tokens for h in hs] for hs in plain]
+    for source, hyps in zip(SOURCES, pair_covered, strict=True):
+        for h in hyps:  # the members agree: the ensemble's attention is the model's
+            assert h.score == pytest.approx(expected(source, h), abs=1e-9)
+
+
+def hypotheses_of(found) -> list:
+    return [[(h.tokens, round(h.score, 9)) for h in hyps] for hyps in found]
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4])

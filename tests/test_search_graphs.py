@@ -33,6 +33,7 @@ OPTIONS = {
     "greedy": {"beam_size": 1},
     "length-penalty": {"beam_size": 5, "length_penalty": 1.0},
     "ngram-blocking": {"beam_size": 5, "block_ngram_repeat": 2},
+    "coverage": {"beam_size": 5, "coverage_penalty": 0.3},
     "sampling": {"random_sampling_topk": 5, "seed": 3},
 }
 
@@ -81,6 +82,7 @@ def search_buffers(search: Search) -> list[torch.Tensor]:
         search.src_mask,
         search.limit,
         search.max_lp,
+        search.coverage,
         *_tensors(search.state),
         *(getattr(search.finished, f.name) for f in dataclasses.fields(search.finished)),
         _never(search.scores.device, True),
@@ -191,6 +193,7 @@ GRAPHED = {  # every option set above, and more
     "trigram-blocking": {"beam_size": 3, "block_ngram_repeat": 3},
     "unk-penalty": {"beam_size": 4, "unk_penalty": 0.5},
     "no-unk": {"beam_size": 2, "unk_penalty": math.inf},
+    "coverage-length-penalty": {"beam_size": 4, "coverage_penalty": 1.0, "length_penalty": 0.6},
     "n-best": {"beam_size": 4, "n_best": 3},
     "ratio-limits": {"beam_size": 3, "max_length_ratio": 1.5},
     "sampling-nucleus": {"random_sampling_topp": 0.8, "random_sampling_temp": 0.7, "seed": 1},
@@ -334,6 +337,7 @@ def padded_translation(monkeypatch, model, sources, options, batch_size):
         {"max_length": 30, "max_length_ratio": 1.5},
         {"max_length": 12, "min_length": 3},
         {"max_length": 12, "block_ngram_repeat": 2},  # later batches: stale histories
+        {"max_length": 12, "coverage_penalty": 0.5},  # a buffer more, in the workspace
         {"max_length": 12, "n_best": 1, "random_sampling_topk": 5, "seed": 7},
     ],
 )

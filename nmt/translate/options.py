@@ -68,6 +68,16 @@ class SearchOptions(TranslateConfig):
         "(inf: never output <unk>; 0: off)",
         aka={"fairseq": "unkpen"},
     )
+    coverage_penalty: float = _opt(
+        0.0,
+        min=0.0,
+        check=_a_number,
+        off=0.0,
+        doc="GNMT coverage penalty beta: a finished hypothesis' score gains beta x the sum "
+        "over the source words of log(min(attention they received, 1)), against outputs that "
+        "leave words untranslated (0: off)",
+        aka={"OpenNMT-py": "beta"},
+    )
     random_sampling_topk: int = _opt(
         0,
         min=-1,

@@ -245,6 +245,12 @@ class Search:
         self.offsets = torch.arange(B, device=device).unsqueeze(1) * self.K  # n x 1: first rows
         self.paths = src.new_zeros(B, 2, self.width)  # nk x 2 x T
         self.attention_history = self.context.new_empty(B, self.K, self.width, S)
+        # the coverage penalty's: per row the attention its history received so far, summed
+        # (in float32 at least: a bfloat16 sum of tens of steps would round to 8 bits)
+        self.coverage: Tensor | None = None
+        if options.coverage_penalty > 0:
+            dtype = torch.promote_types(self.context.dtype, torch.float32)
+            self.coverage = torch.zeros(B, S, dtype=dtype, device=device)
         self.limit = _device_limits(options, src, src_mask)
         # Without a length penalty a live score only falls, so it bounds what it can reach
         # and the search is exact; with one, a longer hypothesis may still rise up to
@@ -312,6 +318,8 @@ class Search:
             self.attention_history[:, :k, t] = attn.view(n, k, -1)
         else:
             self.attention_history[:, :k].index_copy_(2, at, attn.view(n, k, 1, -1))
+        # the attention each row's history received, this step's included (coverage penalty)
+        covered = None if self.coverage is None else self.coverage + attn.view(n * k, -1)
         held_back = t < o.min_length  # </s> held back: no candidate can end at this step
         logp = next_log_probs(self.model, out, forbid_eos=held_back)
         if o.block_ngram_repeat > 0:
@@ -335,7 +343,10 @@ class Search:
         # a row only where fewer words than 2K remain, and would be offered at -inf)
         is_eos = cand_tokens == EOS
         if not held_back:
-            ended = torch.where(is_eos[:, :K], self._divided(cand_scores[:, :K], t), NEG_INF)
+            ended = self._divided(cand_scores[:, :K], t)
+            if covered is not None:
+                ended = ended - self._coverage_penalty(covered, cand_rows[:, :K])
+            ended = torch.where(is_eos[:, :K], ended, NEG_INF)
             self.finished.add(ended, ext[:, :K], self.enough is not None)
         # the live rows' scores, histories and decoder states go into the buffers of the
         # step before (fixed addresses from one look to the next), read by nothing after
@@ -349,7 +360,10 @@ class Search:
         if t + 1 in self.limit_steps:  # sentences at their limit: the live ones count as they are
             cut = self.limit == (t + 1 if at is None else at + 1)
             cut = cut if off is None else cut & ~off
-            at_limit = torch.where(cut[:, None], self._divided(live_scores, t), NEG_INF)
+            at_limit = self._divided(live_scores, t)
+            if covered is not None:
+                at_limit = at_limit - self._coverage_penalty(covered, rows.view(n, K))
+            at_limit = torch.where(cut[:, None], at_limit, NEG_INF)
             self.finished.add(at_limit, self.paths.view(n, K, 2, -1), False)
             off = cut if off is None else off | cut
         self.scores = (
@@ -364,6 +378,10 @@ class Search:
         self.state, self.stacked = reorder_state(
             state, rows, self.state if static else None, self.stacked if static else None
         )
+        if covered is not None:  # the live rows', into the buffer of the step before
+            self.coverage = torch.index_select(
+                covered, 0, rows, out=self.coverage if static else None
+            )
         if k < K:  # after the first step: K rows a sentence from now on
             self.context = self.context.repeat_interleave(K, dim=0)
             if self.src_mask is not None:
@@ -386,6 +404,18 @@ class Search:
             factor = self.lp_table.index_select(0, self.t_dev)
             return scores.double() * factor if self.lp_product else scores.double() / factor
         return scores.double() / length_penalty_factor(t + 1, self.options.length_penalty)
+
+    def _coverage_penalty(self, covered: Tensor, rows: Tensor) -> Tensor:
+        """GNMT's coverage penalty (Wu et al. 2016) of the hypotheses whose histories are
+        those of `rows` (n x m) with this step's attention (`covered`): -beta x the sum over
+        the source words of log(min(attention received, 1)), n x m, >= 0. A word that
+        received none counts as the smallest positive number, not log 0; padding not at all."""
+        index = rows.reshape(-1)
+        received = covered.index_select(0, index)
+        logs = received.clamp(min=torch.finfo(received.dtype).tiny, max=1.0).log()
+        if self.src_mask is not None:
+            logs = torch.where(self.src_mask.index_select(0, index), logs, 0.0)
+        return logs.sum(dim=1).view(rows.shape) * -self.options.coverage_penalty
 
     def _done(self, best_live: Tensor) -> Tensor:
         """Per sentence: can no live hypothesis enter its n-best list any more (a live score
@@ -434,6 +464,8 @@ class Search:
         self.attention_history = self.attention_history.index_select(0, on)
         self.paths, self.y = self.paths.index_select(0, rows), self.y.index_select(0, rows)
         self.state, self.stacked = reorder_state(self.state, rows, None, None)
+        if self.coverage is not None:
+            self.coverage = self.coverage.index_select(0, rows)
         self.context = self.context.index_select(0, rows)
         if self.src_mask is not None:
             self.src_mask = self.src_mask.index_select(0, rows)
@@ -526,6 +558,8 @@ class Search:
             "finished paths": f.paths,
             "finished count": f.count,
         }
+        if self.coverage is not None:
+            own["coverage"] = self.coverage
         state = [self.stacked] if self.stacked is not None else _tensors(self.state)
         own.update((f"state {i}", t) for i, t in enumerate(state))
         kept = {name: ws.hold(name, t) for name, t in own.items()}
@@ -546,6 +580,7 @@ class Search:
         self.src_mask, self.limit, self.max_lp = (
             kept[k] for k in ("source mask", "limits", "max length penalty")
         )
+        self.coverage = kept.get("coverage")
         self.finished = dataclasses.replace(
             f,
             scores=kept["finished scores"],
