@@ -320,6 +320,7 @@ class Search:
             self.attention_history[:, :k].index_copy_(2, at, attn.view(n, k, 1, -1))
         # the attention each row's history received, this step's included (coverage penalty)
         covered = None if self.coverage is None else self.coverage + attn.view(n * k, -1)
+        penalty = None if covered is None else self._coverage_penalty(covered)  # one a row
         held_back = t < o.min_length  # </s> held back: no candidate can end at this step
         logp = next_log_probs(self.model, out, forbid_eos=held_back)
         if o.block_ngram_repeat > 0:
@@ -344,8 +345,8 @@ class Search:
         is_eos = cand_tokens == EOS
         if not held_back:
             ended = self._divided(cand_scores[:, :K], t)
-            if covered is not None:
-                ended = ended - self._coverage_penalty(covered, cand_rows[:, :K])
+            if penalty is not None:
+                ended = ended - penalty[cand_rows[:, :K]]
             ended = torch.where(is_eos[:, :K], ended, NEG_INF)
             self.finished.add(ended, ext[:, :K], self.enough is not None)
         # the live rows' scores, histories and decoder states go into the buffers of the
@@ -361,8 +362,8 @@ class Search:
             cut = self.limit == (t + 1 if at is None else at + 1)
             cut = cut if off is None else cut & ~off
             at_limit = self._divided(live_scores, t)
-            if covered is not None:
-                at_limit = at_limit - self._coverage_penalty(covered, rows.view(n, K))
+            if penalty is not None:
+                at_limit = at_limit - penalty[rows].view(n, K)
             at_limit = torch.where(cut[:, None], at_limit, NEG_INF)
             self.finished.add(at_limit, self.paths.view(n, K, 2, -1), False)
             off = cut if off is None else off | cut
@@ -405,17 +406,16 @@ class Search:
             return scores.double() * factor if self.lp_product else scores.double() / factor
         return scores.double() / length_penalty_factor(t + 1, self.options.length_penalty)
 
-    def _coverage_penalty(self, covered: Tensor, rows: Tensor) -> Tensor:
-        """GNMT's coverage penalty (Wu et al. 2016) of the hypotheses whose histories are
-        those of `rows` (n x m) with this step's attention (`covered`): -beta x the sum over
-        the source words of log(min(attention received, 1)), n x m, >= 0. A word that
-        received none counts as the smallest positive number, not log 0; padding not at all."""
-        index = rows.reshape(-1)
-        received = covered.index_select(0, index)
-        logs = received.clamp(min=torch.finfo(received.dtype).tiny, max=1.0).log()
+    def _coverage_penalty(self, covered: Tensor) -> Tensor:
+        """GNMT's coverage penalty (Wu et al. 2016) of each row's history with this step's
+        attention (`covered`, rows x S): -beta x the sum over the source words of
+        log(min(attention received, 1)), >= 0; the candidates take their parent row's. A
+        word that received none counts as the smallest positive number, not log 0; padding
+        not at all."""
+        logs = covered.clamp(min=torch.finfo(covered.dtype).tiny, max=1.0).log()
         if self.src_mask is not None:
-            logs = torch.where(self.src_mask.index_select(0, index), logs, 0.0)
-        return logs.sum(dim=1).view(rows.shape) * -self.options.coverage_penalty
+            logs = torch.where(self.src_mask, logs, 0.0)
+        return logs.sum(dim=1) * -self.options.coverage_penalty
 
     def _done(self, best_live: Tensor) -> Tensor:
         """Per sentence: can no live hypothesis enter its n-best list any more (a live score
